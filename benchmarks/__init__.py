@@ -1,0 +1,1 @@
+"""Benchmarks: each one a command that writes a JSON under benchmarks/results/."""

@@ -1,0 +1,127 @@
+"""The on-disk model repository: ``<root>/<model>/<version>/config.toml`` plus the model files.
+
+Several models and versions are served at once; a model's highest version is its default.
+A version whose configuration cannot be read is listed as unavailable with the reason, so one
+broken model never stops the others from being served.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+CONFIG_FILE = "config.toml"
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+class BatchingDefaults(BaseModel):
+    """Start values of the five tunable knobs for this model version."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_batch_size: int = Field(8, ge=1, description="Most rows in one batch.")
+    batch_timeout_ms: float = Field(
+        1.0, ge=0.0, le=10_000.0, description="Longest wait for a batch to fill."
+    )
+    concurrency: int = Field(1, ge=1, le=64, description="Batches in flight (runtime instances).")
+    intra_op_threads: int = Field(1, ge=1, le=256, description="Threads inside one operator.")
+    inter_op_threads: int = Field(1, ge=1, le=256, description="Operators run in parallel.")
+    max_queue_size: int = Field(
+        1024, ge=1, le=1_000_000, description="Requests waiting at most; more are refused (503)."
+    )
+
+
+class ModelConfig(BaseModel):
+    """One version's ``config.toml``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    runtime: Literal["onnxruntime", "tensorflow"]
+    path: str = Field(description="Model file (ONNX) or SavedModel folder, in the version dir.")
+    max_batch_size: int = Field(
+        64, ge=1, description="Hard limit on rows per batch; requests with more rows are refused."
+    )
+    slo_ms: float = Field(100.0, gt=0, description="Default deadline of a request, in ms.")
+    allow_nonfinite: bool = Field(
+        False, description="Accept NaN and infinities in floating-point inputs."
+    )
+    description: str = ""
+    batching: BatchingDefaults = BatchingDefaults()
+
+    @model_validator(mode="after")
+    def _batch_within_limit(self) -> ModelConfig:
+        if self.batching.max_batch_size > self.max_batch_size:
+            raise ValueError(
+                f"batching.max_batch_size {self.batching.max_batch_size} exceeds "
+                f"max_batch_size {self.max_batch_size}"
+            )
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class ModelVersion:
+    name: str
+    version: int
+    directory: Path
+    config: ModelConfig
+
+    @property
+    def model_path(self) -> Path:
+        return self.directory / self.config.path
+
+
+@dataclass(frozen=True, slots=True)
+class BrokenVersion:
+    """A version directory that could not be read; served as UNAVAILABLE with ``reason``."""
+
+    name: str
+    version: int
+    directory: Path
+    reason: str
+
+
+class RepositoryError(Exception):
+    """The repository root itself is unusable."""
+
+
+def read_config(path: Path) -> ModelConfig:
+    with path.open("rb") as fh:
+        return ModelConfig.model_validate(tomllib.load(fh))
+
+
+def scan_repository(root: Path) -> list[ModelVersion | BrokenVersion]:
+    """Every ``<model>/<version>`` under ``root``, sorted by name then version."""
+    if not root.is_dir():
+        raise RepositoryError(f"model repository {root} is not a directory")
+    found: list[ModelVersion | BrokenVersion] = []
+    for model_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        if not _MODEL_NAME.match(model_dir.name):
+            continue
+        for version_dir in sorted(p for p in model_dir.iterdir() if p.is_dir()):
+            if not version_dir.name.isdigit() or int(version_dir.name) < 1:
+                continue
+            found.append(_read_version(model_dir.name, int(version_dir.name), version_dir))
+    found.sort(key=lambda v: (v.name, v.version))
+    return found
+
+
+def _read_version(name: str, version: int, directory: Path) -> ModelVersion | BrokenVersion:
+    cfg_path = directory / CONFIG_FILE
+    try:
+        config = read_config(cfg_path)
+    except FileNotFoundError:
+        return BrokenVersion(name, version, directory, f"{CONFIG_FILE} is missing")
+    except tomllib.TOMLDecodeError as exc:
+        return BrokenVersion(name, version, directory, f"{CONFIG_FILE} is not valid TOML: {exc}")
+    except ValidationError as exc:
+        msgs = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        return BrokenVersion(name, version, directory, f"{CONFIG_FILE} is invalid: {msgs}")
+    mv = ModelVersion(name, version, directory, config)
+    if not mv.model_path.exists():
+        return BrokenVersion(name, version, directory, f"model file {config.path} is missing")
+    return mv
