@@ -1,0 +1,272 @@
+"""The one batching primitive: a bounded queue of (request, future, deadline) per model version.
+
+A dispatch loop takes an idle runtime instance, waits at most ``batch_timeout`` (counted from the
+arrival of the oldest waiting request) for ``max_batch_size`` rows, runs the batch off the event
+loop, and fans the outputs (or the error) back to every caller. Knobs are read once per batch, so
+they can change at any moment. A request that cannot meet its deadline is refused at once rather
+than served late, and a full queue is refused with a retry hint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import math
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gateway.errors import DeadlineUnmeetable, GatewayError, InternalError, Overloaded
+from gateway.instances import Instance, InstancePool
+from gateway.knobs import Knobs
+from gateway.service_time import ServiceTimeEstimate
+
+log = logging.getLogger("gateway.batcher")
+
+DEFAULT_PRIORITY_LEVEL = 5
+# Bounds the scan for requests that fit a batch, so forming one stays cheap with a long queue.
+_MAX_SKIPPED_PER_BATCH = 64
+Outputs = dict[str, np.ndarray]
+
+
+@dataclass(slots=True)
+class BatchRecord:
+    """What one batch did, for metrics and the tuner."""
+
+    rows: int
+    requests: int
+    queue_s: list[float]
+    compute_s: float
+
+
+@dataclass(order=True, slots=True)
+class _Pending:
+    sort_key: tuple[int, int]
+    rows: int = field(compare=False)
+    signature: tuple[tuple[int, ...], ...] = field(compare=False)
+    inputs: dict[str, np.ndarray] = field(compare=False)
+    deadline: float = field(compare=False)
+    enqueued: float = field(compare=False)
+    future: asyncio.Future[tuple[Outputs, float, float]] = field(compare=False)
+
+
+class Batcher:
+    def __init__(
+        self,
+        *,
+        name: str,
+        pool: InstancePool,
+        executor: Executor,
+        knobs: Callable[[], Knobs],
+        max_queue_size: int,
+        on_batch: Callable[[BatchRecord], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.name = name
+        self._pool = pool
+        self._executor = executor
+        self._knobs = knobs
+        self.max_queue_size = max_queue_size
+        self._on_batch = on_batch
+        self._clock = clock
+        self._heap: list[_Pending] = []
+        self._queued_rows = 0
+        self._seq = itertools.count()
+        self._arrival = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop_task: asyncio.Task[None] | None = None
+        self.service_time = ServiceTimeEstimate()
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._heap)
+
+    @property
+    def queued_rows(self) -> int:
+        return self._queued_rows
+
+    def start(self) -> None:
+        self._loop_task = asyncio.create_task(self._dispatch_loop(), name=f"batcher:{self.name}")
+
+    async def stop(self) -> None:
+        """Stop taking batches, let running ones finish, refuse what is still queued."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+            self._loop_task = None
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        while self._heap:
+            item = heapq.heappop(self._heap)
+            if not item.future.done():
+                item.future.set_exception(DeadlineUnmeetable(f"model {self.name} is shutting down"))
+        self._queued_rows = 0
+
+    async def submit(
+        self,
+        inputs: dict[str, np.ndarray],
+        *,
+        rows: int,
+        deadline: float,
+        priority: int = 0,
+    ) -> tuple[Outputs, float, float]:
+        """Queue one request; returns (outputs, queue seconds, compute seconds)."""
+        now = self._clock()
+        if len(self._heap) >= self.max_queue_size:
+            raise Overloaded(
+                f"model {self.name}: queue is full ({self.max_queue_size} requests waiting)",
+                retry_after=self._drain_time(),
+            )
+        remaining = deadline - now
+        if remaining <= 0:
+            raise DeadlineUnmeetable(f"model {self.name}: the request's deadline has passed")
+        estimate = self._estimate_completion(rows)
+        if estimate is not None and estimate > remaining:
+            raise DeadlineUnmeetable(
+                f"model {self.name}: deadline cannot be met (estimated {estimate * 1e3:.1f} ms "
+                f"with {len(self._heap)} request(s) queued, {remaining * 1e3:.1f} ms left)"
+            )
+        level = priority if priority > 0 else DEFAULT_PRIORITY_LEVEL
+        future: asyncio.Future[tuple[Outputs, float, float]] = (
+            asyncio.get_running_loop().create_future()
+        )
+        signature = tuple(arr.shape[1:] for arr in inputs.values())
+        item = _Pending((level, next(self._seq)), rows, signature, inputs, deadline, now, future)
+        heapq.heappush(self._heap, item)
+        self._queued_rows += rows
+        self._arrival.set()
+        return await future
+
+    def _estimate_completion(self, rows: int) -> float | None:
+        """Seconds until a request of ``rows`` arriving now would be answered, pessimistically:
+        the batches ahead of it and in flight, in waves of ``concurrency``, each a full batch."""
+        knobs = self._knobs()
+        per_batch = self.service_time.predict(min(self._queued_rows + rows, knobs.max_batch_size))
+        if per_batch is None:
+            return None
+        batches = math.ceil((self._queued_rows + rows) / knobs.max_batch_size)
+        waves = math.ceil((batches + self._pool.busy) / max(self._pool.size, 1))
+        fill_wait = knobs.batch_timeout_s if self._queued_rows + rows < knobs.max_batch_size else 0
+        return waves * per_batch + fill_wait
+
+    def _drain_time(self) -> float:
+        knobs = self._knobs()
+        per_batch = self.service_time.predict(knobs.max_batch_size) or 0.1
+        batches = math.ceil(self._queued_rows / knobs.max_batch_size)
+        return max(1.0, batches * per_batch / max(self._pool.size, 1))
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            while not self._heap:
+                self._arrival.clear()
+                await self._arrival.wait()
+            inst = await self._pool.acquire()
+            try:
+                knobs = self._knobs()  # read once per batch: changes apply from the next one
+                batch = await self._collect(knobs)
+            except BaseException:
+                await self._pool.release(inst)
+                raise
+            if not batch:
+                await self._pool.release(inst)
+                continue
+            task = asyncio.create_task(self._run_batch(inst, batch), name=f"batch:{self.name}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _collect(self, knobs: Knobs) -> list[_Pending]:
+        if not self._heap:
+            return []
+        oldest = min(item.enqueued for item in self._heap)
+        fill_deadline = oldest + knobs.batch_timeout_s
+        while self._queued_rows < knobs.max_batch_size:
+            wait = fill_deadline - self._clock()
+            if wait <= 0:
+                break
+            self._arrival.clear()
+            try:
+                await asyncio.wait_for(self._arrival.wait(), timeout=wait)
+            except TimeoutError:
+                break
+        return self._take(knobs.max_batch_size)
+
+    def _take(self, max_rows: int) -> list[_Pending]:
+        """Pop the most urgent requests that fit in one batch and share the head's shapes."""
+        batch: list[_Pending] = []
+        skipped: list[_Pending] = []
+        rows = 0
+        signature: tuple[tuple[int, ...], ...] | None = None
+        now = self._clock()
+        while self._heap:
+            item = heapq.heappop(self._heap)
+            if item.future.done():  # the caller went away (cancelled): nothing to compute
+                self._queued_rows -= item.rows
+                continue
+            if signature is not None and (
+                item.signature != signature or rows + item.rows > max_rows
+            ):
+                skipped.append(item)
+                if rows >= max_rows or len(skipped) >= _MAX_SKIPPED_PER_BATCH:
+                    break
+                continue
+            self._queued_rows -= item.rows
+            if now >= item.deadline:
+                item.future.set_exception(
+                    DeadlineUnmeetable(
+                        f"model {self.name}: deadline passed after "
+                        f"{(now - item.enqueued) * 1e3:.1f} ms in the queue"
+                    )
+                )
+                continue
+            batch.append(item)
+            rows += item.rows
+            signature = item.signature
+            if rows >= max_rows:
+                break
+        for item in skipped:
+            heapq.heappush(self._heap, item)
+        return batch
+
+    async def _run_batch(self, inst: Instance, batch: list[_Pending]) -> None:
+        names = list(batch[0].inputs)
+        if len(batch) == 1:
+            inputs = batch[0].inputs
+        else:
+            inputs = {n: np.concatenate([item.inputs[n] for item in batch]) for n in names}
+        rows = sum(item.rows for item in batch)
+        started = self._clock()
+        loop = asyncio.get_running_loop()
+        try:
+            # The backend call blocks for the whole batch: it runs on the owned executor.
+            outputs = await loop.run_in_executor(self._executor, inst.runtime.infer, inputs)
+        except Exception as exc:
+            error = (
+                exc
+                if isinstance(exc, GatewayError)
+                else InternalError(f"model {self.name}: inference failed: {exc}")
+            )
+            log.exception("model %s: batch of %d rows failed", self.name, rows)
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(error)
+            return
+        finally:
+            await self._pool.release(inst)
+        compute = self._clock() - started
+        self.service_time.observe(rows, compute)
+        queue_times: list[float] = []
+        offset = 0
+        for item in batch:
+            part = {n: v[offset : offset + item.rows] for n, v in outputs.items()}
+            offset += item.rows
+            queue_s = started - item.enqueued
+            queue_times.append(queue_s)
+            if not item.future.done():
+                item.future.set_result((part, queue_s, compute))
+        if self._on_batch is not None:
+            self._on_batch(BatchRecord(rows, len(batch), queue_times, compute))

@@ -1,0 +1,127 @@
+"""The ``iotgw`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+
+def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="run the gateway",
+        description="Serve a model repository over HTTP (Open Inference Protocol v2 and "
+        "TF Serving REST). Every option can also be set as an IOTGW_* environment variable "
+        "(nested with __, e.g. IOTGW_HTTP__PORT) or in a TOML file given with --config.",
+    )
+    p.add_argument("--config", type=Path, help="TOML settings file ([http], [serving] tables)")
+    p.add_argument("--host", help="HTTP listen address (default 127.0.0.1)")
+    p.add_argument("--http-port", type=int, help="HTTP port (default 8080; 0 picks a free one)")
+    p.add_argument(
+        "--model-repo",
+        type=Path,
+        help="model repository <repo>/<model>/<version>/config.toml "
+        "(default: the bundled demo repository)",
+    )
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        help="where the bundled demo repository is built (default ~/.cache/iotgw)",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        help="largest request body in bytes (default 16 MiB); larger ones get 413",
+    )
+    p.add_argument(
+        "--executor-threads",
+        type=int,
+        help="threads running backend calls and model loads (default 32)",
+    )
+    p.add_argument(
+        "--max-concurrency", type=int, help="upper bound of a model's concurrency knob (default 16)"
+    )
+    p.add_argument("--admin-token", help="require 'Authorization: Bearer TOKEN' on /admin")
+    p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    http = {
+        k: v
+        for k, v in {
+            "host": args.host,
+            "port": args.http_port,
+            "max_body_bytes": args.max_body_bytes,
+            "admin_token": args.admin_token,
+        }.items()
+        if v is not None
+    }
+    serving = {
+        k: v
+        for k, v in {
+            "model_repo": args.model_repo,
+            "cache_dir": args.cache_dir,
+            "executor_threads": args.executor_threads,
+            "max_concurrency": args.max_concurrency,
+        }.items()
+        if v is not None
+    }
+    out: dict[str, Any] = {}
+    if http:
+        out["http"] = http
+    if serving:
+        out["serving"] = serving
+    if args.log_level:
+        out["log_level"] = args.log_level
+    return out
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from gateway.main import serve
+    from gateway.settings import GatewaySettings
+
+    try:
+        settings = GatewaySettings.load(args.config, **_overrides(args))
+    except (ValidationError, FileNotFoundError) as exc:
+        print(f"iotgw serve: invalid settings: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    asyncio.run(serve(settings))
+    return 0
+
+
+def _bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("bench", help="run a benchmark (writes benchmarks/results/<name>.json)")
+    p.add_argument("name", choices=["http"], help="which benchmark")
+    p.add_argument("--quick", action="store_true", help="a few seconds, to check it still works")
+    p.add_argument("--out", type=Path, help="results directory (default benchmarks/results)")
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    import importlib
+
+    module = importlib.import_module(f"benchmarks.{args.name}")
+    return int(module.main(quick=args.quick, out_dir=args.out) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="iotgw", description="Edge/IoT inference gateway")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    _bench_parser(sub)
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return _run_serve(args)
+    return _run_bench(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Wire formats: Open Inference Protocol (JSON and binary tensors) and TF Serving REST."""

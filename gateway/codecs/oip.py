@@ -1,0 +1,320 @@
+"""Open Inference Protocol (KServe v2) inference bodies: JSON tensors and the binary tensor
+extension (a JSON header of ``Inference-Header-Content-Length`` bytes, then raw little-endian
+tensors in input order, each sized by its ``binary_data_size`` parameter).
+
+One implementation for every transport: HTTP and MQTT both call these functions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gateway.codecs.datatypes import dtype_label, numpy_dtype
+from gateway.errors import BadRequest
+from gateway.types import InferenceRequest, InferenceResponse
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+_MAX_PRIORITY = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class OutputFormat:
+    """Which outputs go in the binary section; the rest are JSON."""
+
+    binary_all: bool = False
+    binary: frozenset[str] = frozenset()
+
+    def is_binary(self, name: str) -> bool:
+        return self.binary_all or name in self.binary
+
+
+def decode_request(
+    body: bytes, *, model: str, version: int | None, header_length: int | None = None
+) -> tuple[InferenceRequest, OutputFormat]:
+    """Parse an inference request body (JSON, or JSON header + binary tensors)."""
+    if header_length is None:
+        header_bytes, binary = body, b""
+    else:
+        if not 0 <= header_length <= len(body):
+            raise BadRequest(
+                f"{HEADER_LENGTH} is {header_length} but the body has {len(body)} bytes"
+            )
+        header_bytes, binary = body[:header_length], body[header_length:]
+    header = _load_json(header_bytes)
+    if not isinstance(header, dict):
+        raise BadRequest("the request body must be a JSON object")
+    request_id = header.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise BadRequest("'id' must be a string")
+    params = _parameters(header.get("parameters"), what="request")
+    timeout_s = _timeout(params)
+    priority = _int_param(params, "priority", 0, _MAX_PRIORITY)
+    binary_all = _bool_param(params, "binary_data_output") or _bool_param(params, "binary_data")
+
+    raw_inputs = header.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise BadRequest("'inputs' must be a non-empty list")
+    inputs: dict[str, np.ndarray] = {}
+    offset = 0
+    for i, entry in enumerate(raw_inputs):
+        name, arr, used = _decode_input(entry, i, binary, offset)
+        if name in inputs:
+            raise BadRequest(f"input {name!r} is given twice")
+        inputs[name] = arr
+        offset += used
+    if offset != len(binary):
+        raise BadRequest(f"binary section has {len(binary)} bytes but the inputs declare {offset}")
+
+    outputs: list[str] | None = None
+    binary_outputs: set[str] = set()
+    raw_outputs = header.get("outputs")
+    if raw_outputs is not None:
+        if not isinstance(raw_outputs, list):
+            raise BadRequest("'outputs' must be a list")
+        outputs = []
+        for entry in raw_outputs:
+            if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+                raise BadRequest("each requested output needs a string 'name'")
+            out_params = _parameters(entry.get("parameters"), what=f"output {entry['name']!r}")
+            if _bool_param(out_params, "binary_data"):
+                binary_outputs.add(entry["name"])
+            outputs.append(entry["name"])
+    request = InferenceRequest(
+        model=model,
+        version=version,
+        inputs=inputs,
+        id=request_id,
+        outputs=outputs,
+        timeout_s=timeout_s,
+        priority=priority,
+    )
+    return request, OutputFormat(binary_all, frozenset(binary_outputs))
+
+
+def encode_response(response: InferenceResponse, fmt: OutputFormat) -> tuple[bytes, int | None]:
+    """The reply body and, when it has a binary section, the JSON header's length."""
+    outputs: list[dict[str, Any]] = []
+    chunks: list[bytes] = []
+    for name, arr in response.outputs.items():
+        entry: dict[str, Any] = {
+            "name": name,
+            "datatype": dtype_label(arr.dtype),
+            "shape": list(arr.shape),
+        }
+        if fmt.is_binary(name):
+            raw = _to_bytes(arr)
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            entry["data"] = _to_json_data(arr)
+        outputs.append(entry)
+    body: dict[str, Any] = {"model_name": response.model, "model_version": str(response.version)}
+    if response.id is not None:
+        body["id"] = response.id
+    body["outputs"] = outputs
+    header = json.dumps(body, separators=(",", ":")).encode()
+    if not chunks:
+        return header, None
+    return header + b"".join(chunks), len(header)
+
+
+def encode_error(message: str) -> bytes:
+    return json.dumps({"error": message}).encode()
+
+
+# -- inputs ----------------------------------------------------------------------------------
+
+
+def _decode_input(
+    entry: Any, index: int, binary: bytes, offset: int
+) -> tuple[str, np.ndarray, int]:
+    if not isinstance(entry, dict):
+        raise BadRequest(f"inputs[{index}] must be an object")
+    name = entry.get("name")
+    if not isinstance(name, str) or not name:
+        raise BadRequest(f"inputs[{index}] needs a string 'name'")
+    what = f"input {name!r}"
+    dtype = numpy_dtype(entry.get("datatype"), what=what)
+    shape = entry.get("shape")
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise BadRequest(f"{what}: 'shape' must be a list of non-negative integers")
+    count = math.prod(shape)
+    params = _parameters(entry.get("parameters"), what=what)
+    size = params.get("binary_data_size")
+    if size is not None:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise BadRequest(f"{what}: 'binary_data_size' must be a non-negative integer")
+        if "data" in entry:
+            raise BadRequest(f"{what}: give either 'data' or 'binary_data_size', not both")
+        if offset + size > len(binary):
+            raise BadRequest(
+                f"{what}: declares {size} binary bytes but only {len(binary) - offset} remain "
+                "in the binary section"
+            )
+        arr = _from_bytes(binary[offset : offset + size], dtype, shape, what)
+        return name, arr, size
+    if "data" not in entry:
+        raise BadRequest(f"{what}: needs 'data' or a 'binary_data_size' parameter")
+    return name, _from_json_data(entry["data"], dtype, shape, count, what), 0
+
+
+def _from_bytes(raw: bytes, dtype: np.dtype, shape: list[int], what: str) -> np.ndarray:
+    count = math.prod(shape)
+    if dtype == np.dtype(object):
+        items = _unpack_bytes_elements(raw, what)
+        if len(items) != count:
+            raise BadRequest(f"{what}: {len(items)} BYTES elements for shape {shape}")
+        arr = np.empty(count, dtype=object)
+        arr[:] = items
+        return arr.reshape(shape)
+    expected = count * dtype.itemsize
+    if len(raw) != expected:
+        raise BadRequest(
+            f"{what}: binary data has {len(raw)} bytes, shape {shape} of "
+            f"{dtype_label(dtype)} needs {expected}"
+        )
+    return (
+        np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype, copy=False).reshape(shape)
+    )
+
+
+def _unpack_bytes_elements(raw: bytes, what: str) -> list[bytes]:
+    items: list[bytes] = []
+    pos = 0
+    while pos < len(raw):
+        if pos + 4 > len(raw):
+            raise BadRequest(f"{what}: truncated BYTES element length")
+        (n,) = struct.unpack_from("<I", raw, pos)
+        pos += 4
+        if pos + n > len(raw):
+            raise BadRequest(f"{what}: BYTES element of {n} bytes overruns the data")
+        items.append(raw[pos : pos + n])
+        pos += n
+    return items
+
+
+def _from_json_data(
+    data: Any, dtype: np.dtype, shape: list[int], count: int, what: str
+) -> np.ndarray:
+    if not isinstance(data, list):
+        data = [data]
+    if dtype == np.dtype(object):
+        flat = _flatten(data, what)
+        if not all(isinstance(x, str) for x in flat):
+            raise BadRequest(f"{what}: BYTES data must be strings")
+        if len(flat) != count:
+            raise BadRequest(f"{what}: {len(flat)} values for shape {shape}")
+        arr = np.empty(count, dtype=object)
+        arr[:] = [x.encode() for x in flat]
+        return arr.reshape(shape)
+    try:
+        values = np.asarray(data)
+    except ValueError:
+        raise BadRequest(f"{what}: 'data' is ragged (nested lists of unequal lengths)") from None
+    if values.size != count:
+        raise BadRequest(f"{what}: {values.size} values for shape {shape} (needs {count})")
+    return convert_values(values, dtype, what).reshape(shape)
+
+
+def convert_values(values: np.ndarray, dtype: np.dtype, what: str) -> np.ndarray:
+    """JSON numbers -> ``dtype``, refusing what would change a value (floats into an integer
+    tensor, out-of-range integers, strings or nulls into numbers)."""
+    kind = values.dtype.kind
+    if values.size == 0:
+        return values.astype(dtype)
+    if dtype.kind == "b":
+        if kind != "b":
+            raise BadRequest(f"{what}: BOOL data must be true/false")
+        return values.astype(dtype)
+    if kind not in "iuf" or (kind == "f" and dtype.kind in "iu"):
+        got = {"b": "booleans", "U": "strings", "O": "mixed or null values", "f": "floats"}.get(
+            kind, values.dtype.name
+        )
+        raise BadRequest(f"{what}: {got} are not valid {dtype_label(dtype)} data")
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        if values.min() < info.min or values.max() > info.max:
+            raise BadRequest(f"{what}: value out of range for {dtype_label(dtype)}")
+    return values.astype(dtype)
+
+
+def _flatten(data: Any, what: str) -> list[Any]:
+    out: list[Any] = []
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(reversed(item))
+        else:
+            out.append(item)
+    return out
+
+
+# -- outputs ---------------------------------------------------------------------------------
+
+
+def _to_bytes(arr: np.ndarray) -> bytes:
+    if arr.dtype == np.dtype(object):
+        parts = []
+        for item in arr.reshape(-1):
+            raw = item if isinstance(item, bytes) else str(item).encode()
+            parts.append(struct.pack("<I", len(raw)) + raw)
+        return b"".join(parts)
+    return np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
+
+
+def _to_json_data(arr: np.ndarray) -> list[Any]:
+    flat = arr.reshape(-1)
+    if arr.dtype == np.dtype(object):
+        return [x.decode(errors="replace") if isinstance(x, bytes) else str(x) for x in flat]
+    return flat.tolist()
+
+
+# -- parameters ------------------------------------------------------------------------------
+
+
+def _load_json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"malformed JSON: {exc}") from None
+
+
+def _parameters(value: Any, *, what: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BadRequest(f"{what}: 'parameters' must be an object")
+    return value
+
+
+def _bool_param(params: dict[str, Any], key: str) -> bool:
+    value = params.get(key, False)
+    if not isinstance(value, bool):
+        raise BadRequest(f"parameter {key!r} must be true or false")
+    return value
+
+
+def _int_param(params: dict[str, Any], key: str, default: int, upper: int) -> int:
+    value = params.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= upper:
+        raise BadRequest(f"parameter {key!r} must be an integer in [0, {upper}]")
+    return value
+
+
+def _timeout(params: dict[str, Any]) -> float | None:
+    """The ``timeout`` parameter is in microseconds, as in Triton; 0 or absent: the model SLO."""
+    value = params.get("timeout")
+    if value is None or value == 0:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise BadRequest("parameter 'timeout' must be a non-negative number of microseconds")
+    return float(value) / 1e6

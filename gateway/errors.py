@@ -1,0 +1,65 @@
+"""One error root for serving. Each error carries a status (HTTP semantics, also sent in MQTT
+error replies) and a message that names the problem; transports pick their wire form at the edge.
+"""
+
+from __future__ import annotations
+
+
+class GatewayError(Exception):
+    status: int = 500
+    reason: str = "internal"
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
+
+
+class BadRequest(GatewayError):
+    """The request is malformed or does not match the model (names, dtypes, shapes, values)."""
+
+    status = 400
+    reason = "bad_request"
+
+
+class Unauthorized(GatewayError):
+    status = 401
+    reason = "unauthorized"
+
+
+class NotFound(GatewayError):
+    """Unknown model, version or route."""
+
+    status = 404
+    reason = "not_found"
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    reason = "payload_too_large"
+
+
+class Overloaded(GatewayError):
+    """The model's queue is full; the client should retry after ``retry_after`` seconds."""
+
+    status = 503
+    reason = "queue_full"
+
+
+class DeadlineUnmeetable(GatewayError):
+    """The request cannot be answered before its deadline; refused rather than served late."""
+
+    status = 503
+    reason = "deadline"
+
+
+class ModelUnavailable(GatewayError):
+    """The model exists but is not ready (loading, failed to load, or shutting down)."""
+
+    status = 503
+    reason = "unavailable"
+
+
+class InternalError(GatewayError):
+    status = 500
+    reason = "internal"

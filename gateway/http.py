@@ -1,0 +1,415 @@
+"""HTTP adapter (aiohttp): Open Inference Protocol v2, TF Serving REST, admin and metrics.
+
+Handlers only translate between HTTP and the service; every error is a ``GatewayError`` mapped
+to a status and ``{"error": "..."}`` by one middleware.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
+from typing import Any, TypeVar
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from gateway import __version__
+from gateway.codecs import oip, tfserving
+from gateway.codecs.datatypes import dtype_label
+from gateway.errors import BadRequest, GatewayError, PayloadTooLarge, Unauthorized
+from gateway.service import InferenceService
+from gateway.settings import HttpSettings
+
+log = logging.getLogger("gateway.http")
+
+SERVICE_KEY = web.AppKey("service", InferenceService)
+SETTINGS_KEY = web.AppKey("settings", HttpSettings)
+EXECUTOR_KEY = web.AppKey("executor", Executor)
+TRANSPORT = "http"
+# Bodies above this are parsed on the executor: decoding megabytes of JSON would stall the loop
+# (and every other device's request) for tens of milliseconds.
+_OFFLOAD_BODY_BYTES = 256 * 1024
+_JSON = "application/json"
+
+_T = TypeVar("_T")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.Response(body=json.dumps(body).encode(), status=status, content_type=_JSON)
+
+
+def _error_response(status: int, message: str, retry_after: float | None = None) -> web.Response:
+    resp = web.Response(body=oip.encode_error(message), status=status, content_type=_JSON)
+    if retry_after is not None:
+        resp.headers["Retry-After"] = str(max(1, round(retry_after)))
+    return resp
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except GatewayError as exc:
+        return _error_response(exc.status, exc.message, exc.retry_after)
+    except web.HTTPRequestEntityTooLarge as exc:
+        return _error_response(413, f"request body too large: {exc.text}")
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        message = (
+            exc.reason if exc.status != 404 else f"no route for {request.method} {request.path}"
+        )
+        return _error_response(exc.status, message)
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return _error_response(500, "internal error; see the gateway log")
+
+
+async def _read_body(request: web.Request) -> bytes:
+    limit = request.app[SETTINGS_KEY].max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLarge(
+            f"request body of {request.content_length} bytes exceeds the limit of {limit}"
+        )
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes") from None
+
+
+async def _offload(request: web.Request, size: int, fn: Callable[[], _T]) -> _T:
+    if size < _OFFLOAD_BODY_BYTES:
+        return fn()
+    # Large bodies: the parse runs on the executor so the loop keeps serving others.
+    return await asyncio.get_running_loop().run_in_executor(request.app[EXECUTOR_KEY], fn)
+
+
+def _version(request: web.Request) -> str | None:
+    return request.match_info.get("version")
+
+
+# -- Open Inference Protocol -------------------------------------------------------------------
+
+
+async def server_metadata(request: web.Request) -> web.Response:
+    return _json(
+        {
+            "name": "iotgw",
+            "version": __version__,
+            "extensions": ["binary_tensor_data", "model_repository", "parameters"],
+        }
+    )
+
+
+async def live(request: web.Request) -> web.Response:
+    return _json({"live": True})
+
+
+async def ready(request: web.Request) -> web.Response:
+    is_ready = request.app[SERVICE_KEY].ready
+    return _json({"ready": is_ready}, status=200 if is_ready else 503)
+
+
+async def model_metadata(request: web.Request) -> web.Response:
+    service = request.app[SERVICE_KEY]
+    name = request.match_info["model"]
+    host = service.host(name, _version(request))
+    md = host.metadata
+    versions = [str(s.version) for s in service.statuses() if s.name == name]
+    return _json(
+        {
+            "name": md.name,
+            "versions": versions,
+            "platform": md.platform,
+            "inputs": [_tensor(t.name, t.dtype, t.shape) for t in md.inputs],
+            "outputs": [_tensor(t.name, t.dtype, t.shape) for t in md.outputs],
+        }
+    )
+
+
+def _tensor(name: str, dtype: str, shape: tuple[int, ...]) -> dict[str, Any]:
+    import numpy as np
+
+    return {"name": name, "datatype": dtype_label(np.dtype(dtype)), "shape": list(shape)}
+
+
+async def model_ready(request: web.Request) -> web.Response:
+    host = request.app[SERVICE_KEY].host(request.match_info["model"], _version(request))
+    return _json(
+        {
+            "name": host.name,
+            "version": str(host.version),
+            "ready": host.ready,
+            "state": host.state.value,
+        },
+        status=200 if host.ready else 503,
+    )
+
+
+async def model_config(request: web.Request) -> web.Response:
+    host = request.app[SERVICE_KEY].host(request.match_info["model"], _version(request))
+    cfg = host.config
+    knobs = host.knobs
+    return _json(
+        {
+            "name": host.name,
+            "version": str(host.version),
+            "backend": cfg.runtime,
+            "max_batch_size": cfg.max_batch_size,
+            "slo_ms": cfg.slo_ms,
+            "dynamic_batching": {
+                "preferred_max_batch_size": knobs.max_batch_size,
+                "max_queue_delay_microseconds": round(knobs.batch_timeout_s * 1e6),
+                "max_queue_size": cfg.batching.max_queue_size,
+            },
+            "instance_group": [{"count": knobs.concurrency, "kind": "KIND_AUTO"}],
+            "parameters": {
+                "intra_op_threads": knobs.intra_op_threads,
+                "inter_op_threads": knobs.inter_op_threads,
+            },
+        }
+    )
+
+
+async def repository_index(request: web.Request) -> web.Response:
+    body = await _read_body(request)
+    ready_only = False
+    if body.strip():
+        try:
+            doc = json.loads(body)
+        except json.JSONDecodeError as exc:
+            raise BadRequest(f"malformed JSON: {exc}") from None
+        ready_only = bool(isinstance(doc, dict) and doc.get("ready"))
+    index = [
+        {
+            "name": s.name,
+            "version": str(s.version),
+            "state": s.state,
+            **({"reason": s.reason} if s.reason else {}),
+        }
+        for s in request.app[SERVICE_KEY].statuses()
+        if not ready_only or s.state == "READY"
+    ]
+    return _json(index)
+
+
+async def infer(request: web.Request) -> web.Response:
+    service = request.app[SERVICE_KEY]
+    body = await _read_body(request)
+    raw_len = request.headers.get(oip.HEADER_LENGTH)
+    header_length: int | None = None
+    if raw_len is not None:
+        try:
+            header_length = int(raw_len)
+        except ValueError:
+            raise BadRequest(f"{oip.HEADER_LENGTH} must be an integer, got {raw_len!r}") from None
+    name, version = request.match_info["model"], _version(request)
+    req, fmt = await _offload(
+        request,
+        len(body),
+        lambda: oip.decode_request(
+            body,
+            model=name,
+            version=int(version) if version else None,
+            header_length=header_length,
+        ),
+    )
+    response = await service.infer(req, transport=TRANSPORT)
+    payload, json_len = oip.encode_response(response, fmt)
+    if json_len is None:
+        return web.Response(body=payload, content_type=_JSON)
+    return web.Response(
+        body=payload,
+        content_type="application/octet-stream",
+        headers={oip.HEADER_LENGTH: str(json_len)},
+    )
+
+
+# -- TF Serving REST ---------------------------------------------------------------------------
+
+
+async def tfs_status(request: web.Request) -> web.Response:
+    service = request.app[SERVICE_KEY]
+    name, version = request.match_info["model"], _version(request)
+    service.host(name, version)  # 404 for unknown models/versions
+    states = {"READY": "AVAILABLE", "LOADING": "LOADING", "UNLOADING": "UNLOADING"}
+    statuses = [
+        {
+            "version": str(s.version),
+            "state": states.get(s.state, "END"),
+            "status": {
+                "error_code": "OK" if s.state == "READY" else "UNAVAILABLE",
+                "error_message": s.reason,
+            },
+        }
+        for s in service.statuses()
+        if s.name == name and (version is None or str(s.version) == version)
+    ]
+    return _json({"model_version_status": statuses})
+
+
+async def tfs_metadata(request: web.Request) -> web.Response:
+    host = request.app[SERVICE_KEY].host(request.match_info["model"], _version(request))
+    md = host.metadata
+
+    def info(t: Any) -> dict[str, Any]:
+        return {
+            "dtype": _TF_DTYPES.get(t.dtype, t.dtype),
+            "tensor_shape": {
+                "dim": [{"size": str(d), "name": ""} for d in t.shape],
+                "unknown_rank": False,
+            },
+            "name": t.name,
+        }
+
+    return _json(
+        {
+            "model_spec": {"name": host.name, "signature_name": "", "version": str(host.version)},
+            "metadata": {
+                "signature_def": {
+                    "signature_def": {
+                        tfserving.SIGNATURE: {
+                            "inputs": {t.name: info(t) for t in md.inputs},
+                            "outputs": {t.name: info(t) for t in md.outputs},
+                            "method_name": "tensorflow/serving/predict",
+                        }
+                    }
+                }
+            },
+        }
+    )
+
+
+_TF_DTYPES = {
+    "float32": "DT_FLOAT",
+    "float64": "DT_DOUBLE",
+    "float16": "DT_HALF",
+    "int32": "DT_INT32",
+    "int64": "DT_INT64",
+    "int8": "DT_INT8",
+    "uint8": "DT_UINT8",
+    "int16": "DT_INT16",
+    "uint16": "DT_UINT16",
+    "bool": "DT_BOOL",
+    "object": "DT_STRING",
+}
+
+
+async def tfs_predict(request: web.Request) -> web.Response:
+    service = request.app[SERVICE_KEY]
+    name, version = request.match_info["model"], _version(request)
+    body = await _read_body(request)
+    metadata = service.metadata(name, version)
+    req, rows = await _offload(
+        request,
+        len(body),
+        lambda: tfserving.decode_predict(
+            body, metadata, model=name, version=int(version) if version else None
+        ),
+    )
+    response = await service.infer(req, transport=TRANSPORT)
+    return web.Response(body=tfserving.encode_predict(response, rows=rows), content_type=_JSON)
+
+
+# -- admin and metrics -------------------------------------------------------------------------
+
+
+def _check_admin(request: web.Request) -> None:
+    token = request.app[SETTINGS_KEY].admin_token
+    if token is None:
+        return
+    given = request.headers.get("Authorization", "")
+    if not hmac.compare_digest(given.encode(), f"Bearer {token.get_secret_value()}".encode()):
+        raise Unauthorized("admin endpoints need 'Authorization: Bearer <admin token>'")
+
+
+async def admin_models(request: web.Request) -> web.Response:
+    _check_admin(request)
+    service = request.app[SERVICE_KEY]
+    out = []
+    for s in service.statuses():
+        entry: dict[str, Any] = {"name": s.name, "version": str(s.version), "state": s.state}
+        if s.state == "READY":
+            entry["knobs"] = service.knobs(s.name, s.version).as_dict()
+        out.append(entry)
+    return _json(out)
+
+
+async def admin_knobs(request: web.Request) -> web.Response:
+    _check_admin(request)
+    service = request.app[SERVICE_KEY]
+    name, version = request.match_info["model"], _version(request)
+    if request.method == "GET":
+        host = service.host(name, version)
+        return _json(
+            {"model": host.name, "version": str(host.version), "knobs": host.knobs.as_dict()}
+        )
+    body = await _read_body(request)
+    try:
+        changes = json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise BadRequest(f"malformed JSON: {exc}") from None
+    if not isinstance(changes, dict):
+        raise BadRequest("the body must be an object of knob changes")
+    knobs = await service.set_knobs(name, version, changes)
+    host = service.host(name, version)
+    return _json({"model": host.name, "version": str(host.version), "knobs": knobs.as_dict()})
+
+
+async def admin_stats(request: web.Request) -> web.Response:
+    _check_admin(request)
+    try:
+        window = float(request.query.get("window_s", "10"))
+    except ValueError:
+        raise BadRequest("window_s must be a number of seconds") from None
+    if not 0 < window <= 3600:
+        raise BadRequest("window_s must be in (0, 3600]")
+    stats = request.app[SERVICE_KEY].stats(request.match_info["model"], _version(request), window)
+    return _json({f: getattr(stats, f) for f in stats.__slots__})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[SERVICE_KEY].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def build_app(
+    service: InferenceService, settings: HttpSettings, executor: Executor
+) -> web.Application:
+    # aiohttp's own size check is a second line behind _read_body's (chunked bodies).
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[error_middleware])
+    app[SERVICE_KEY] = service
+    app[SETTINGS_KEY] = settings
+    app[EXECUTOR_KEY] = executor
+    model = "{model:[A-Za-z0-9][A-Za-z0-9_.-]*}"
+    mv = f"/v2/models/{model}"
+    mvv = f"{mv}/versions/{{version:[0-9]+}}"
+    r = app.router
+    r.add_get("/v2", server_metadata)
+    r.add_get("/v2/health/live", live)
+    r.add_get("/v2/health/ready", ready)
+    r.add_post("/v2/repository/index", repository_index)
+    for base in (mv, mvv):
+        r.add_get(base, model_metadata)
+        r.add_get(f"{base}/ready", model_ready)
+        r.add_get(f"{base}/config", model_config)
+        r.add_post(f"{base}/infer", infer)
+    tfm = "/v1/models/{model:[A-Za-z0-9][A-Za-z0-9_.-]*}"
+    tfv = f"{tfm}/versions/{{version:[0-9]+}}"
+    for base in (tfm, tfv):
+        r.add_get(base, tfs_status)
+        r.add_get(f"{base}/metadata", tfs_metadata)
+        r.add_post(f"{base}:predict", tfs_predict)
+    r.add_get("/admin/models", admin_models)
+    for base in ("/admin/models/{model}", "/admin/models/{model}/versions/{version:[0-9]+}"):
+        r.add_route("GET", f"{base}/knobs", admin_knobs)
+        r.add_route("PUT", f"{base}/knobs", admin_knobs)
+        r.add_route("POST", f"{base}/knobs", admin_knobs)
+        r.add_get(f"{base}/stats", admin_stats)
+    r.add_get("/metrics", metrics)
+    return app

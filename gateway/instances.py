@@ -1,0 +1,217 @@
+"""The runtime instances of one model version: one per batch in flight.
+
+Operation-level threads are fixed when a backend session is created, so a thread change builds a
+new generation of instances off the event loop, warms them, swaps them in, and closes the old
+ones once the batches running on them are done. Batches never see a half-built or closed
+instance, so a swap fails no request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from models.runtime import ModelMetadata, Runtime, Threads
+
+log = logging.getLogger("gateway.instances")
+
+RuntimeFactory = Callable[[Threads], Runtime]
+
+
+@dataclass(eq=False)
+class Instance:
+    runtime: Runtime
+    threads: Threads
+    generation: int
+    id: int
+    retired: bool = field(default=False)
+
+
+class InstancePool:
+    """Hands idle instances to the batcher; resizes and re-threads the set without failing any
+    batch. All methods run on the event loop; blocking backend work goes to ``executor``."""
+
+    def __init__(
+        self,
+        *,
+        factory: RuntimeFactory,
+        executor: Executor,
+        warmup_batch_sizes: tuple[int, ...] = (1,),
+    ) -> None:
+        self._factory = factory
+        self._executor = executor
+        self._warmup_batch_sizes = warmup_batch_sizes
+        self._idle: deque[Instance] = deque()
+        self._busy: set[Instance] = set()
+        self._active: list[Instance] = []
+        self._available = asyncio.Condition()
+        self._reconfigure_lock = asyncio.Lock()
+        self._generation = 0
+        self._ids = itertools.count(1)
+        self._threads: Threads | None = None
+        self._closed = False
+        self.metadata: ModelMetadata | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self._active)
+
+    @property
+    def threads(self) -> Threads | None:
+        return self._threads
+
+    @property
+    def busy(self) -> int:
+        return sum(1 for inst in self._busy if not inst.retired)
+
+    async def start(self, concurrency: int, threads: Threads) -> None:
+        await self.reconfigure(concurrency=concurrency, threads=threads)
+
+    async def acquire(self) -> Instance:
+        """Wait for an idle instance of the current generation."""
+        async with self._available:
+            await self._available.wait_for(lambda: bool(self._idle) or self._closed)
+            if self._closed:
+                raise asyncio.CancelledError("instance pool closed")
+            inst = self._idle.popleft()
+            self._busy.add(inst)
+            return inst
+
+    async def release(self, inst: Instance) -> None:
+        self._busy.discard(inst)
+        if inst.retired:
+            # Its generation was swapped out while it ran a batch: now that the batch is done,
+            # nothing references it and it can be closed.
+            await self._close([inst])
+            return
+        async with self._available:
+            self._idle.append(inst)
+            self._available.notify()
+
+    async def reconfigure(self, *, concurrency: int, threads: Threads) -> None:
+        """Make the active set ``concurrency`` instances with ``threads``; returns once the new
+        instances serve. Concurrent calls are applied one after the other."""
+        async with self._reconfigure_lock:
+            if threads != self._threads:
+                await self._replace_all(concurrency, threads)
+            elif concurrency > len(self._active):
+                await self._grow(concurrency - len(self._active))
+            elif concurrency < len(self._active):
+                await self._shrink(len(self._active) - concurrency)
+
+    async def close(self) -> None:
+        async with self._reconfigure_lock:
+            self._closed = True
+            idle = list(self._idle)
+            self._idle.clear()
+            for inst in self._active:
+                inst.retired = True
+            self._active = []
+            async with self._available:
+                self._available.notify_all()
+            await self._close(idle)
+
+    async def _replace_all(self, concurrency: int, threads: Threads) -> None:
+        self._generation += 1
+        fresh = await self._build(concurrency, threads, self._generation)
+        old = self._active
+        async with self._available:
+            for inst in old:
+                inst.retired = True
+            idle_old = [inst for inst in self._idle if inst.retired]
+            self._idle = deque(inst for inst in self._idle if not inst.retired)
+            self._idle.extend(fresh)
+            self._active = list(fresh)
+            self._threads = threads
+            self._available.notify_all()
+        await self._close(idle_old)
+        log.info(
+            "model %s: %d instance(s) with intra=%d inter=%d threads now serving (generation %d)",
+            self.metadata.name if self.metadata else "?",
+            concurrency,
+            threads.intra_op,
+            threads.inter_op,
+            self._generation,
+        )
+
+    async def _grow(self, n: int) -> None:
+        assert self._threads is not None
+        fresh = await self._build(n, self._threads, self._generation)
+        async with self._available:
+            self._active.extend(fresh)
+            self._idle.extend(fresh)
+            self._available.notify_all()
+
+    async def _shrink(self, n: int) -> None:
+        # Prefer idle instances so that running batches keep theirs; busy ones are retired and
+        # closed by ``release`` when their batch ends.
+        async with self._available:
+            victims: list[Instance] = []
+            for inst in list(self._idle)[-n:]:
+                victims.append(inst)
+            for inst in reversed(self._active):
+                if len(victims) == n:
+                    break
+                if inst not in victims:
+                    victims.append(inst)
+            for inst in victims:
+                inst.retired = True
+            self._active = [inst for inst in self._active if not inst.retired]
+            idle_victims = [inst for inst in self._idle if inst.retired]
+            self._idle = deque(inst for inst in self._idle if not inst.retired)
+        await self._close(idle_victims)
+
+    async def _build(self, n: int, threads: Threads, generation: int) -> list[Instance]:
+        loop = asyncio.get_running_loop()
+        built: list[Instance] = []
+        try:
+            for _ in range(n):
+                # Session creation and warm-up block for milliseconds to seconds: executor.
+                runtime = await loop.run_in_executor(self._executor, self._create_warm, threads)
+                built.append(Instance(runtime, threads, generation, next(self._ids)))
+        except BaseException:
+            await self._close(built)
+            raise
+        return built
+
+    def _create_warm(self, threads: Threads) -> Runtime:
+        runtime = self._factory(threads)
+        if self.metadata is None:
+            self.metadata = runtime.metadata
+        try:
+            for rows in self._warmup_batch_sizes:
+                sample = warmup_inputs(runtime.metadata, rows)
+                if sample is not None:
+                    runtime.infer(sample)
+        except Exception:
+            runtime.close()
+            raise
+        return runtime
+
+    async def _close(self, instances: list[Instance]) -> None:
+        if not instances:
+            return
+        loop = asyncio.get_running_loop()
+        for inst in instances:
+            # Closing a TF session joins its thread pools: keep it off the loop.
+            await loop.run_in_executor(self._executor, inst.runtime.close)
+
+
+def warmup_inputs(metadata: ModelMetadata, rows: int) -> dict[str, np.ndarray] | None:
+    """Zeros of every input with ``rows`` rows (variable dims as 1); None when an input is not
+    numeric (strings have no neutral value a model is sure to accept)."""
+    sample: dict[str, np.ndarray] = {}
+    for spec in metadata.inputs:
+        dtype = np.dtype(spec.dtype)
+        if dtype.kind not in "biuf":
+            return None
+        shape = (rows, *(d if d > 0 else 1 for d in spec.shape[1:]))
+        sample[spec.name] = np.zeros(shape, dtype=dtype)
+    return sample

@@ -1,0 +1,108 @@
+"""Wiring: settings -> executor, metrics, service, HTTP server. Nothing else lives here."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import TracebackType
+
+from aiohttp import web
+
+from gateway.http import build_app
+from gateway.metrics import GatewayMetrics
+from gateway.service import InferenceService
+from gateway.settings import GatewaySettings
+from models.repository import scan_repository
+
+log = logging.getLogger("gateway")
+
+
+def resolve_model_repo(settings: GatewaySettings) -> Path:
+    if settings.serving.model_repo is not None:
+        return settings.serving.model_repo
+    from models.demo import ensure_demo_repository
+
+    root = ensure_demo_repository(settings.serving.cache_dir / "demo-repo-v1")
+    log.info("no --model-repo given: serving the bundled demo repository at %s", root)
+    return root
+
+
+class Gateway:
+    """The running gateway. ``async with Gateway(settings) as gw`` starts HTTP at once and loads
+    the models in the background (``/v2/health/ready`` says when they serve)."""
+
+    def __init__(self, settings: GatewaySettings) -> None:
+        self.settings = settings
+        self.executor = ThreadPoolExecutor(
+            max_workers=settings.serving.executor_threads, thread_name_prefix="iotgw-exec"
+        )
+        self.metrics = GatewayMetrics()
+        self.service = InferenceService(executor=self.executor, metrics=self.metrics)
+        self._runner: web.AppRunner | None = None
+        self._loading: asyncio.Task[None] | None = None
+        self.http_port: int = settings.http.port
+
+    async def start(self, *, wait_ready: bool = False) -> None:
+        loop = asyncio.get_running_loop()
+        # Building the demo repository exports TF models (seconds): keep the loop free.
+        repo = await loop.run_in_executor(self.executor, resolve_model_repo, self.settings)
+        self.service.add_versions(scan_repository(repo))
+        app = build_app(self.service, self.settings.http, self.executor)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.settings.http.host, self.settings.http.port)
+        await site.start()
+        server = site._server
+        if server is not None and getattr(server, "sockets", None):
+            self.http_port = server.sockets[0].getsockname()[1]
+        log.info("HTTP listening on http://%s:%d", self.settings.http.host, self.http_port)
+        self._loading = asyncio.create_task(self.service.load_all(), name="load-models")
+        if wait_ready:
+            await self._loading
+
+    async def wait_loaded(self) -> None:
+        if self._loading is not None:
+            await self._loading
+
+    async def stop(self) -> None:
+        if self._loading is not None and not self._loading.done():
+            self._loading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loading
+        if self._runner is not None:
+            await self._runner.cleanup()
+        await self.service.close()
+        self.executor.shutdown(wait=True, cancel_futures=True)
+
+    async def __aenter__(self) -> Gateway:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+
+async def serve(settings: GatewaySettings) -> None:
+    """Run until SIGINT or SIGTERM, then drain and stop."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with Gateway(settings) as gw:
+        await gw.wait_loaded()
+        for s in gw.service.statuses():
+            log.info(
+                "  %s v%d: %s%s", s.name, s.version, s.state, f" ({s.reason})" if s.reason else ""
+            )
+        log.info("ready: http://%s:%d/v2", settings.http.host, gw.http_port)
+        await stop.wait()
+        log.info("shutting down")

@@ -1,0 +1,91 @@
+"""Prometheus metrics of the gateway, in a registry per gateway instance (several can live in one
+process, as in the tests)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.2,
+    0.5,
+    1.0,
+    2.0,
+    5.0,
+    10.0,
+)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "iotgw_requests",
+            "Inference requests by model, transport and outcome.",
+            ["model", "version", "transport", "outcome"],
+            registry=r,
+        )
+        self.rejections = Counter(
+            "iotgw_rejections",
+            "Requests refused before computing, by reason.",
+            ["model", "version", "reason"],
+            registry=r,
+        )
+        self.queue_seconds = Histogram(
+            "iotgw_queue_seconds",
+            "Time a request waited in its model's queue.",
+            ["model", "version"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.compute_seconds = Histogram(
+            "iotgw_compute_seconds",
+            "Backend time of one batch.",
+            ["model", "version"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.latency_seconds = Histogram(
+            "iotgw_request_latency_seconds",
+            "Gateway time of one request, decode to reply.",
+            ["model", "version", "transport"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "iotgw_batch_rows",
+            "Rows per batch.",
+            ["model", "version"],
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "iotgw_queue_depth",
+            "Requests waiting in the model's queue.",
+            ["model", "version"],
+            registry=r,
+        )
+        self.knob = Gauge(
+            "iotgw_knob",
+            "Current value of each parallelism knob (batch_timeout in ms).",
+            ["model", "version", "knob"],
+            registry=r,
+        )
+        self.model_ready = Gauge(
+            "iotgw_model_ready",
+            "1 when the model version serves.",
+            ["model", "version"],
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

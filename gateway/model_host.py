@@ -1,0 +1,217 @@
+"""One served model version: its runtime instances, its batcher, its knobs and its state."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from collections import deque
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+import numpy as np
+
+from gateway.batcher import Batcher, BatchRecord
+from gateway.errors import ModelUnavailable
+from gateway.instances import InstancePool, RuntimeFactory
+from gateway.knobs import KnobLimits, Knobs, apply_changes
+from gateway.metrics import GatewayMetrics
+from models.repository import ModelConfig
+from models.runtime import ModelMetadata, Threads
+
+log = logging.getLogger("gateway.model")
+
+_STATS_WINDOW = 20_000  # completed requests remembered for the tuner's snapshots
+
+
+class ModelState(enum.StrEnum):
+    LOADING = "LOADING"
+    READY = "READY"
+    UNAVAILABLE = "UNAVAILABLE"
+    UNLOADING = "UNLOADING"
+
+
+@dataclass(frozen=True, slots=True)
+class WindowStats:
+    """What requests experienced inside the gateway over a recent window."""
+
+    window_s: float
+    completed: int
+    rate_per_s: float
+    rows_per_request: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    slo_violations: int
+    rejected: int
+    queue_depth: int
+
+
+class ModelHost:
+    def __init__(
+        self,
+        *,
+        name: str,
+        version: int,
+        config: ModelConfig,
+        factory: RuntimeFactory,
+        executor: Executor,
+        metrics: GatewayMetrics,
+        limits: KnobLimits | None = None,
+    ) -> None:
+        self.name = name
+        self.version = version
+        self.config = config
+        self.state = ModelState.LOADING
+        self.reason = ""
+        self._metrics = metrics
+        self._labels = (name, str(version))
+        b = config.batching
+        self._knobs = Knobs(
+            max_batch_size=b.max_batch_size,
+            batch_timeout_s=b.batch_timeout_ms / 1000.0,
+            concurrency=b.concurrency,
+            intra_op_threads=b.intra_op_threads,
+            inter_op_threads=b.inter_op_threads,
+        )
+        self.limits = limits or KnobLimits(max_batch_size=config.max_batch_size)
+        warm_rows = tuple(sorted({1, b.max_batch_size}))
+        self._pool = InstancePool(factory=factory, executor=executor, warmup_batch_sizes=warm_rows)
+        self._batcher = Batcher(
+            name=f"{name}/{version}",
+            pool=self._pool,
+            executor=executor,
+            knobs=lambda: self._knobs,
+            max_queue_size=b.max_queue_size,
+            on_batch=self._record_batch,
+        )
+        self._knob_lock = asyncio.Lock()
+        # (completion time, latency s, rows, violated SLO) of recent requests.
+        self._done: deque[tuple[float, float, int, bool]] = deque(maxlen=_STATS_WINDOW)
+        self._rejected: deque[float] = deque(maxlen=_STATS_WINDOW)
+
+    @property
+    def metadata(self) -> ModelMetadata:
+        if self._pool.metadata is None:
+            raise ModelUnavailable(f"model {self.name} version {self.version} is not loaded")
+        return self._pool.metadata
+
+    @property
+    def knobs(self) -> Knobs:
+        return self._knobs
+
+    @property
+    def ready(self) -> bool:
+        return self.state is ModelState.READY
+
+    @property
+    def queue_depth(self) -> int:
+        return self._batcher.queue_depth
+
+    async def load(self) -> None:
+        k = self._knobs
+        try:
+            await self._pool.start(k.concurrency, Threads(k.intra_op_threads, k.inter_op_threads))
+        except Exception as exc:
+            self.state = ModelState.UNAVAILABLE
+            self.reason = str(exc)
+            self._metrics.model_ready.labels(*self._labels).set(0)
+            log.error("model %s version %d failed to load: %s", self.name, self.version, exc)
+            return
+        self._batcher.start()
+        self.state = ModelState.READY
+        self._metrics.model_ready.labels(*self._labels).set(1)
+        self._publish_knobs()
+        log.info("model %s version %d ready (%s)", self.name, self.version, self._describe())
+
+    async def unload(self) -> None:
+        self.state = ModelState.UNLOADING
+        self._metrics.model_ready.labels(*self._labels).set(0)
+        await self._batcher.stop()
+        await self._pool.close()
+
+    async def infer(
+        self, inputs: dict[str, np.ndarray], *, rows: int, timeout_s: float | None, priority: int
+    ) -> tuple[dict[str, np.ndarray], float, float]:
+        if self.state is not ModelState.READY:
+            raise ModelUnavailable(
+                f"model {self.name} version {self.version} is {self.state.value.lower()}"
+                + (f": {self.reason}" if self.reason else "")
+            )
+        started = time.monotonic()
+        budget = timeout_s if timeout_s is not None else self.config.slo_ms / 1000.0
+        try:
+            result = await self._batcher.submit(
+                inputs, rows=rows, deadline=started + budget, priority=priority
+            )
+        except ModelUnavailable:
+            raise
+        except Exception as exc:
+            reason = getattr(exc, "reason", None)
+            if reason in ("queue_full", "deadline"):
+                self._rejected.append(time.monotonic())
+                self._metrics.rejections.labels(*self._labels, reason).inc()
+            raise
+        finished = time.monotonic()
+        latency = finished - started
+        self._done.append((finished, latency, rows, latency > self.config.slo_ms / 1000.0))
+        return result
+
+    async def set_knobs(self, changes: dict[str, object]) -> Knobs:
+        """Apply knob changes; returns once every change is in effect. Request-level knobs take
+        effect from the next batch; thread and concurrency changes swap runtime instances."""
+        async with self._knob_lock:
+            new = apply_changes(self._knobs, changes, self.limits)
+            old = self._knobs
+            if (new.concurrency, new.intra_op_threads, new.inter_op_threads) != (
+                old.concurrency,
+                old.intra_op_threads,
+                old.inter_op_threads,
+            ):
+                await self._pool.reconfigure(
+                    concurrency=new.concurrency,
+                    threads=Threads(new.intra_op_threads, new.inter_op_threads),
+                )
+            self._knobs = new
+            self._publish_knobs()
+            if new != old:
+                log.info("model %s version %d knobs: %s", self.name, self.version, self._describe())
+            return new
+
+    def stats(self, window_s: float = 10.0) -> WindowStats:
+        now = time.monotonic()
+        since = now - window_s
+        recent = [d for d in self._done if d[0] >= since]
+        latencies = np.array([d[1] for d in recent], dtype=np.float64) * 1000.0
+        p50, p95, p99 = (
+            np.percentile(latencies, [50, 95, 99]).tolist() if latencies.size else [0.0] * 3
+        )
+        return WindowStats(
+            window_s=window_s,
+            completed=len(recent),
+            rate_per_s=len(recent) / window_s,
+            rows_per_request=float(np.mean([d[2] for d in recent])) if recent else 0.0,
+            p50_ms=p50,
+            p95_ms=p95,
+            p99_ms=p99,
+            slo_violations=sum(1 for d in recent if d[3]),
+            rejected=sum(1 for t in self._rejected if t >= since),
+            queue_depth=self._batcher.queue_depth,
+        )
+
+    def _record_batch(self, record: BatchRecord) -> None:
+        m = self._metrics
+        m.batch_size.labels(*self._labels).observe(record.rows)
+        m.compute_seconds.labels(*self._labels).observe(record.compute_s)
+        hist = m.queue_seconds.labels(*self._labels)
+        for q in record.queue_s:
+            hist.observe(q)
+        m.queue_depth.labels(*self._labels).set(self._batcher.queue_depth)
+
+    def _publish_knobs(self) -> None:
+        for knob, value in self._knobs.as_dict().items():
+            self._metrics.knob.labels(*self._labels, knob).set(value)
+
+    def _describe(self) -> str:
+        return ", ".join(f"{k}={v:g}" for k, v in self._knobs.as_dict().items())

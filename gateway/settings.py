@@ -1,0 +1,92 @@
+"""Typed settings, one model per component, read once by the CLI and passed down.
+
+Sources, strongest first: command-line options, ``IOTGW_*`` environment variables (nested with
+``__``, e.g. ``IOTGW_HTTP__PORT=8081``), a TOML file (``--config``), the defaults below.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+
+class HttpSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = Field("127.0.0.1", description="Address the HTTP server listens on.")
+    port: int = Field(8080, ge=0, le=65535, description="HTTP port (0 picks a free one).")
+    max_body_bytes: int = Field(
+        16 * 1024 * 1024, ge=1024, description="Largest request body; bigger ones get 413."
+    )
+    admin_token: SecretStr | None = Field(
+        None,
+        description="When set, the /admin endpoints require 'Authorization: Bearer <token>'.",
+    )
+
+
+class ServingSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model_repo: Path | None = Field(
+        None, description="Model repository to serve; the bundled demo repository when unset."
+    )
+    cache_dir: Path = Field(
+        Path.home() / ".cache" / "iotgw",
+        description="Where the bundled demo repository is built on first use.",
+    )
+    executor_threads: int = Field(
+        32,
+        ge=2,
+        le=1024,
+        description="Threads of the executor that runs backend calls and model loads.",
+    )
+    max_concurrency: int = Field(
+        16, ge=1, le=64, description="Upper bound of the concurrency knob (instances per model)."
+    )
+
+
+class GatewaySettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="IOTGW_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        nested_model_default_partial_update=True,
+    )
+
+    http: HttpSettings = HttpSettings()
+    serving: ServingSettings = ServingSettings()
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="Logging level."
+    )
+
+    @classmethod
+    def load(cls, toml_file: Path | None = None, **overrides: Any) -> GatewaySettings:
+        """Settings from every source; ``overrides`` (nested dicts) win over all of them."""
+
+        class _Sourced(cls):  # type: ignore[valid-type, misc]
+            @classmethod
+            def settings_customise_sources(
+                cls_,
+                settings_cls: type[BaseSettings],
+                init_settings: PydanticBaseSettingsSource,
+                env_settings: PydanticBaseSettingsSource,
+                dotenv_settings: PydanticBaseSettingsSource,
+                file_secret_settings: PydanticBaseSettingsSource,
+            ) -> tuple[PydanticBaseSettingsSource, ...]:
+                sources: tuple[PydanticBaseSettingsSource, ...] = (init_settings, env_settings)
+                if toml_file is not None:
+                    sources += (TomlConfigSettingsSource(settings_cls, toml_file=toml_file),)
+                return sources
+
+        if toml_file is not None and not toml_file.is_file():
+            raise FileNotFoundError(f"settings file {toml_file} not found")
+        loaded = _Sourced(**overrides)
+        return cls.model_validate(loaded.model_dump())
