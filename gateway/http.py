@@ -209,6 +209,7 @@ async def infer(request: web.Request) -> web.Response:
         except ValueError:
             raise BadRequest(f"{oip.HEADER_LENGTH} must be an integer, got {raw_len!r}") from None
     name, version = request.match_info["model"], _version(request)
+    service.host(name, version)  # unknown model or version: 404 before parsing the body
     req, fmt = await _offload(
         request,
         len(body),

@@ -41,7 +41,11 @@ class Gateway:
             max_workers=settings.serving.executor_threads, thread_name_prefix="iotgw-exec"
         )
         self.metrics = GatewayMetrics()
-        self.service = InferenceService(executor=self.executor, metrics=self.metrics)
+        self.service = InferenceService(
+            executor=self.executor,
+            metrics=self.metrics,
+            max_concurrency=settings.serving.max_concurrency,
+        )
         self._runner: web.AppRunner | None = None
         self._loading: asyncio.Task[None] | None = None
         self.http_port: int = settings.http.port

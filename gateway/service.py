@@ -18,7 +18,7 @@ import numpy as np
 
 from gateway.codecs.datatypes import dtype_label
 from gateway.errors import BadRequest, ModelUnavailable, NotFound
-from gateway.knobs import Knobs
+from gateway.knobs import KnobLimits, Knobs
 from gateway.metrics import GatewayMetrics
 from gateway.model_host import ModelHost, ModelState, WindowStats
 from gateway.types import InferenceRequest, InferenceResponse
@@ -37,8 +37,11 @@ class VersionStatus:
 
 
 class InferenceService:
-    def __init__(self, *, executor: Executor, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self, *, executor: Executor, metrics: GatewayMetrics, max_concurrency: int = 16
+    ) -> None:
         self._executor = executor
+        self._max_concurrency = max_concurrency
         self.metrics = metrics
         self._hosts: dict[str, dict[int, ModelHost]] = {}
         self._broken: dict[str, dict[int, BrokenVersion]] = {}
@@ -63,6 +66,10 @@ class InferenceService:
                 factory=functools.partial(load_runtime, entry),
                 executor=self._executor,
                 metrics=self.metrics,
+                limits=KnobLimits(
+                    max_batch_size=entry.config.max_batch_size,
+                    max_concurrency=self._max_concurrency,
+                ),
             )
             self._hosts.setdefault(entry.name, {})[entry.version] = host
             added.append(host)
