@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Runs the whole test suite on a fresh machine: creates the virtual environment if needed,
+# installs the project with its test dependencies, checks style, runs every test (slow ones
+# included). Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+venv="${IOTGW_VENV:-.venv}"
+python="${PYTHON:-python3.11}"
+command -v "$python" >/dev/null 2>&1 || python=python3
+
+if [ ! -x "$venv/bin/python" ]; then
+  "$python" -m venv "$venv"
+fi
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[test]"
+
+"$venv/bin/ruff" check .
+"$venv/bin/ruff" format --check .
+exec "$venv/bin/python" -m pytest -q -ra "$@"
