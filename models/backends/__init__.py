@@ -1,0 +1,49 @@
+"""Backends behind the ``Runtime`` protocol, chosen by a version's ``config.runtime``.
+
+Backend modules are imported on first use: importing TensorFlow takes seconds and hundreds of
+megabytes, which a gateway serving only ONNX models should never pay.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from models.repository import ModelVersion
+from models.runtime import ModelLoadError, Runtime, Threads
+
+# config.runtime -> module defining ``load(version, threads) -> Runtime``
+_BACKENDS = {
+    "onnxruntime": "models.backends.onnx_backend",
+    "tensorflow": "models.backends.tf_backend",
+}
+
+
+def load_runtime(version: ModelVersion, threads: Threads) -> Runtime:
+    """Open one session of ``version`` with its operation-level threads fixed to ``threads``.
+
+    Raises ``ModelLoadError`` (naming the model, version and file) when it cannot be loaded.
+    """
+    if threads.intra_op < 1 or threads.inter_op < 1:
+        raise ValueError(f"threads must be at least 1, got {threads}")
+    module_name = _BACKENDS.get(version.config.runtime)
+    if module_name is None:
+        raise ModelLoadError(
+            f"{describe(version)}: unknown runtime {version.config.runtime!r} "
+            f"(known: {', '.join(sorted(_BACKENDS))})"
+        )
+    try:
+        backend = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ModelLoadError(
+            f"{describe(version)}: runtime {version.config.runtime!r} is not installed: {exc}"
+        ) from exc
+    runtime: Runtime = backend.load(version, threads)
+    return runtime
+
+
+def describe(version: ModelVersion) -> str:
+    """How errors name a model version and its file."""
+    return f"model {version.name!r} version {version.version} ({version.model_path})"
+
+
+__all__ = ["describe", "load_runtime"]

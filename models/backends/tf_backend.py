@@ -1,0 +1,184 @@
+"""TensorFlow backend: a SavedModel run in its own ``tf.compat.v1.Session`` and graph.
+
+A v1 session is the one TensorFlow API whose thread counts can be chosen per instance
+(``ConfigProto``); ``tf.config.threading`` is process-wide and frozen after start-up, which would
+make operation-level parallelism untunable at run time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+_tf_was_imported = "tensorflow" in sys.modules
+# Without TF_OVERRIDE_GLOBAL_THREADPOOL=1, TensorFlow runs every session's ops on one process-wide
+# intra-op pool sized at first use, silently ignoring each session's
+# intra_op_parallelism_threads. TensorFlow reads it when it is first imported, so it must be set
+# before the import below (setdefault: an operator's explicit choice wins).
+os.environ.setdefault("TF_OVERRIDE_GLOBAL_THREADPOOL", "1")
+# TensorFlow's C++ side logs several INFO/WARNING lines per session (CPU features, XLA, ...).
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from collections.abc import Mapping  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from models.backends import describe  # noqa: E402
+from models.repository import ModelVersion  # noqa: E402
+from models.runtime import (  # noqa: E402
+    InferenceFailed,
+    ModelLoadError,
+    ModelMetadata,
+    TensorSpec,
+    Threads,
+)
+
+PLATFORM = "tensorflow_savedmodel"
+SIGNATURE = "serving_default"
+TAGS = ["serve"]
+log = logging.getLogger("models.tf")
+
+if _tf_was_imported and os.environ.get("TF_OVERRIDE_GLOBAL_THREADPOOL") != "1":
+    log.warning(
+        "tensorflow was imported before models.backends.tf_backend without "
+        "TF_OVERRIDE_GLOBAL_THREADPOOL=1: per-session intra-op threads may be ignored"
+    )
+
+
+class _DropLoaderDeprecation(logging.Filter):
+    """The v1 loader is deprecated in favour of tf.saved_model.load, which only runs eagerly
+    under the process-wide thread pools; we use it on purpose, so its notice is noise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "loader_impl) is deprecated" not in record.getMessage()
+
+
+tf.get_logger().addFilter(_DropLoaderDeprecation())
+
+_gpus: list[Any] | None = None
+
+
+def _has_gpu() -> bool:
+    global _gpus
+    if _gpus is None:
+        _gpus = tf.config.list_physical_devices("GPU")
+    return bool(_gpus)
+
+
+def session_config(threads: Threads) -> tf.compat.v1.ConfigProto:
+    config = tf.compat.v1.ConfigProto(
+        intra_op_parallelism_threads=threads.intra_op,
+        inter_op_parallelism_threads=threads.inter_op,
+        use_per_session_threads=True,
+        allow_soft_placement=True,
+    )
+    # Several runtime instances share one GPU; growing on demand keeps the first from reserving
+    # all of its memory.
+    config.gpu_options.allow_growth = True
+    return config
+
+
+class TfRuntime:
+    """A loaded SavedModel; satisfies ``models.runtime.Runtime``."""
+
+    def __init__(self, version: ModelVersion, threads: Threads) -> None:
+        self._what = describe(version)
+        path = version.model_path
+        if not (path / "saved_model.pb").is_file() and not (path / "saved_model.pbtxt").is_file():
+            raise ModelLoadError(f"{self._what}: no SavedModel at {path} (saved_model.pb missing)")
+        self._threads = threads
+        self._device = "cuda:0" if _has_gpu() else "cpu"
+        graph = tf.Graph()
+        session = tf.compat.v1.Session(graph=graph, config=session_config(threads))
+        try:
+            with graph.as_default():
+                meta = tf.compat.v1.saved_model.loader.load(session, TAGS, str(path))
+            signature = meta.signature_def.get(SIGNATURE)
+            if signature is None:
+                raise ModelLoadError(
+                    f"{self._what}: SavedModel {path} has no {SIGNATURE!r} signature "
+                    f"(has: {', '.join(sorted(meta.signature_def)) or 'none'})"
+                )
+            inputs = _specs(signature.inputs, self._what)
+            outputs = _specs(signature.outputs, self._what)
+            feeds = [graph.get_tensor_by_name(signature.inputs[s.name].name) for s in inputs]
+            fetches = [graph.get_tensor_by_name(signature.outputs[s.name].name) for s in outputs]
+            # A callable skips the per-call fetch/feed analysis of Session.run.
+            self._call = session.make_callable(fetches, feed_list=feeds)
+        except ModelLoadError:
+            session.close()
+            raise
+        except Exception as exc:
+            session.close()
+            raise ModelLoadError(
+                f"{self._what}: TensorFlow cannot load SavedModel {path}: {exc}"
+            ) from exc
+        graph.finalize()  # nothing may add ops later; catches accidental graph growth per call
+        self._session: tf.compat.v1.Session | None = session
+        self._metadata = ModelMetadata(
+            name=version.name,
+            version=str(version.version),
+            platform=PLATFORM,
+            inputs=inputs,
+            outputs=outputs,
+        )
+        self._input_names = [s.name for s in inputs]
+        self._output_names = [s.name for s in outputs]
+        log.info(
+            "loaded %s on %s (intra_op=%d inter_op=%d)",
+            self._what,
+            self._device,
+            threads.intra_op,
+            threads.inter_op,
+        )
+
+    @property
+    def metadata(self) -> ModelMetadata:
+        return self._metadata
+
+    @property
+    def threads(self) -> Threads:
+        return self._threads
+
+    @property
+    def device(self) -> str:
+        return self._device
+
+    def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self._session is None:
+            raise InferenceFailed(f"{self._what}: runtime is closed")
+        missing = [n for n in self._input_names if n not in inputs]
+        if missing:
+            raise InferenceFailed(f"{self._what}: missing inputs {', '.join(missing)}")
+        try:
+            results = self._call(*(inputs[n] for n in self._input_names))
+        except Exception as exc:
+            raise InferenceFailed(f"{self._what}: inference failed: {exc}") from exc
+        return dict(zip(self._output_names, results, strict=True))
+
+    def close(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            session.close()
+
+
+def _specs(infos: Mapping[str, Any], what: str) -> tuple[TensorSpec, ...]:
+    """Signature entries (sorted by key, as TF itself orders them) as TensorSpecs."""
+    specs = []
+    for key in sorted(infos):
+        info = infos[key]
+        if info.tensor_shape.unknown_rank:
+            raise ModelLoadError(f"{what}: signature tensor {key!r} has unknown rank")
+        dtype = tf.dtypes.as_dtype(info.dtype)
+        # tf.string has numpy dtype object (elements are bytes), as in the Runtime contract.
+        np_dtype = "object" if dtype == tf.string else np.dtype(dtype.as_numpy_dtype).name
+        shape = tuple(d.size if d.size >= 0 else -1 for d in info.tensor_shape.dim)
+        specs.append(TensorSpec(key, np_dtype, shape))
+    return tuple(specs)
+
+
+def load(version: ModelVersion, threads: Threads) -> TfRuntime:
+    return TfRuntime(version, threads)

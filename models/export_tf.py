@@ -1,0 +1,76 @@
+"""Write a ``ModelSpec`` with its weights as a TensorFlow SavedModel.
+
+The serving signature is "serving_default"; its input keys are the spec's input names (one dict
+argument, so any number of inputs keeps its names) and its output key is the spec's output name,
+exactly as in the ONNX export, so one request body works against either backend.
+
+Importing this module imports TensorFlow (seconds); only the demo builder and tests need it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# tf_backend sets the environment TensorFlow reads when it is first imported (thread pools, log
+# level); importing it first keeps that true whichever of the two modules a process loads first.
+from models.backends import tf_backend  # noqa: F401  isort: skip
+
+import tensorflow as tf
+
+from models.zoo import Conv2D, Dense, Flatten, MaxPool2D, ModelSpec, Weights
+
+
+class _Served(tf.Module):
+    """Holds the weights as non-trainable variables, so they land in ``variables/``."""
+
+    def __init__(self, spec: ModelSpec, weights: Weights) -> None:
+        super().__init__(name=spec.name)
+        self._spec = spec
+        self._params: list[tuple[tf.Variable, tf.Variable] | None] = []
+        for i, p in enumerate(weights):
+            if p is None:
+                self._params.append(None)
+                continue
+            kernel = tf.Variable(p.kernel, trainable=False, name=f"l{i}_kernel")
+            bias = tf.Variable(p.bias, trainable=False, name=f"l{i}_bias")
+            self._params.append((kernel, bias))
+
+    def forward(self, inputs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        spec = self._spec
+        tensors = [inputs[i.name] for i in spec.inputs]
+        x = tensors[0] if len(tensors) == 1 else tf.concat(tensors, axis=-1)
+        for layer, p in zip(spec.layers, self._params, strict=True):
+            match layer:
+                case Dense():
+                    assert p is not None
+                    x = _activate(tf.matmul(x, p[0]) + p[1], layer.activation)
+                case Conv2D(stride=s, padding=padding):
+                    assert p is not None
+                    y = tf.nn.conv2d(x, p[0], strides=s, padding=padding.upper())
+                    x = _activate(tf.nn.bias_add(y, p[1]), layer.activation)
+                case MaxPool2D(pool=pool):
+                    x = tf.nn.max_pool2d(x, ksize=pool, strides=layer.step, padding="VALID")
+                case Flatten():
+                    x = tf.reshape(x, [tf.shape(x)[0], -1])
+        if spec.softmax:
+            x = tf.nn.softmax(x, axis=-1)
+        return {spec.output: x}
+
+
+def _activate(x: tf.Tensor, activation: str) -> tf.Tensor:
+    return tf.nn.relu(x) if activation == "relu" else x
+
+
+def export_savedmodel(spec: ModelSpec, weights: Weights, path: Path) -> Path:
+    """Write the SavedModel folder ``path`` (must not exist yet) and return it."""
+    module = _Served(spec, weights)
+    signature = {
+        i.name: tf.TensorSpec([None, *i.shape], tf.float32, name=i.name) for i in spec.inputs
+    }
+    # autograph=False: the layer loop is plain Python over static data, traced once; AutoGraph
+    # would only try (and fail noisily) to convert the ``match`` statement.
+    serve = tf.function(module.forward, input_signature=[signature], autograph=False)
+    tf.saved_model.save(
+        module, str(path), signatures={"serving_default": serve.get_concrete_function()}
+    )
+    return path
