@@ -1,0 +1,16 @@
+"""Fixtures shared by every test package."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from models.demo import ensure_demo_repository
+
+
+@pytest.fixture(scope="session")
+def demo_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bundled demo model repository, built once per test session into a temporary folder
+    (never the user's cache): six models, ONNX Runtime and TensorFlow, version 1 each."""
+    return ensure_demo_repository(tmp_path_factory.mktemp("demo") / "demo-repo-v1")
