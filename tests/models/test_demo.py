@@ -1,0 +1,99 @@
+"""The demo repository: layout, configs, determinism, idempotence, broken versions."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from models.demo import (
+    DEMO_DIR_NAME,
+    DEMO_MODELS,
+    MANIFEST,
+    config_toml,
+    default_demo_root,
+    ensure_demo_repository,
+    is_complete,
+    write_model_version,
+)
+from models.repository import CONFIG_FILE, BrokenVersion, ModelVersion, read_config, scan_repository
+
+
+def test_scan_lists_every_demo_model(demo_repo: Path) -> None:
+    found = scan_repository(demo_repo)
+    assert [(v.name, v.version) for v in found] == sorted((m.name, 1) for m in DEMO_MODELS)
+    assert all(isinstance(v, ModelVersion) for v in found)
+    by_name = {v.name: v for v in found if isinstance(v, ModelVersion)}
+    for model in DEMO_MODELS:
+        assert by_name[model.name].config == model.config()
+
+
+def test_demo_configs(demo_repo: Path) -> None:
+    mlp = read_config(demo_repo / "sensor_mlp" / "1" / CONFIG_FILE)
+    assert (mlp.runtime, mlp.path, mlp.slo_ms) == ("onnxruntime", "model.onnx", 100.0)
+    assert (mlp.batching.max_batch_size, mlp.batching.batch_timeout_ms) == (32, 1.0)
+    cnn = read_config(demo_repo / "vision_cnn_tf" / "1" / CONFIG_FILE)
+    assert (cnn.runtime, cnn.path, cnn.slo_ms) == ("tensorflow", "model.savedmodel", 250.0)
+    assert (cnn.batching.max_batch_size, cnn.batching.batch_timeout_ms) == (16, 2.0)
+    assert cnn.max_batch_size == 128
+
+
+def test_broken_config_is_reported_not_fatal(demo_repo: Path, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    for name in ("sensor_mlp", "sensor_fusion"):
+        shutil.copytree(demo_repo / name, repo / name)
+    (repo / "sensor_fusion" / "1" / CONFIG_FILE).write_text('runtime = "onnxruntime"\npath = [')
+    (repo / "sensor_mlp" / "2").mkdir()
+    shutil.copy(demo_repo / "sensor_mlp" / "1" / "model.onnx", repo / "sensor_mlp" / "2")
+    (repo / "sensor_mlp" / "2" / CONFIG_FILE).write_text('runtime = "pytorch"\npath = "x"\n')
+    found = {(v.name, v.version): v for v in scan_repository(repo)}
+    assert isinstance(found["sensor_mlp", 1], ModelVersion)
+    fusion = found["sensor_fusion", 1]
+    assert isinstance(fusion, BrokenVersion)
+    assert "not valid TOML" in fusion.reason
+    mlp2 = found["sensor_mlp", 2]
+    assert isinstance(mlp2, BrokenVersion)
+    assert "runtime" in mlp2.reason
+
+
+def test_onnx_files_are_byte_identical_across_builds(demo_repo: Path, tmp_path: Path) -> None:
+    for model in DEMO_MODELS:
+        if model.runtime != "onnxruntime":
+            continue
+        rebuilt = write_model_version(model, tmp_path / model.name)
+        original = demo_repo / model.name / "1"
+        assert (rebuilt / "model.onnx").read_bytes() == (original / "model.onnx").read_bytes()
+        assert (rebuilt / CONFIG_FILE).read_text() == (original / CONFIG_FILE).read_text()
+
+
+def test_ensure_is_idempotent(demo_repo: Path) -> None:
+    manifest = demo_repo / MANIFEST
+    before = manifest.stat().st_mtime_ns
+    started = time.perf_counter()
+    assert ensure_demo_repository(demo_repo) == demo_repo
+    assert time.perf_counter() - started < 2.0  # verified, not rebuilt
+    assert manifest.stat().st_mtime_ns == before
+    assert [p.name for p in demo_repo.parent.iterdir() if p.name.startswith(".")] == []
+
+
+def test_tampered_copy_is_incomplete(demo_repo: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(demo_repo, copy)
+    assert is_complete(copy)
+    with (copy / "sensor_mlp" / "1" / "model.onnx").open("ab") as fh:
+        fh.write(b"\0")
+    assert not is_complete(copy)
+    (copy / MANIFEST).unlink()
+    assert not is_complete(copy)
+
+
+def test_default_root(tmp_path: Path) -> None:
+    assert default_demo_root({"IOTGW_CACHE_DIR": str(tmp_path)}) == tmp_path / DEMO_DIR_NAME
+    assert default_demo_root({}) == Path.home() / ".cache" / "iotgw" / DEMO_DIR_NAME
+
+
+def test_config_toml_round_trips(tmp_path: Path) -> None:
+    for model in DEMO_MODELS:
+        path = tmp_path / f"{model.name}.toml"
+        path.write_text(config_toml(model.config()))
+        assert read_config(path) == model.config()
