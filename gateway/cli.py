@@ -48,6 +48,42 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--max-concurrency", type=int, help="upper bound of a model's concurrency knob (default 16)"
     )
     p.add_argument("--admin-token", help="require 'Authorization: Bearer TOKEN' on /admin")
+    m = p.add_argument_group("MQTT")
+    m.add_argument(
+        "--broker",
+        help="external broker mqtt://host:port or mqtts://host:port "
+        "(default: start the embedded broker on 127.0.0.1)",
+    )
+    m.add_argument(
+        "--mqtt-port",
+        type=int,
+        help="port of the embedded broker (default 1883; 0 picks a free one)",
+    )
+    m.add_argument(
+        "--mqtt-protocol", choices=["5", "3.1.1"], help="MQTT version towards --broker (default 5)"
+    )
+    m.add_argument("--no-mqtt", action="store_true", help="serve HTTP only")
+    m.add_argument(
+        "--mqtt-client-id",
+        help="client id, stable across restarts "
+        "(default iotgw-<hostname>); give each replica its own",
+    )
+    m.add_argument("--mqtt-username", help="broker user name")
+    m.add_argument("--mqtt-password", help="broker password (or IOTGW_MQTT__PASSWORD)")
+    m.add_argument("--mqtt-ca-file", type=Path, help="CA bundle for mqtts://")
+    m.add_argument("--mqtt-cert-file", type=Path, help="client certificate for mqtts://")
+    m.add_argument("--mqtt-key-file", type=Path, help="client key for mqtts://")
+    m.add_argument("--mqtt-qos", type=int, choices=[0, 1], help="QoS (default 1)")
+    m.add_argument("--topic-prefix", help="topic prefix (default iotgw)")
+    m.add_argument("--share-group", help="shared subscription group (default iotgw)")
+    m.add_argument(
+        "--shared-subscription",
+        choices=["auto", "on", "off"],
+        help="use $share/<group>/... (default auto: with MQTT 5)",
+    )
+    m.add_argument(
+        "--receive-maximum", type=int, help="most unacknowledged requests in flight (default 64)"
+    )
     p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
@@ -72,7 +108,29 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         }.items()
         if v is not None
     }
-    out: dict[str, Any] = {}
+    mqtt = {
+        k: v
+        for k, v in {
+            "broker": args.broker,
+            "embedded_port": args.mqtt_port,
+            "protocol": args.mqtt_protocol,
+            "client_id": args.mqtt_client_id,
+            "username": args.mqtt_username,
+            "password": args.mqtt_password,
+            "ca_file": args.mqtt_ca_file,
+            "cert_file": args.mqtt_cert_file,
+            "key_file": args.mqtt_key_file,
+            "qos": args.mqtt_qos,
+            "topic_prefix": args.topic_prefix,
+            "share_group": args.share_group,
+            "shared_subscription": args.shared_subscription,
+            "receive_maximum": args.receive_maximum,
+        }.items()
+        if v is not None
+    }
+    if args.no_mqtt:
+        mqtt["enabled"] = False
+    out: dict[str, Any] = {"mqtt": mqtt} if mqtt else {}
     if http:
         out["http"] = http
     if serving:

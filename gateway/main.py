@@ -12,8 +12,10 @@ from types import TracebackType
 
 from aiohttp import web
 
+from gateway.broker import EmbeddedBroker
 from gateway.http import build_app
 from gateway.metrics import GatewayMetrics
+from gateway.mqtt import BrokerAddress, MqttAdapter
 from gateway.service import InferenceService
 from gateway.settings import GatewaySettings
 from models.repository import scan_repository
@@ -47,6 +49,9 @@ class Gateway:
             max_concurrency=settings.serving.max_concurrency,
         )
         self._runner: web.AppRunner | None = None
+        self.broker: EmbeddedBroker | None = None
+        self.mqtt: MqttAdapter | None = None
+        self._mqtt_task: asyncio.Task[None] | None = None
         self._loading: asyncio.Task[None] | None = None
         self.http_port: int = settings.http.port
 
@@ -65,8 +70,27 @@ class Gateway:
             self.http_port = server.sockets[0].getsockname()[1]
         log.info("HTTP listening on http://%s:%d", self.settings.http.host, self.http_port)
         self._loading = asyncio.create_task(self.service.load_all(), name="load-models")
+        if self.settings.mqtt.enabled:
+            await self._start_mqtt()
         if wait_ready:
             await self._loading
+
+    async def _start_mqtt(self) -> None:
+        mqtt = self.settings.mqtt
+        if mqtt.broker is None:
+            self.broker = EmbeddedBroker(port=mqtt.embedded_port)
+            await self.broker.start()
+            address, protocol = BrokerAddress("127.0.0.1", self.broker.port, False), "3.1.1"
+            log.info(
+                "no --broker given: devices can publish to %s (embedded, MQTT 3.1.1)",
+                self.broker.url,
+            )
+        else:
+            address, protocol = BrokerAddress.parse(mqtt.broker), mqtt.protocol
+        self.mqtt = MqttAdapter(
+            service=self.service, settings=mqtt, address=address, protocol=protocol
+        )
+        self._mqtt_task = asyncio.create_task(self.mqtt.run(), name="mqtt")
 
     async def wait_loaded(self) -> None:
         if self._loading is not None:
@@ -77,6 +101,14 @@ class Gateway:
             self._loading.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loading
+        if self._mqtt_task is not None:
+            self._mqtt_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._mqtt_task
+        if self.mqtt is not None:
+            await self.mqtt.close()
+        if self.broker is not None:
+            await self.broker.stop()
         if self._runner is not None:
             await self._runner.cleanup()
         await self.service.close()

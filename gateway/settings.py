@@ -6,6 +6,7 @@ Sources, strongest first: command-line options, ``IOTGW_*`` environment variable
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any, Literal
 
@@ -53,6 +54,53 @@ class ServingSettings(BaseModel):
     )
 
 
+class MqttSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(True, description="Serve inference requests over MQTT.")
+    broker: str | None = Field(
+        None,
+        description="External broker, mqtt://host:port or mqtts://host:port; unset: start the "
+        "embedded broker on 127.0.0.1.",
+    )
+    embedded_port: int = Field(
+        1883, ge=0, le=65535, description="Port of the embedded broker (0 picks a free one)."
+    )
+    protocol: Literal["5", "3.1.1"] = Field(
+        "5", description="MQTT version towards an external broker (the embedded one is 3.1.1)."
+    )
+    client_id: str = Field(
+        default_factory=lambda: f"iotgw-{socket.gethostname()}"[:64],
+        description="Client id; stable across restarts so the broker keeps the session.",
+    )
+    username: str | None = Field(None, description="Broker user name.")
+    password: SecretStr | None = Field(None, description="Broker password.")
+    ca_file: Path | None = Field(None, description="CA bundle for mqtts:// (system CAs if unset).")
+    cert_file: Path | None = Field(None, description="Client certificate for mqtts://.")
+    key_file: Path | None = Field(None, description="Client key for mqtts://.")
+    tls_insecure: bool = Field(False, description="Skip broker certificate host name checks.")
+    qos: int = Field(1, ge=0, le=1, description="QoS of the subscription and of the replies.")
+    topic_prefix: str = Field("iotgw", pattern=r"^[^#+]+$", description="Topic prefix.")
+    shared_subscription: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Subscribe as $share/<group>/...: auto = when the broker speaks MQTT 5 and "
+        "grants it.",
+    )
+    share_group: str = Field("iotgw", pattern=r"^[^/#+]+$", description="Shared group name.")
+    session_expiry_s: int = Field(
+        3600, ge=0, description="How long the broker keeps the session (and queued requests)."
+    )
+    receive_maximum: int = Field(
+        64, ge=1, le=65535, description="Most unacknowledged requests the broker sends at once."
+    )
+    max_payload_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024, description="Largest request payload; bigger ones get 413."
+    )
+    keepalive_s: int = Field(30, ge=5, le=3600, description="MQTT keep-alive.")
+    reconnect_min_s: float = Field(0.2, gt=0, description="First reconnect delay.")
+    reconnect_max_s: float = Field(10.0, gt=0, description="Longest reconnect delay.")
+
+
 class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="IOTGW_",
@@ -63,6 +111,7 @@ class GatewaySettings(BaseSettings):
 
     http: HttpSettings = HttpSettings()
     serving: ServingSettings = ServingSettings()
+    mqtt: MqttSettings = MqttSettings()
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         "INFO", description="Logging level."
     )

@@ -20,6 +20,10 @@ from gateway.errors import BadRequest
 from gateway.types import InferenceRequest, InferenceResponse
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+# Binary framing where there are no headers (MQTT): magic, u32 LE JSON header length, header,
+# tensors. See docs/mqtt.md.
+FRAME_MAGIC = b"OIPB"
+_FRAME_PREFIX = struct.Struct("<4sI")
 _MAX_PRIORITY = 1_000_000
 
 
@@ -85,6 +89,11 @@ def decode_request(
             if _bool_param(out_params, "binary_data"):
                 binary_outputs.add(entry["name"])
             outputs.append(entry["name"])
+    if version is None and "model_version" in params:
+        raw_version = params["model_version"]
+        if not isinstance(raw_version, str | int) or not str(raw_version).isdigit():
+            raise BadRequest("parameter 'model_version' must be a positive integer")
+        version = int(raw_version)
     request = InferenceRequest(
         model=model,
         version=version,
@@ -126,6 +135,20 @@ def encode_response(response: InferenceResponse, fmt: OutputFormat) -> tuple[byt
 
 def encode_error(message: str) -> bytes:
     return json.dumps({"error": message}).encode()
+
+
+def unframe(payload: bytes) -> tuple[bytes, int | None]:
+    """A framed payload -> (body, JSON header length); a plain JSON payload -> (payload, None)."""
+    if not payload.startswith(FRAME_MAGIC):
+        return payload, None
+    if len(payload) < _FRAME_PREFIX.size:
+        raise BadRequest("binary frame is shorter than its 8-byte prefix")
+    _, header_length = _FRAME_PREFIX.unpack_from(payload)
+    return payload[_FRAME_PREFIX.size :], header_length
+
+
+def frame(body: bytes, header_length: int) -> bytes:
+    return _FRAME_PREFIX.pack(FRAME_MAGIC, header_length) + body
 
 
 # -- inputs ----------------------------------------------------------------------------------
