@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import tempfile
 import time
@@ -31,7 +32,10 @@ def build_once(
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     _remove_abandoned(dest)
-    tmp = Path(tempfile.mkdtemp(prefix=_prefix(dest, "building"), dir=dest.parent))
+    # mkdir rather than mkdtemp: the published folder should get the usual umask-based mode, not
+    # mkdtemp's owner-only 0700 (a cache may be shared with a service user).
+    tmp = dest.parent / f"{_prefix(dest, 'building')}{os.getpid()}-{secrets.token_hex(4)}"
+    tmp.mkdir()
     try:
         build(tmp)
         if not is_complete(tmp):
