@@ -37,7 +37,6 @@ TRANSPORT = "mqtt"
 BINARY_CONTENT_TYPE = "application/vnd.iotgw.oip+binary"
 JSON_CONTENT_TYPE = "application/json"
 _DEDUPE_ENTRIES = 20_000
-_DEDUPE_WINDOW_S = 300.0
 _SHARED_NOT_SUPPORTED = 0x9E
 
 
@@ -125,6 +124,10 @@ class MqttAdapter:
                     exc,
                     delay,
                 )
+            except Exception:
+                # Anything else is a bug or a bad setting; HTTP keeps serving meanwhile.
+                self.connected.clear()
+                log.exception("MQTT: adapter failed; retrying in %.1f s", delay)
             await asyncio.sleep(delay * (0.5 + random.random()))  # jitter: replicas spread out
             delay = min(delay * 2, self._settings.reconnect_max_s)
 
@@ -159,7 +162,7 @@ class MqttAdapter:
             protocol=aiomqtt.ProtocolVersion.V5 if self._v5 else aiomqtt.ProtocolVersion.V311,
             # A persistent session: requests published while we reconnect wait for us.
             clean_session=None if self._v5 else False,
-            clean_start=False,
+            **({"clean_start": False} if self._v5 else {}),
             properties=properties,
             keepalive=s.keepalive_s,
             tls_context=tls_context,
@@ -314,7 +317,7 @@ class MqttAdapter:
     def _is_duplicate(self, key: tuple[str, bytes], now: float) -> bool:
         while self._seen:
             oldest_key, seen_at = next(iter(self._seen.items()))
-            if len(self._seen) < _DEDUPE_ENTRIES and now - seen_at < _DEDUPE_WINDOW_S:
+            if len(self._seen) < _DEDUPE_ENTRIES and now - seen_at < self._settings.dedupe_window_s:
                 break
             del self._seen[oldest_key]
         if key in self._seen:
