@@ -11,7 +11,10 @@ import logging
 import os
 import sys
 
-_tf_was_imported = "tensorflow" in sys.modules
+# Whether someone imported TensorFlow before us without the variable below: too late to fix.
+_imported_too_early = (
+    "tensorflow" in sys.modules and os.environ.get("TF_OVERRIDE_GLOBAL_THREADPOOL") != "1"
+)
 # Without TF_OVERRIDE_GLOBAL_THREADPOOL=1, TensorFlow runs every session's ops on one process-wide
 # intra-op pool sized at first use, silently ignoring each session's
 # intra_op_parallelism_threads. TensorFlow reads it when it is first imported, so it must be set
@@ -41,7 +44,7 @@ SIGNATURE = "serving_default"
 TAGS = ["serve"]
 log = logging.getLogger("models.tf")
 
-if _tf_was_imported and os.environ.get("TF_OVERRIDE_GLOBAL_THREADPOOL") != "1":
+if _imported_too_early:
     log.warning(
         "tensorflow was imported before models.backends.tf_backend without "
         "TF_OVERRIDE_GLOBAL_THREADPOOL=1: per-session intra-op threads may be ignored"
@@ -92,7 +95,12 @@ class TfRuntime:
         self._threads = threads
         self._device = "cuda:0" if _has_gpu() else "cpu"
         graph = tf.Graph()
-        session = tf.compat.v1.Session(graph=graph, config=session_config(threads))
+        try:
+            session = tf.compat.v1.Session(graph=graph, config=session_config(threads))
+        except Exception as exc:  # e.g. a GPU that cannot be initialised
+            raise ModelLoadError(
+                f"{self._what}: cannot create a TensorFlow session: {exc}"
+            ) from exc
         try:
             with graph.as_default():
                 meta = tf.compat.v1.saved_model.loader.load(session, TAGS, str(path))
