@@ -1,0 +1,87 @@
+"""``iotgw sim record``: capture the inference requests crossing a broker into a trace.
+
+The recorder subscribes to ``<prefix>/infer/+/req/+`` with a plain (not shared) subscription, so
+it sees every request without taking a share of them away from the gateway. Each request becomes
+a trace entry; its payload is saved once per distinct content under ``<trace stem>.payloads/``
+(named by a hash of the bytes), so a fleet sending the same reading costs one file. Offsets are
+counted from the first captured request. Recording stops after ``duration_s`` or ``max_count``
+requests, whichever comes first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from device_sim.endpoints import BrokerAddress
+from device_sim.mqtt_devices import MqttOptions, MqttVersion, new_client
+from device_sim.trace import TraceEntry, TraceWriter
+
+
+@dataclass(frozen=True, slots=True)
+class RecordOptions:
+    broker: BrokerAddress
+    trace: Path
+    prefix: str = "iotgw"
+    duration_s: float = 60.0
+    max_count: int = 100_000
+    version: MqttVersion = "5"
+    qos: int = 1
+    client_id: str = "iotgw-sim-recorder"
+
+
+def payload_dir(trace: Path) -> Path:
+    return trace.with_name(trace.stem + ".payloads")
+
+
+def parse_request_topic(prefix: str, topic: str) -> tuple[str, str] | None:
+    """(model, device) of ``<prefix>/infer/<model>/req/<device>``, else None."""
+    if not topic.startswith(prefix + "/"):
+        return None
+    levels = topic[len(prefix) + 1 :].split("/")
+    if len(levels) != 4 or levels[0] != "infer" or levels[2] != "req":
+        return None
+    return levels[1], levels[3]
+
+
+async def record(options: RecordOptions, ready: asyncio.Event | None = None) -> int:
+    """Record until the duration or count bound; return the number of requests captured.
+    ``ready`` is set once the subscription is in place (requests before that are not seen)."""
+    payloads = payload_dir(options.trace)
+    payloads.mkdir(parents=True, exist_ok=True)
+    saved: set[str] = set()
+    count = 0
+    first: float | None = None
+    mqtt = MqttOptions(options.broker, options.version, options.qos, options.prefix)
+    async with new_client(mqtt, options.client_id) as client:
+        await client.subscribe(f"{options.prefix}/infer/+/req/+", qos=options.qos)
+        if ready is not None:
+            ready.set()
+        with TraceWriter(options.trace) as writer:
+            try:
+                async with asyncio.timeout(options.duration_s):
+                    async for message in client.messages:
+                        now = time.perf_counter()
+                        where = parse_request_topic(options.prefix, message.topic.value)
+                        if where is None:
+                            continue
+                        payload = message.payload
+                        if not isinstance(payload, bytes | bytearray):
+                            payload = str(payload).encode()
+                        digest = hashlib.sha256(payload).hexdigest()[:20]
+                        ref = f"{payloads.name}/{digest}.bin"
+                        if digest not in saved:
+                            # A small write on the loop is fine: the recorder runs nothing else.
+                            (payloads / f"{digest}.bin").write_bytes(payload)
+                            saved.add(digest)
+                        first = now if first is None else first
+                        writer.write(TraceEntry(now - first, where[1], where[0], ref))
+                        count += 1
+                        if count >= options.max_count:
+                            break
+            except TimeoutError:
+                pass  # the duration bound: a normal end
+    return count

@@ -1,0 +1,179 @@
+"""The run's figures, computed from the ledger once the run is over.
+
+Definitions (also in docs/device_sim.md):
+
+- offered_rps: requests the plan offered in a window / the window's length.
+- achieved_rps: successful replies to those requests / the time from the window's start to the
+  later of its end and its last successful reply (so a server that falls behind shows a lower
+  rate, and one that keeps up shows the offered rate within one request's latency).
+- latency: send -> reply at the device, successful replies only; p50/p95/p99 by linear
+  interpolation between order statistics (numpy's default).
+- lost: no reply within the timeout. errors: replies with a status other than 200, by kind
+  (the reply's ``reason``, else its status), plus transport failures (kind ``transport``).
+- SLO: ``late`` are successful replies slower than the SLO; ``violations`` are requests that did
+  not get a successful reply within the SLO: late + errors + lost + not sent.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from device_sim.ledger import Ledger, Outcome
+from device_sim.plan import Plan
+
+PERCENTILES = (50, 95, 99)
+
+
+def _ms(seconds: float) -> float:
+    return round(float(seconds) * 1000, 3)
+
+
+def latency_figures(latencies_s: np.ndarray) -> dict[str, float] | None:
+    if latencies_s.size == 0:
+        return None
+    p = np.percentile(latencies_s, PERCENTILES)
+    return {
+        "p50": _ms(p[0]),
+        "p95": _ms(p[1]),
+        "p99": _ms(p[2]),
+        "mean": _ms(float(latencies_s.mean())),
+        "min": _ms(float(latencies_s.min())),
+        "max": _ms(float(latencies_s.max())),
+    }
+
+
+def _errors_by_kind(ledger: Ledger, mask: np.ndarray) -> dict[str, dict[str, int]]:
+    kinds = ledger.kind[mask]
+    out = {}
+    for index in np.unique(kinds[kinds >= 0]):
+        name = ledger.kinds[int(index)]
+        out[name] = {"status": ledger.kind_status[name], "count": int((kinds == index).sum())}
+    return out
+
+
+def window_figures(
+    ledger: Ledger, mask: np.ndarray, start_s: float, end_s: float, slo_s: float | None
+) -> dict[str, Any]:
+    outcome = ledger.outcome[mask]
+    ok = outcome == Outcome.OK
+    done = ledger.done_at[mask]
+    latencies = (done - ledger.sent_at[mask])[ok]
+    counts = {
+        "planned": int(mask.sum()),
+        "sent": int(np.isfinite(ledger.sent_at[mask]).sum()),
+        "ok": int(ok.sum()),
+        "errors": int((outcome == Outcome.ERROR).sum()),
+        "lost": int((outcome == Outcome.LOST).sum()),
+        "not_sent": int((outcome == Outcome.NOT_SENT).sum()),
+    }
+    last_ok = float(done[ok].max()) if ok.any() else end_s
+    window = max(end_s, last_ok) - start_s
+    slo: dict[str, Any] | None = None
+    if slo_s is not None:
+        late = int((latencies > slo_s).sum())
+        failed = counts["errors"] + counts["lost"] + counts["not_sent"]
+        violations = late + failed
+        slo = {
+            "slo_ms": _ms(slo_s),
+            "late": late,
+            "violations": violations,
+            "violation_fraction": round(violations / counts["planned"], 6)
+            if counts["planned"]
+            else 0.0,
+        }
+    return {
+        "start_s": round(start_s, 6),
+        "duration_s": round(end_s - start_s, 6),
+        "requests": counts,
+        "offered_rps": round(counts["planned"] / (end_s - start_s), 3) if end_s > start_s else 0.0,
+        "achieved_rps": round(counts["ok"] / window, 3) if window > 0 else 0.0,
+        "latency_ms": latency_figures(latencies),
+        "slo": slo,
+        "errors": _errors_by_kind(ledger, mask),
+    }
+
+
+def timeline(plan: Plan, ledger: Ledger, bin_s: float = 1.0) -> list[dict[str, Any]]:
+    """Per-second figures: offered by planned time, achieved and errors by reply time, latency
+    and losses by send time."""
+    ends = [plan.duration_s]
+    finite_done = ledger.done_at[np.isfinite(ledger.done_at)]
+    if finite_done.size:
+        ends.append(float(finite_done.max()))
+    n_bins = max(1, math.ceil(max(ends) / bin_s - 1e-9))
+
+    def bins(t: np.ndarray) -> np.ndarray:
+        return np.clip((t / bin_s).astype(np.int64), 0, n_bins - 1)
+
+    ok = ledger.outcome == Outcome.OK
+    sent = np.isfinite(ledger.sent_at)
+    offered = np.bincount(bins(plan.times), minlength=n_bins)
+    sent_bins = bins(np.where(sent, ledger.sent_at, 0))
+    sent_count = np.bincount(sent_bins[sent], minlength=n_bins)
+    achieved = np.bincount(bins(ledger.done_at[ok]), minlength=n_bins)
+    lost = np.bincount(sent_bins[ledger.outcome == Outcome.LOST], minlength=n_bins)
+    err = ledger.outcome == Outcome.ERROR
+    err_bins = bins(np.where(err, ledger.done_at, 0))
+    latency = ledger.done_at - ledger.sent_at
+
+    rows = []
+    for b in range(n_bins):
+        in_bin = ok & (sent_bins == b) & sent
+        figures = latency_figures(latency[in_bin])
+        errors = {
+            ledger.kinds[int(k)]: int(c)
+            for k, c in zip(
+                *np.unique(ledger.kind[err & (err_bins == b)], return_counts=True), strict=True
+            )
+        }
+        rows.append(
+            {
+                "t": round(b * bin_s, 6),
+                "offered_rps": float(offered[b] / bin_s),
+                "sent": int(sent_count[b]),
+                "achieved_rps": float(achieved[b] / bin_s),
+                "p50_ms": figures["p50"] if figures else None,
+                "p95_ms": figures["p95"] if figures else None,
+                "p99_ms": figures["p99"] if figures else None,
+                "errors": errors,
+                "lost": int(lost[b]),
+            }
+        )
+    return rows
+
+
+def summarize(
+    plan: Plan, ledger: Ledger, *, slo_ms: float | None, elapsed_s: float, run: dict[str, Any]
+) -> dict[str, Any]:
+    """The summary document: ``run`` (how it was configured), the whole-run figures, one entry
+    per phase, the per-second timeline and the reply anomalies."""
+    slo_s = slo_ms / 1000 if slo_ms is not None else None
+    everything = np.ones(len(plan), dtype=bool)
+    summary: dict[str, Any] = {
+        "run": run,
+        "elapsed_s": round(elapsed_s, 3),
+        **window_figures(ledger, everything, 0.0, plan.duration_s, slo_s),
+        "replies": {
+            "late": ledger.late_replies,
+            "duplicate": ledger.duplicate_replies,
+            "unmatched": ledger.unmatched_replies,
+        },
+    }
+    summary["phases"] = [
+        {
+            "name": p.name,
+            **window_figures(
+                ledger,
+                plan.phase == i,
+                p.start_s,
+                min(p.start_s + p.duration_s, plan.duration_s),
+                slo_s,
+            ),
+        }
+        for i, p in enumerate(plan.phases)
+    ]
+    summary["timeline"] = timeline(plan, ledger)
+    return summary
