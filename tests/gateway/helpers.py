@@ -59,6 +59,7 @@ def settings_for(repo: Path, cache_dir: Path, **http: Any) -> GatewaySettings:
     return GatewaySettings.load(
         http={"port": 0, "host": "127.0.0.1", **http},
         serving={"model_repo": repo, "cache_dir": cache_dir},
+        mqtt={"enabled": False},  # HTTP tests; the MQTT tests start their own broker
     )
 
 

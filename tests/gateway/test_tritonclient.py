@@ -57,6 +57,7 @@ def server_url(demo_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
                 str(demo_repo),
                 "--cache-dir",
                 str(work / "cache"),
+                "--no-mqtt",
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -1,0 +1,148 @@
+"""Overload and deadlines: what cannot be served in time is refused at once with 503 and a reason
+(never buffered without bound), a full queue says when to retry, and every request that is
+accepted is answered correctly."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import pytest
+
+from gateway.main import Gateway
+from tests.gateway.helpers import (
+    Reference,
+    base_url,
+    binary_request,
+    decode_response,
+    infer_binary,
+    make_repo,
+    metric_samples,
+    random_inputs,
+    running_gateway,
+)
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+async def _post_binary(
+    http: aiohttp.ClientSession,
+    url: str,
+    model: str,
+    inputs: dict[str, np.ndarray],
+    timeout_us: int,
+) -> tuple[int, dict | bytes, aiohttp.typedefs.LooseHeaders]:
+    body, headers = binary_request(inputs, timeout_us=timeout_us)
+    async with http.post(f"{url}/v2/models/{model}/infer", data=body, headers=headers) as r:
+        raw = await r.read()
+        if r.status == 200:
+            return r.status, decode_response(raw, r.headers), r.headers
+        return r.status, json.loads(raw), r.headers
+
+
+async def test_impossible_deadline_is_refused_with_503(
+    http: aiohttp.ClientSession, url: str, gateway: Gateway, reference: Reference
+) -> None:
+    rng = np.random.default_rng(3)
+    image16 = random_inputs(reference.metadata("vision_cnn"), 16, rng)
+    # First make the service time known: one 16-row batch.
+    status, outputs, _ = await infer_binary(http, url, "vision_cnn", image16)
+    assert status == 200, outputs
+
+    # 1 µs: over before the request reaches the queue.
+    status, reply, headers = await _post_binary(http, url, "vision_cnn", image16, timeout_us=1)
+    assert status == 503
+    assert "deadline" in reply["error"]
+    assert "vision_cnn" in reply["error"]
+    assert "Retry-After" not in headers  # retrying the same deadline would not help
+
+    # A deadline shorter than the measured compute time of the batch: refused on admission,
+    # with the estimate in the message. (The estimate is the gateway's own measurement, read
+    # here so that the test holds on a machine of any speed.)
+    per_batch_s = gateway.service.host("vision_cnn")._batcher.service_time.predict(16)
+    assert per_batch_s is not None
+    short_us = max(1, int(per_batch_s * 1e6 / 4))
+    status, reply, _ = await _post_binary(http, url, "vision_cnn", image16, timeout_us=short_us)
+    assert status == 503
+    assert "deadline cannot be met" in reply["error"]
+    assert "estimated" in reply["error"]
+
+    # The gateway keeps serving a request with a reachable deadline, correctly.
+    status, outputs, _ = await infer_binary(http, url, "vision_cnn", image16)
+    assert status == 200, outputs
+    np.testing.assert_array_equal(
+        outputs["probabilities"], reference.infer("vision_cnn", image16)["probabilities"]
+    )
+
+    metrics = await (await http.get(f"{url}/metrics")).text()
+    assert any(
+        name == "iotgw_rejections_total"
+        and labels == {"model": "vision_cnn", "version": "1", "reason": "deadline"}
+        and value >= 2
+        for name, labels, value in metric_samples(metrics)
+    )
+
+
+@pytest.mark.slow
+async def test_full_queue_is_refused_with_retry_after_and_nothing_is_lost(
+    http: aiohttp.ClientSession, demo_repo: Path, tmp_path: Path, reference: Reference
+) -> None:
+    # One runtime instance, one row per batch and room for two waiting requests: a flood of
+    # concurrent requests must overflow the queue.
+    repo = make_repo(
+        tmp_path / "repo",
+        demo_repo,
+        {
+            "vision_cnn": {
+                "slo_ms": 60_000.0,
+                "batching": {"max_queue_size": 2, "concurrency": 1, "max_batch_size": 1},
+            }
+        },
+    )
+    rng = np.random.default_rng(5)
+    metadata = reference.metadata("vision_cnn")
+    images = [random_inputs(metadata, 1, rng) for _ in range(48)]
+    wants = [reference.infer("vision_cnn", x)["probabilities"] for x in images]
+
+    async with running_gateway(repo, tmp_path / "cache") as gw:
+        url = base_url(gw)
+        results = await asyncio.gather(
+            *(_post_binary(http, url, "vision_cnn", x, timeout_us=60_000_000) for x in images)
+        )
+        statuses = [status for status, _, _ in results]
+        assert len(results) == len(images)  # every request got an answer
+        assert set(statuses) <= {200, 503}, statuses
+        refused = [i for i, s in enumerate(statuses) if s == 503]
+        served = [i for i, s in enumerate(statuses) if s == 200]
+        assert refused, "a queue of 2 took 48 concurrent requests without refusing any"
+        assert served
+        for i in refused:
+            _, reply, headers = results[i]
+            assert "queue is full" in reply["error"]
+            assert "vision_cnn" in reply["error"]
+            assert int(headers["Retry-After"]) >= 1
+        for i in served:
+            np.testing.assert_array_equal(results[i][1]["probabilities"], wants[i])
+
+        # Refusals are counted as such, and the queue drained.
+        samples = metric_samples(await (await http.get(f"{url}/metrics")).text())
+        counted = {
+            (labels.get("outcome"), labels.get("reason")): value
+            for name, labels, value in samples
+            if labels.get("model") == "vision_cnn"
+            and name in ("iotgw_requests_total", "iotgw_rejections_total")
+        }
+        assert counted[(None, "queue_full")] == len(refused)
+        assert counted[("queue_full", None)] == len(refused)
+        assert counted[("ok", None)] == len(served)
+        assert gw.service.host("vision_cnn").queue_depth == 0
+
+        # After the flood a request is served again.
+        status, outputs, _ = await _post_binary(
+            http, url, "vision_cnn", images[0], timeout_us=60_000_000
+        )
+        assert status == 200
+        np.testing.assert_array_equal(outputs["probabilities"], wants[0])
