@@ -220,7 +220,7 @@ class MqttAdapter:
                 log.debug("MQTT: duplicate of %s from %s ignored", key[1], route.device)
                 published = True  # answered (or being answered) by the first delivery
                 return
-            body, reply_binary = await self._answer(message, route, payload, request_id)
+            body, reply_binary = await self._answer(message, route, payload)
             await self._publish(client, route, body, reply_binary, status=200)
             published = True
         except GatewayError as exc:
@@ -241,14 +241,17 @@ class MqttAdapter:
                 self._ack(client, message)
 
     async def _answer(
-        self, message: aiomqtt.Message, route: _Route, payload: bytes, request_id: str | None
+        self, message: aiomqtt.Message, route: _Route, payload: bytes
     ) -> tuple[bytes, bool]:
-        if not route.v5 and request_id is None:
-            raise BadRequest("MQTT 3.1.1 requests need an 'id' to correlate the reply")
         body, header_length = oip.unframe(payload)
         request, fmt = oip.decode_request(
             body, model=route.model, version=None, header_length=header_length
         )
+        if route.correlation is None and request.id is None:
+            raise BadRequest(
+                "a request without Correlation Data (e.g. MQTT 3.1.1) needs an 'id' to "
+                "correlate the reply"
+            )
         if request.timeout_s is None:
             expiry = _property(message, "MessageExpiryInterval")
             if expiry:

@@ -1,0 +1,147 @@
+"""A test device speaking the MQTT wire contract of docs/mqtt.md: MQTT 5 (Response Topic +
+Correlation Data) or MQTT 3.1.1 (reply topic per device, matched by ``id``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import struct
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import aiomqtt
+import numpy as np
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from tests.gateway.helpers import GENEROUS_TIMEOUT_US, json_request
+
+NODELAY = ((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),)
+
+
+def framed_binary_request(inputs: Mapping[str, np.ndarray], *, id: str) -> bytes:
+    header = json.dumps(
+        {
+            "id": id,
+            "inputs": [
+                {
+                    "name": n,
+                    "datatype": "FP32",
+                    "shape": list(a.shape),
+                    "parameters": {"binary_data_size": a.nbytes},
+                }
+                for n, a in inputs.items()
+            ],
+            "parameters": {"timeout": GENEROUS_TIMEOUT_US},
+        }
+    ).encode()
+    raw = b"".join(np.ascontiguousarray(a, dtype="<f4").tobytes() for a in inputs.values())
+    return b"OIPB" + struct.pack("<I", len(header)) + header + raw
+
+
+def decode_reply(payload: bytes) -> dict[str, Any]:
+    """The reply as a dict; binary outputs are turned into ``data`` lists."""
+    if not payload.startswith(b"OIPB"):
+        return json.loads(payload)
+    (length,) = struct.unpack_from("<I", payload, 4)
+    head = json.loads(payload[8 : 8 + length])
+    binary = payload[8 + length :]
+    offset = 0
+    for out in head["outputs"]:
+        size = out["parameters"]["binary_data_size"]
+        out["data"] = np.frombuffer(binary[offset : offset + size], dtype="<f4").tolist()
+        offset += size
+    return head
+
+
+def outputs_of(reply: dict[str, Any]) -> dict[str, np.ndarray]:
+    return {
+        o["name"]: np.asarray(o["data"], dtype=np.float32).reshape(o["shape"])
+        for o in reply["outputs"]
+    }
+
+
+class Device:
+    """One device with its own client id; ``request`` publishes and waits for its reply."""
+
+    def __init__(self, client: aiomqtt.Client, device_id: str, v5: bool, prefix: str) -> None:
+        self.client = client
+        self.device_id = device_id
+        self.v5 = v5
+        self.prefix = prefix
+        self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self.replies: list[tuple[str, dict[str, Any]]] = []  # (key, reply) of every reply
+        self._reader: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        # An MQTT 5 device listens on its Response Topic and, for gateways that speak MQTT 3.1.1
+        # to the broker (and so never see the Response Topic), on its per-device reply topic.
+        await self.client.subscribe(f"{self.prefix}/infer/+/res/{self.device_id}", qos=1)
+        if self.v5:
+            await self.client.subscribe(f"replies/{self.device_id}", qos=1)
+        self._reader = asyncio.create_task(self._read())
+
+    async def stop(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+
+    async def _read(self) -> None:
+        async for message in self.client.messages:
+            assert isinstance(message.payload, bytes)
+            reply = decode_reply(message.payload)
+            correlation = getattr(message.properties, "CorrelationData", None)
+            key = correlation.decode() if correlation is not None else reply.get("id")
+            self.replies.append((key, reply))
+            future = self._waiting.pop(key, None)
+            if future is not None and not future.done():
+                future.set_result(reply)
+
+    async def publish(self, model: str, payload: bytes, key: str) -> asyncio.Future[Any]:
+        """Publish a request whose reply is matched by ``key`` (Correlation Data, or ``id``)."""
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._waiting[key] = future
+        properties = None
+        if self.v5:
+            properties = Properties(PacketTypes.PUBLISH)
+            properties.ResponseTopic = f"replies/{self.device_id}"
+            properties.CorrelationData = key.encode()
+        await self.client.publish(
+            f"{self.prefix}/infer/{model}/req/{self.device_id}",
+            payload,
+            qos=1,
+            properties=properties,
+        )
+        return future
+
+    async def request(self, model: str, payload: bytes, key: str) -> dict[str, Any]:
+        future = await self.publish(model, payload, key)
+        return await asyncio.wait_for(future, 30)
+
+
+@contextlib.asynccontextmanager
+async def device(
+    port: int, device_id: str, *, v5: bool = True, prefix: str = "iotgw"
+) -> AsyncIterator[Device]:
+    client = aiomqtt.Client(
+        "127.0.0.1",
+        port,
+        identifier=device_id,
+        protocol=aiomqtt.ProtocolVersion.V5 if v5 else aiomqtt.ProtocolVersion.V311,
+        socket_options=NODELAY,
+        max_inflight_messages=1000,
+    )
+    async with client:
+        dev = Device(client, device_id, v5, prefix)
+        await dev.start()
+        try:
+            yield dev
+        finally:
+            await dev.stop()
+
+
+def json_payload(inputs: Mapping[str, np.ndarray], id: str) -> bytes:
+    return json.dumps(json_request(inputs, id=id)).encode()
