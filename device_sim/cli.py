@@ -189,7 +189,9 @@ def _headline(summary: dict[str, Any]) -> str:
         f"latency: {latency}",
     ]
     if summary["errors"]:
-        kinds = ", ".join(f"{k} ({v['status']}): {v['count']}" for k, v in summary["errors"].items())
+        kinds = ", ".join(
+            f"{k} ({v['status']}): {v['count']}" for k, v in summary["errors"].items()
+        )
         lines.append(f"errors by kind: {kinds}")
     if summary["slo"]:
         s = summary["slo"]

@@ -3,7 +3,8 @@
 The recorder subscribes to ``<prefix>/infer/+/req/+`` with a plain (not shared) subscription, so
 it sees every request without taking a share of them away from the gateway. Each request becomes
 a trace entry; its payload is saved once per distinct content under ``<trace stem>.payloads/``
-(named by a hash of the bytes), so a fleet sending the same reading costs one file. Offsets are
+(named by a hash of its content apart from the request id, which the replayer replaces anyway),
+so a fleet sending the same reading costs one file. Offsets are
 counted from the first captured request. Recording stops after ``duration_s`` or ``max_count``
 requests, whichever comes first.
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 from device_sim.endpoints import BrokerAddress
 from device_sim.mqtt_devices import MqttOptions, MqttVersion, new_client
 from device_sim.trace import TraceEntry, TraceWriter
+from device_sim.wire import OipBody, body_from_payload
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +49,14 @@ def parse_request_topic(prefix: str, topic: str) -> tuple[str, str] | None:
     return levels[1], levels[3]
 
 
+def content_digest(payload: bytes) -> str:
+    """A name for the payload's content apart from its request id: the replayer sets a fresh id
+    on every request anyway, so payloads differing only in their id share one file."""
+    body = body_from_payload(payload)
+    content = body.header_rest + body.tensors if isinstance(body, OipBody) else payload
+    return hashlib.sha256(content).hexdigest()[:20]
+
+
 async def record(options: RecordOptions, ready: asyncio.Event | None = None) -> int:
     """Record until the duration or count bound; return the number of requests captured.
     ``ready`` is set once the subscription is in place (requests before that are not seen)."""
@@ -71,7 +81,7 @@ async def record(options: RecordOptions, ready: asyncio.Event | None = None) -> 
                         payload = message.payload
                         if not isinstance(payload, bytes | bytearray):
                             payload = str(payload).encode()
-                        digest = hashlib.sha256(payload).hexdigest()[:20]
+                        digest = content_digest(bytes(payload))
                         ref = f"{payloads.name}/{digest}.bin"
                         if digest not in saved:
                             # A small write on the loop is fine: the recorder runs nothing else.

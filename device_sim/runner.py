@@ -188,9 +188,13 @@ async def open_all(contexts: list[_T], concurrency: int) -> AsyncIterator[list[_
             entered.append(cm)
 
     try:
-        async with asyncio.TaskGroup() as tg:
-            for cm in contexts:
-                tg.create_task(enter(cm))
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for cm in contexts:
+                    tg.create_task(enter(cm))
+        except ExceptionGroup as group:
+            # The first refused connection is the run's failure: report it, not the wrapper.
+            raise group.exceptions[0] from None
         yield contexts
     finally:
         async with asyncio.TaskGroup() as tg:

@@ -160,8 +160,11 @@ def http_app(service_s: float = 0.02, error_every: int = 0) -> web.Application:
         x = header["inputs"][0]
         assert x["name"] == "x" and x["datatype"] == "FP32" and x["shape"] == [1, 4]
         return web.json_response(
-            {"model_name": request.match_info["model"], "id": header.get("id"),
-             "outputs": [{**_SUCCESS_OUTPUT, "data": [0.5]}]}
+            {
+                "model_name": request.match_info["model"],
+                "id": header.get("id"),
+                "outputs": [{**_SUCCESS_OUTPUT, "data": [0.5]}],
+            }
         )
 
     app = web.Application()

@@ -118,9 +118,7 @@ async def test_every_dropped_request_is_reported_lost(
 async def test_error_replies_are_counted_by_kind(mosquitto: Mosquitto, toy_metadata: Any) -> None:
     async with MqttResponder(mosquitto.port, service_s=0.005, error_every=5) as responder:
         summary = await run_summary(
-            constant_load(
-                "mqtt5", 100, 1.0, broker=mosquitto.url, metadata_files=(toy_metadata,)
-            )
+            constant_load("mqtt5", 100, 1.0, broker=mosquitto.url, metadata_files=(toy_metadata,))
         )
     assert responder.errors == 20
     assert summary["requests"]["errors"] == 20
@@ -141,9 +139,7 @@ async def test_duplicate_replies_are_counted_not_double_counted(
 ) -> None:
     async with MqttResponder(mosquitto.port, service_s=0.002, answer_twice=True):
         summary = await run_summary(
-            constant_load(
-                "mqtt311", 50, 1.0, broker=mosquitto.url, metadata_files=(toy_metadata,)
-            )
+            constant_load("mqtt311", 50, 1.0, broker=mosquitto.url, metadata_files=(toy_metadata,))
         )
     assert summary["requests"]["ok"] == 50
     # The second copy of a reply can only be counted once the first was recorded; allow the

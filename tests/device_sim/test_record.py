@@ -1,0 +1,78 @@
+"""``record`` captures the requests crossing a broker into a trace that replays them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from device_sim.arrivals import Constant
+from device_sim.endpoints import BrokerAddress
+from device_sim.recorder import RecordOptions, payload_dir, record
+from device_sim.runner import SimOptions, simulate
+from device_sim.scenario import single_phase
+from device_sim.trace import read_trace
+from device_sim.wire import OipBody, body_from_payload
+from tests.device_sim.conftest import Mosquitto
+from tests.device_sim.responders import METADATA, MqttResponder
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
+async def test_record_captures_n_requests_and_the_trace_replays_them(
+    mosquitto: Mosquitto, tmp_path: Path, suffix: str
+) -> None:
+    metadata = tmp_path / "toy.json"
+    metadata.write_text(json.dumps(METADATA))
+    trace = tmp_path / f"capture{suffix}"
+    ready = asyncio.Event()
+    options = RecordOptions(BrokerAddress.parse(mosquitto.url), trace, max_count=30, duration_s=20)
+    async with MqttResponder(mosquitto.port, service_s=0.002):
+        recording = asyncio.create_task(record(options, ready))
+        await asyncio.wait_for(ready.wait(), 10)
+        sent = await simulate(
+            SimOptions(
+                broker=mosquitto.url,
+                scenario=single_phase(Constant(30), 1.0),
+                devices=4,
+                models=("toy",),
+                metadata_files=(metadata,),
+                binary=True,
+            ),
+            progress=None,
+        )
+        assert await asyncio.wait_for(recording, 10) == 30
+
+    entries = read_trace(trace)
+    assert len(entries) == 30
+    assert entries[0].t == 0.0
+    assert [e.device for e in entries] == [sent.plan.devices[d] for d in sent.plan.device]
+    assert {e.model for e in entries} == {"toy"}
+    # Send times 1/30 s apart, recorded within scheduling noise of that.
+    assert entries[-1].t == pytest.approx(29 / 30, abs=0.2)
+    # Payloads are saved once per distinct content (16 distinct bodies in the pool).
+    files = list(payload_dir(trace).iterdir())
+    assert len(files) == len({e.payload for e in entries}) <= 16
+    body = body_from_payload((trace.parent / entries[0].payload).read_bytes())  # type: ignore[operator]
+    assert isinstance(body, OipBody) and body.binary
+
+    async with MqttResponder(mosquitto.port, service_s=0.002) as responder:
+        replay = await simulate(
+            SimOptions(transport="mqtt311", broker=mosquitto.url, trace=trace, speed=4.0),
+            progress=None,
+        )
+    assert replay.ledger.counters.ok == 30
+    assert responder.binary_requests == 30  # the recorded payloads, not generated ones
+    assert sorted(responder.seen.elements()) == sorted(e.device for e in entries)
+    assert replay.plan.duration_s == pytest.approx(entries[-1].t / 4 * 30 / 29)
+
+
+async def test_record_stops_at_its_duration(mosquitto: Mosquitto, tmp_path: Path) -> None:
+    trace = tmp_path / "empty.csv"
+    started = time.monotonic()
+    count = await record(RecordOptions(BrokerAddress.parse(mosquitto.url), trace, duration_s=0.5))
+    assert count == 0
+    assert time.monotonic() - started < 5
+    assert trace.read_text().splitlines() == ["t,device,model,payload"]
