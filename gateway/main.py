@@ -101,12 +101,16 @@ class Gateway:
             self._loading.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loading
-        if self._mqtt_task is not None:
-            self._mqtt_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._mqtt_task
-        if self.mqtt is not None:
-            await self.mqtt.close()
+        if self.mqtt is not None and self._mqtt_task is not None:
+            # Drain first: requests already taken from the broker are answered and acknowledged.
+            await self.mqtt.shutdown()
+            try:
+                await asyncio.wait_for(self._mqtt_task, self.settings.mqtt.drain_timeout_s + 5)
+            except TimeoutError:
+                log.warning(
+                    "MQTT adapter did not stop in time; unanswered requests will be "
+                    "redelivered by the broker"
+                )
         if self.broker is not None:
             await self.broker.stop()
         if self._runner is not None:

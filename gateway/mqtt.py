@@ -11,6 +11,7 @@ persistent session.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
@@ -87,6 +88,7 @@ class MqttAdapter:
         # (device, correlation or id) -> monotonic time first seen: redeliveries are answered once.
         self._seen: OrderedDict[tuple[str, bytes], float] = OrderedDict()
         self.connected = asyncio.Event()
+        self._stopping = asyncio.Event()
         self.subscribed_topic: str | None = None
 
     @property
@@ -94,9 +96,9 @@ class MqttAdapter:
         return f"{self._prefix}/infer/+/req/+"
 
     async def run(self) -> None:
-        """Connect, serve, and reconnect with exponential backoff until cancelled."""
+        """Connect, serve, and reconnect with exponential backoff until ``shutdown``."""
         delay = self._settings.reconnect_min_s
-        while True:
+        while not self._stopping.is_set():
             try:
                 async with self._client() as client:
                     delay = self._settings.reconnect_min_s
@@ -109,14 +111,9 @@ class MqttAdapter:
                         "5" if self._v5 else "3.1.1",
                         self.subscribed_topic,
                     )
-                    async for message in client.messages:
-                        # Backpressure: with Receive Maximum requests being handled, stop reading.
-                        await self._slots.acquire()
-                        task = asyncio.create_task(self._handle(client, message))
-                        self._handlers.add(task)
-                        task.add_done_callback(self._handler_done)
+                    if await self._serve_until_stopped(client):
+                        return
             except aiomqtt.MqttError as exc:
-                self.connected.clear()
                 log.warning(
                     "MQTT: connection to %s:%d lost or refused (%s); retrying in %.1f s",
                     self._address.host,
@@ -126,14 +123,41 @@ class MqttAdapter:
                 )
             except Exception:
                 # Anything else is a bug or a bad setting; HTTP keeps serving meanwhile.
-                self.connected.clear()
                 log.exception("MQTT: adapter failed; retrying in %.1f s", delay)
-            await asyncio.sleep(delay * (0.5 + random.random()))  # jitter: replicas spread out
+            self.connected.clear()
+            with contextlib.suppress(TimeoutError):  # jitter spreads replicas' reconnects
+                await asyncio.wait_for(self._stopping.wait(), delay * (0.5 + random.random()))
             delay = min(delay * 2, self._settings.reconnect_max_s)
 
-    async def close(self) -> None:
+    async def _serve_until_stopped(self, client: aiomqtt.Client) -> bool:
+        """Read requests until the connection fails (raises) or ``shutdown`` (returns True after
+        answering every request already taken, so none waits for a redelivery)."""
+        reader = asyncio.create_task(self._read(client), name="mqtt-read")
+        stopping = asyncio.create_task(self._stopping.wait())
+        try:
+            await asyncio.wait({reader, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            if not reader.done():
+                reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader  # re-raises the connection error, if that is why it ended
         if self._handlers:
-            await asyncio.gather(*self._handlers, return_exceptions=True)
+            await asyncio.wait(set(self._handlers), timeout=self._settings.drain_timeout_s)
+        return True
+
+    async def _read(self, client: aiomqtt.Client) -> None:
+        async for message in client.messages:
+            # Backpressure: with Receive Maximum requests being handled, stop reading.
+            await self._slots.acquire()
+            task = asyncio.create_task(self._handle(client, message))
+            self._handlers.add(task)
+            task.add_done_callback(self._handler_done)
+        raise aiomqtt.MqttError("message stream ended")
+
+    async def shutdown(self) -> None:
+        """Stop taking requests, answer those taken, disconnect."""
+        self._stopping.set()
 
     def _handler_done(self, task: asyncio.Task[None]) -> None:
         self._handlers.discard(task)

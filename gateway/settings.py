@@ -97,8 +97,13 @@ class MqttSettings(BaseModel):
         4 * 1024 * 1024, ge=1024, description="Largest request payload; bigger ones get 413."
     )
     dedupe_window_s: float = Field(
-        60.0, ge=0, description="A request with the (device, correlation data or id) of one seen "
+        60.0,
+        ge=0,
+        description="A request with the (device, correlation data or id) of one seen "
         "this recently is a redelivery and is not answered again.",
+    )
+    drain_timeout_s: float = Field(
+        10.0, ge=0, description="On shutdown, how long requests already taken may take to finish."
     )
     keepalive_s: int = Field(30, ge=5, le=3600, description="MQTT keep-alive.")
     reconnect_min_s: float = Field(0.2, gt=0, description="First reconnect delay.")
