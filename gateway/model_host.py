@@ -94,7 +94,10 @@ class ModelHost:
     @property
     def metadata(self) -> ModelMetadata:
         if self._pool.metadata is None:
-            raise ModelUnavailable(f"model {self.name} version {self.version} is not loaded")
+            raise ModelUnavailable(
+                f"model {self.name} version {self.version} is not loaded"
+                + (f": {self.reason}" if self.reason else "")
+            )
         return self._pool.metadata
 
     @property
