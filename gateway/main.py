@@ -90,7 +90,14 @@ class Gateway:
         self.mqtt = MqttAdapter(
             service=self.service, settings=mqtt, address=address, protocol=protocol
         )
-        self._mqtt_task = asyncio.create_task(self.mqtt.run(), name="mqtt")
+        self._mqtt_task = asyncio.create_task(self._run_mqtt(self.mqtt), name="mqtt")
+
+    async def _run_mqtt(self, adapter: MqttAdapter) -> None:
+        # Subscribe only once the models are loaded: the broker may hold a backlog of requests
+        # for this session, and every one taken before then would be refused as unavailable.
+        if self._loading is not None:
+            await asyncio.shield(self._loading)
+        await adapter.run()
 
     async def wait_loaded(self) -> None:
         if self._loading is not None:
