@@ -19,13 +19,14 @@ import aiomqtt
 
 from device_sim.arrivals import make_process
 from device_sim.endpoints import BrokerAddress, require_loopback
-from device_sim.plots import write_plots
 from device_sim.recorder import RecordOptions, payload_dir, record
 from device_sim.runner import SimOptions, simulate
 from device_sim.scenario import Scenario, load_scenario, single_phase
 from device_sim.summary import summarize
 from device_sim.tensors import DataFile
 
+# A broker or gateway that is not there (connection refused, TLS failure, HTTP error).
+_CONNECT_ERRORS = (ConnectionError, aiohttp.ClientError, aiomqtt.MqttError)
 _PROCESS_ARGS = {
     "constant": ("rate",),
     "poisson": ("rate",),
@@ -201,7 +202,11 @@ def _headline(summary: dict[str, Any]) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     options = sim_options(args)
-    result = asyncio.run(simulate(options, progress=None if args.quiet else sys.stderr))
+    try:
+        result = asyncio.run(simulate(options, progress=None if args.quiet else sys.stderr))
+    except _CONNECT_ERRORS as exc:
+        print(f"iotgw sim run: cannot connect: {exc}", file=sys.stderr)
+        return 1
     run_info = {**result.run_info, "created": datetime.now(UTC).isoformat(timespec="seconds")}
     summary = summarize(
         result.plan, result.ledger, slo_ms=options.slo_ms, elapsed_s=result.elapsed_s, run=run_info
@@ -212,6 +217,8 @@ def _run(args: argparse.Namespace) -> int:
     print(_headline(summary))
     print(f"summary: {summary_path}")
     if not args.no_plots:
+        from device_sim.plots import write_plots  # matplotlib costs ~0.5 s to import: only here
+
         for path in write_plots(summary, args.out):
             print(f"plot: {path}")
     return 0
@@ -232,7 +239,11 @@ def _record(args: argparse.Namespace) -> int:
         version=args.protocol,
         qos=args.qos,
     )
-    count = asyncio.run(record(options))
+    try:
+        count = asyncio.run(record(options))
+    except _CONNECT_ERRORS as exc:
+        print(f"iotgw sim record: cannot connect: {exc}", file=sys.stderr)
+        return 1
     print(f"recorded {count} requests into {args.out} (payloads in {payload_dir(args.out)})")
     return 0
 
@@ -250,9 +261,6 @@ def main(argv: list[str]) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"iotgw sim {args.command}: {exc}", file=sys.stderr)
         return 2
-    except (OSError, aiohttp.ClientError, aiomqtt.MqttError) as exc:
-        print(f"iotgw sim {args.command}: cannot connect: {exc}", file=sys.stderr)
-        return 1
 
 
 if __name__ == "__main__":

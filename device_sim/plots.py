@@ -58,18 +58,21 @@ def plot_errors(summary: dict[str, Any], path: Path) -> None:
     rows = summary["timeline"]
     t = [r["t"] for r in rows]
     kinds = sorted({k for r in rows for k in r["errors"]})
+    width = 0.9 * summary["timeline_bin_s"]
     fig, ax = plt.subplots(figsize=(9, 4))
     bottom = [0] * len(rows)
     for kind in kinds:
         counts = [r["errors"].get(kind, 0) for r in rows]
-        ax.bar(t, counts, width=0.9, align="edge", bottom=bottom, label=kind)
+        ax.bar(t, counts, width=width, align="edge", bottom=bottom, label=kind)
         bottom = [b + c for b, c in zip(bottom, counts, strict=True)]
     lost = [r["lost"] for r in rows]
-    ax.bar(t, lost, width=0.9, align="edge", bottom=bottom, label="lost (no reply)", color="black")
+    ax.bar(
+        t, lost, width=width, align="edge", bottom=bottom, label="lost (no reply)", color="black"
+    )
     _phase_marks(ax, summary)
     ax.set(
         xlabel="time since start (s)",
-        ylabel="requests per second",
+        ylabel=f"requests per {summary['timeline_bin_s']:g} s",
         title="Errors by kind and lost requests",
     )
     ax.legend()

@@ -10,6 +10,8 @@ Definitions (also in docs/device_sim.md):
   interpolation between order statistics (numpy's default).
 - lost: no reply within the timeout. errors: replies with a status other than 200, by kind
   (the reply's ``reason``, else its status), plus transport failures (kind ``transport``).
+- send_lag: how much later than planned the simulator sent (p50/p99/max); when it is large the
+  generator, not the server, limited the offered rate.
 - SLO: ``late`` are successful replies slower than the SLO; ``violations`` are requests that did
   not get a successful reply within the SLO: late + errors + lost + not sent.
 """
@@ -96,9 +98,16 @@ def window_figures(
     }
 
 
-def timeline(plan: Plan, ledger: Ledger, bin_s: float = 1.0) -> list[dict[str, Any]]:
-    """Per-second figures: offered by planned time, achieved and errors by reply time, latency
-    and losses by send time."""
+def timeline_bin_s(plan: Plan, ledger: Ledger) -> float:
+    """1 s bins, or 0.1 s for runs shorter than 10 s so that a short run still has a shape."""
+    finite_done = ledger.done_at[np.isfinite(ledger.done_at)]
+    span = max(plan.duration_s, float(finite_done.max()) if finite_done.size else 0.0)
+    return 1.0 if span >= 10 else 0.1
+
+
+def timeline(plan: Plan, ledger: Ledger, bin_s: float) -> list[dict[str, Any]]:
+    """Figures per bin of ``bin_s`` seconds (rates per second): offered by planned time,
+    achieved and errors by reply time, latency and losses by send time."""
     ends = [plan.duration_s]
     finite_done = ledger.done_at[np.isfinite(ledger.done_at)]
     if finite_done.size:
@@ -106,7 +115,8 @@ def timeline(plan: Plan, ledger: Ledger, bin_s: float = 1.0) -> list[dict[str, A
     n_bins = max(1, math.ceil(max(ends) / bin_s - 1e-9))
 
     def bins(t: np.ndarray) -> np.ndarray:
-        return np.clip((t / bin_s).astype(np.int64), 0, n_bins - 1)
+        # + 1e-9: a constant process puts arrivals exactly on bin edges (0.3 / 0.1 < 3.0).
+        return np.clip((t / bin_s + 1e-9).astype(np.int64), 0, n_bins - 1)
 
     ok = ledger.outcome == Outcome.OK
     sent = np.isfinite(ledger.sent_at)
@@ -132,17 +142,28 @@ def timeline(plan: Plan, ledger: Ledger, bin_s: float = 1.0) -> list[dict[str, A
         rows.append(
             {
                 "t": round(b * bin_s, 6),
-                "offered_rps": float(offered[b] / bin_s),
+                "offered": int(offered[b]),
                 "sent": int(sent_count[b]),
+                "ok": int(achieved[b]),
+                "lost": int(lost[b]),
+                "errors": errors,
+                "offered_rps": float(offered[b] / bin_s),
                 "achieved_rps": float(achieved[b] / bin_s),
                 "p50_ms": figures["p50"] if figures else None,
                 "p95_ms": figures["p95"] if figures else None,
                 "p99_ms": figures["p99"] if figures else None,
-                "errors": errors,
-                "lost": int(lost[b]),
             }
         )
     return rows
+
+
+def send_lag(plan: Plan, ledger: Ledger) -> dict[str, float] | None:
+    sent = np.isfinite(ledger.sent_at)
+    if not sent.any():
+        return None
+    lag = np.maximum(ledger.sent_at[sent] - plan.times[sent], 0.0)
+    p50, p99 = np.percentile(lag, [50, 99])
+    return {"p50": _ms(p50), "p99": _ms(p99), "max": _ms(float(lag.max()))}
 
 
 def summarize(
@@ -156,6 +177,9 @@ def summarize(
         "run": run,
         "elapsed_s": round(elapsed_s, 3),
         **window_figures(ledger, everything, 0.0, plan.duration_s, slo_s),
+        # How late the simulator itself sent requests: a large lag means the load generator,
+        # not the server, limited the offered rate.
+        "send_lag_ms": send_lag(plan, ledger),
         "replies": {
             "late": ledger.late_replies,
             "duplicate": ledger.duplicate_replies,
@@ -175,5 +199,7 @@ def summarize(
         }
         for i, p in enumerate(plan.phases)
     ]
-    summary["timeline"] = timeline(plan, ledger)
+    bin_s = timeline_bin_s(plan, ledger)
+    summary["timeline_bin_s"] = bin_s
+    summary["timeline"] = timeline(plan, ledger, bin_s)
     return summary

@@ -181,3 +181,32 @@ def test_bad_invocations_exit_2_with_the_reason(
 ) -> None:
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_an_unreachable_broker_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+    metadata = tmp_path / "toy.json"
+    metadata.write_text(json.dumps(METADATA))
+    argv = [
+        "run",
+        "--arrival",
+        "constant",
+        "--rate",
+        "5",
+        "--duration",
+        "1",
+        "--model",
+        "toy",
+        "--metadata",
+        str(metadata),
+        "--broker",
+        f"mqtt://127.0.0.1:{closed_port}",
+        "--out",
+        str(tmp_path / "out"),
+    ]
+    assert main(argv) == 1
+    assert "cannot connect" in capsys.readouterr().err
