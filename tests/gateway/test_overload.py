@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -34,7 +36,7 @@ async def _post_binary(
     model: str,
     inputs: dict[str, np.ndarray],
     timeout_us: int,
-) -> tuple[int, dict | bytes, aiohttp.typedefs.LooseHeaders]:
+) -> tuple[int, Any, Mapping[str, str]]:
     body, headers = binary_request(inputs, timeout_us=timeout_us)
     async with http.post(f"{url}/v2/models/{model}/infer", data=body, headers=headers) as r:
         raw = await r.read()

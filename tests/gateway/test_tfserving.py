@@ -103,6 +103,10 @@ async def test_predict_single_input_rows_and_columns(
     assert got.shape == want.shape
     np.testing.assert_array_equal(got, want)
 
+    status, body = await _post(http, path, {"instances": [{spec.name: row.tolist()} for row in x]})
+    assert status == 200, body
+    np.testing.assert_array_equal(np.asarray(body["predictions"], dtype=np.float32), want)
+
     status, body = await _post(
         http, path, {"signature_name": "serving_default", "inputs": x.tolist()}
     )
