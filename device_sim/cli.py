@@ -226,8 +226,6 @@ def _run(args: argparse.Namespace) -> int:
 
 def _record(args: argparse.Namespace) -> int:
     broker = BrokerAddress.parse(args.broker)
-    if not args.allow_remote:
-        require_loopback(broker.host)
     _positive("--duration-s", args.duration_s)
     _positive("--count", args.count)
     options = RecordOptions(
@@ -239,8 +237,14 @@ def _record(args: argparse.Namespace) -> int:
         version=args.protocol,
         qos=args.qos,
     )
+
+    async def checked_record() -> int:
+        if not args.allow_remote:
+            await require_loopback(broker.host)
+        return await record(options)
+
     try:
-        count = asyncio.run(record(options))
+        count = asyncio.run(checked_record())
     except _CONNECT_ERRORS as exc:
         print(f"iotgw sim record: cannot connect: {exc}", file=sys.stderr)
         return 1

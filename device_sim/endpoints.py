@@ -6,6 +6,7 @@ addresses are accepted; ``allow_remote`` is the explicit opt-out for testing a r
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import socket
 from dataclasses import dataclass
@@ -47,10 +48,11 @@ def http_host(url: str) -> str:
     return parts.hostname
 
 
-def require_loopback(host: str) -> None:
+async def require_loopback(host: str) -> None:
     """Raise unless every address ``host`` resolves to is a loopback address."""
     try:
-        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+        # The loop's resolver: a DNS lookup must not stall other tasks on the loop.
+        infos = await asyncio.get_running_loop().getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
     except socket.gaierror as exc:
         raise ValueError(f"cannot resolve {host!r}: {exc}") from None
     addresses = {info[4][0] for info in infos}

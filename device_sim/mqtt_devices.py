@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import socket
 import ssl
@@ -56,6 +57,12 @@ def reply_topic(prefix: str, model: str, device_id: str) -> str:
     return f"{prefix}/infer/{model}/res/{device_id}"
 
 
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    # Loading the CA store takes tens of milliseconds: once per process, not once per device.
+    return ssl.create_default_context()
+
+
 def new_client(options: MqttOptions, client_id: str) -> aiomqtt.Client:
     """An aiomqtt client for ``options`` (not yet connected), TCP_NODELAY set on its socket."""
     broker = options.broker
@@ -68,7 +75,7 @@ def new_client(options: MqttOptions, client_id: str) -> aiomqtt.Client:
         ),
         username=broker.username,
         password=broker.password,
-        tls_context=ssl.create_default_context() if broker.tls else None,
+        tls_context=_tls_context() if broker.tls else None,
         keepalive=options.keepalive_s,
         timeout=options.connect_timeout_s,
         socket_options=[TCP_NODELAY],

@@ -76,12 +76,16 @@ class RecordedPayloads:
     """Payload files a trace refers to, read once each (a recording dedupes them by content)."""
 
     def __init__(self, base_dir: Path) -> None:
-        self._base = base_dir
+        self._base = base_dir.resolve()
         self._bodies: dict[str, RequestBody] = {}
 
     def body(self, ref: str) -> RequestBody:
         cached = self._bodies.get(ref)
         if cached is None:
-            cached = body_from_payload((self._base / ref).read_bytes())
+            path = (self._base / ref).resolve()
+            # A trace is data: it may name files beside it, never elsewhere on the machine.
+            if not path.is_relative_to(self._base):
+                raise ValueError(f"payload {ref!r} points outside the trace's folder")
+            cached = body_from_payload(path.read_bytes())
             self._bodies[ref] = cached
         return cached

@@ -328,9 +328,9 @@ async def simulate(options: SimOptions, progress: TextIO | None = sys.stderr) ->
         raise ValueError("the http transport needs --http-url")
     if not options.allow_remote:
         if options.transport != "http":
-            require_loopback(BrokerAddress.parse(options.broker).host)
+            await require_loopback(BrokerAddress.parse(options.broker).host)
         if options.http_url:
-            require_loopback(http_host(options.http_url))
+            await require_loopback(http_host(options.http_url))
     schedule_seed, payload_seed = np.random.SeedSequence(options.seed).spawn(2)
     # Separate streams: changing payload options never changes the arrival schedule.
     plan = build_plan(options, np.random.default_rng(schedule_seed))

@@ -48,7 +48,7 @@ def latency_figures(latencies_s: np.ndarray) -> dict[str, float] | None:
 
 
 def _errors_by_kind(ledger: Ledger, mask: np.ndarray) -> dict[str, dict[str, int]]:
-    kinds = ledger.kind[mask]
+    kinds = ledger.kind[mask & (ledger.outcome == Outcome.ERROR)]
     out = {}
     for index in np.unique(kinds[kinds >= 0]):
         name = ledger.kinds[int(index)]

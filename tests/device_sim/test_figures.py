@@ -148,3 +148,27 @@ async def test_duplicate_replies_are_counted_not_double_counted(
     # The second copy of a reply can only be counted once the first was recorded; allow the
     # last one to race the end of the run.
     assert 49 <= summary["replies"]["duplicate"] <= 50
+
+
+async def test_the_in_flight_bound_refuses_rather_than_queues(
+    mosquitto: Mosquitto, toy_metadata: Any
+) -> None:
+    # Nothing is ever answered: the first 5 requests fill the bound until they time out at
+    # 1 s, after the last of the 20 planned ones, so exactly 15 are refused.
+    async with MqttResponder(mosquitto.port, drop_every=1):
+        summary = await run_summary(
+            constant_load(
+                "mqtt5",
+                20,
+                1.0,
+                broker=mosquitto.url,
+                metadata_files=(toy_metadata,),
+                timeout_s=1.0,
+                max_in_flight=5,
+                slo_ms=100,
+            )
+        )
+    r = summary["requests"]
+    assert (r["planned"], r["sent"], r["lost"], r["not_sent"], r["ok"]) == (20, 5, 5, 15, 0)
+    assert summary["errors"] == {}
+    assert summary["slo"]["violations"] == 20

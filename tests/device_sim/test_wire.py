@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from device_sim.payloads import Framing, build_pool
+from device_sim.payloads import Framing, RecordedPayloads, build_pool
 from device_sim.tensors import DATATYPES, DataFile, InputSpec, ModelSpec, random_tensor
 from device_sim.wire import (
     BINARY_CONTENT_TYPE,
@@ -123,3 +123,14 @@ def test_a_model_without_metadata_or_data_is_refused() -> None:
         build_pool("m", None, [], Framing(), np.random.default_rng(0))
     with pytest.raises(ValueError, match=r"MODEL:INPUT=FILE\.npy"):
         DataFile.parse("only.npy")
+
+
+def test_trace_payloads_cannot_point_outside_the_trace_folder(tmp_path: Path) -> None:
+    (tmp_path / "secret.bin").write_bytes(b"{}")
+    inside = tmp_path / "trace"
+    inside.mkdir()
+    (inside / "ok.bin").write_bytes(b'{"inputs": []}')
+    payloads = RecordedPayloads(inside)
+    assert isinstance(payloads.body("ok.bin"), OipBody)
+    with pytest.raises(ValueError, match="outside the trace's folder"):
+        payloads.body("../secret.bin")
