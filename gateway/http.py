@@ -7,6 +7,7 @@ to a status and ``{"error": "..."}`` by one middleware.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -20,7 +21,13 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from gateway import __version__
 from gateway.codecs import oip, tfserving
 from gateway.codecs.datatypes import dtype_label
-from gateway.errors import BadRequest, GatewayError, PayloadTooLarge, Unauthorized
+from gateway.errors import (
+    BadRequest,
+    GatewayError,
+    ModelUnavailable,
+    PayloadTooLarge,
+    Unauthorized,
+)
 from gateway.service import InferenceService
 from gateway.settings import HttpSettings
 
@@ -237,7 +244,9 @@ async def infer(request: web.Request) -> web.Response:
 async def tfs_status(request: web.Request) -> web.Response:
     service = request.app[SERVICE_KEY]
     name, version = request.match_info["model"], _version(request)
-    service.host(name, version)  # 404 for unknown models/versions
+    # 404 for unknown models/versions; one that is known but unreadable gets its status below.
+    with contextlib.suppress(ModelUnavailable):
+        service.host(name, version)
     states = {"READY": "AVAILABLE", "LOADING": "LOADING", "UNLOADING": "UNLOADING"}
     statuses = [
         {
