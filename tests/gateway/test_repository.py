@@ -151,3 +151,31 @@ async def test_tf_serving_status_shows_the_broken_version(
     assert states["2"]["state"] == "END"
     assert states["2"]["status"]["error_code"] == "UNAVAILABLE"
     assert "runtime" in states["2"]["status"]["error_message"]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/models/broken_toml",
+        "/v1/models/broken_toml/versions/1",
+        "/v1/models/corrupt_onnx",
+        "/v1/models/sensor_mlp/versions/2",
+    ],
+)
+async def test_tf_serving_status_of_a_broken_model_says_why(
+    http: aiohttp.ClientSession, mixed: Gateway, path: str
+) -> None:
+    """A status endpoint reports the state of what exists, broken or not (TF Serving answers
+    ``END`` with the error), and keeps errors for what does not exist."""
+    status, body = await _json(http, "GET", f"{base_url(mixed)}{path}")
+    assert status == 200, body
+    (entry,) = body["model_version_status"]
+    name = path.split("/")[3]
+    version = path.split("/")[5] if "/versions/" in path else "1"
+    assert entry["version"] == version
+    assert entry["state"] == "END"
+    assert entry["status"]["error_code"] == "UNAVAILABLE"
+    for word in BROKEN[(name, version)]:
+        assert word in entry["status"]["error_message"]
+    status, body = await _json(http, "GET", f"{base_url(mixed)}/v1/models/broken_toml/versions/3")
+    assert status == 404
