@@ -259,7 +259,10 @@ def main(argv: list[str]) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _run_parser(sub)
     _record_parser(sub)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2), already printed by argparse
+        return int(exc.code or 0)
     try:
         return _run(args) if args.command == "run" else _record(args)
     except (ValueError, FileNotFoundError) as exc:

@@ -210,3 +210,12 @@ def test_an_unreachable_broker_exits_1(tmp_path: Path, capsys: pytest.CaptureFix
     ]
     assert main(argv) == 1
     assert "cannot connect" in capsys.readouterr().err
+
+
+def test_help_and_usage_errors_return_instead_of_exiting(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["run", "--help"]) == 0
+    assert "--arrival" in capsys.readouterr().out
+    assert main(["run", "--transport", "carrier-pigeon"]) == 2
+    assert main([]) == 2
