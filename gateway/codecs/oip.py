@@ -266,6 +266,11 @@ def convert_values(values: np.ndarray, dtype: np.dtype, what: str) -> np.ndarray
         info = np.iinfo(dtype)
         if values.min() < info.min or values.max() > info.max:
             raise BadRequest(f"{what}: value out of range for {dtype_label(dtype)}")
+    if dtype.kind == "f" and kind == "f":
+        # A finite number beyond the type's range would silently become infinity.
+        finite = np.abs(values[np.isfinite(values)])
+        if finite.size and finite.max() > np.finfo(dtype).max:
+            raise BadRequest(f"{what}: value out of range for {dtype_label(dtype)}")
     return values.astype(dtype)
 
 
