@@ -189,6 +189,13 @@ CASES: dict[str, tuple[str, bytes, dict[str, str], int, list[str]]] = {
         400,
         ["'features'", "infinity"],
     ),
+    "finite-json-number-beyond-fp32": (
+        "sensor_mlp",
+        _body().replace(b"[-1.0,", b"[-1e39,"),
+        {},
+        400,
+        ["'features'", "out of range", "FP32"],
+    ),
     "strings-in-fp32": (
         "sensor_mlp",
         _features(data=["0.5"] * 32),
