@@ -152,10 +152,11 @@ def http_app(service_s: float = 0.02, error_every: int = 0) -> web.Application:
     async def infer(request: web.Request) -> web.Response:
         body = await request.read()
         counts["received"] += 1
+        n = counts["received"]  # this request's number; the counter moves on during the sleep
         header_length = request.headers.get("Inference-Header-Content-Length")
         header = json.loads(body[: int(header_length)] if header_length else body)
         await asyncio.sleep(service_s)
-        if error_every and counts["received"] % error_every == 0:
+        if error_every and n % error_every == 0:
             return web.json_response({"error": "queue full"}, status=503)
         x = header["inputs"][0]
         assert x["name"] == "x" and x["datatype"] == "FP32" and x["shape"] == [1, 4]
