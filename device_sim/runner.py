@@ -15,7 +15,7 @@ import contextlib
 import secrets
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,11 +167,14 @@ async def build_bodies(
         )
         for m in sorted(needs_generated)
     }
-    recorded = RecordedPayloads(options.trace.parent if options.trace else Path("."))
+    recorded = RecordedPayloads(options.trace.parent) if options.trace else None
     bodies: list[RequestBody] = []
     for i, m in enumerate(plan.model.tolist()):
         ref = plan.payloads[i] if plan.payloads else None
-        bodies.append(recorded.body(ref) if ref else pools[plan.models[m]].body(i))
+        if ref is not None and recorded is not None:
+            bodies.append(recorded.body(ref))
+        else:
+            bodies.append(pools[plan.models[m]].body(i))
     return bodies
 
 
@@ -202,7 +205,9 @@ async def open_all(contexts: list[_T], concurrency: int) -> AsyncIterator[list[_
                 tg.create_task(cm.__aexit__(None, None, None))
 
 
-def _devices(options: SimOptions, plan: Plan, on_unmatched: Any) -> tuple[list[Any], list[Device]]:
+def _devices(
+    options: SimOptions, plan: Plan, on_unmatched: Callable[[str | None], None]
+) -> tuple[list[MqttLink] | list[HttpDevice], list[Device]]:
     """(connections to open, devices in plan order)."""
     if options.transport == "http":
         assert options.http_url is not None
@@ -218,7 +223,7 @@ def _devices(options: SimOptions, plan: Plan, on_unmatched: Any) -> tuple[list[A
     tag = secrets.token_hex(3)
     n_links = options.connections or len(plan.devices)
     n_links = max(1, min(n_links, len(plan.devices)))
-    groups: list[list[str]] = [plan.devices[k::n_links] for k in range(n_links)]
+    groups = [list(plan.devices[k::n_links]) for k in range(n_links)]
     links = [
         MqttLink(
             mqtt_options,
