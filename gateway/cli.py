@@ -171,9 +171,17 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["sim"]:
+        # The simulator has its own sub-commands and options (`iotgw sim --help`); it talks to
+        # the gateway over the wire only, so it is not wired through the gateway's settings.
+        from device_sim.cli import main as sim_main
+
+        return sim_main(argv[1:])
     parser = argparse.ArgumentParser(prog="iotgw", description="Edge/IoT inference gateway")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
+    sub.add_parser("sim", help="device simulator: replay device traffic (iotgw sim --help)")
     _bench_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "serve":
