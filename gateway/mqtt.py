@@ -31,6 +31,7 @@ from gateway.codecs import oip
 from gateway.errors import BadRequest, GatewayError, PayloadTooLarge
 from gateway.service import InferenceService
 from gateway.settings import MqttSettings
+from gateway.types import InferenceRequest
 
 log = logging.getLogger("gateway.mqtt")
 
@@ -238,18 +239,24 @@ class MqttAdapter:
                 raise PayloadTooLarge(
                     f"payload of {len(payload)} bytes exceeds the limit of {limit}"
                 )
-            request_id = _peek_id(payload)
-            key = self._dedupe_key(route, request_id)
+            request, fmt = self._decode(message, route, payload)
+            key = self._dedupe_key(route, request.id)
             if key is not None and self._is_duplicate(key, started):
                 log.debug("MQTT: duplicate of %s from %s ignored", key[1], route.device)
                 published = True  # answered (or being answered) by the first delivery
                 return
-            body, reply_binary = await self._answer(message, route, payload)
-            await self._publish(client, route, body, reply_binary, status=200)
+            response = await self._service.infer(request, transport=TRANSPORT)
+            reply, json_len = oip.encode_response(response, fmt)
+            if json_len is None:
+                await self._publish(client, route, _with_status(reply), False, status=200)
+            else:
+                await self._publish(client, route, oip.frame(reply, json_len), True, status=200)
             published = True
         except GatewayError as exc:
             if route is not None:
-                request_id = None if exc.status == 413 else _peek_id_safe(message)
+                # The id, when the payload could be read that far, lets MQTT 3.1.1 devices
+                # match the error to their request.
+                request_id = None if exc.status == 413 else _peek_id(message.payload)
                 await self._publish_error(client, route, exc, request_id)
                 published = True
         except aiomqtt.MqttError as exc:
@@ -264,9 +271,9 @@ class MqttAdapter:
             if published or route is None:
                 self._ack(client, message)
 
-    async def _answer(
+    def _decode(
         self, message: aiomqtt.Message, route: _Route, payload: bytes
-    ) -> tuple[bytes, bool]:
+    ) -> tuple[InferenceRequest, oip.OutputFormat]:
         body, header_length = oip.unframe(payload)
         request, fmt = oip.decode_request(
             body, model=route.model, version=None, header_length=header_length
@@ -280,14 +287,10 @@ class MqttAdapter:
             expiry = _property(message, "MessageExpiryInterval")
             if expiry:
                 request.timeout_s = float(expiry)
-        binary = header_length is not None
-        if binary and not fmt.binary and not fmt.binary_all and request.outputs is None:
+        # A binary request gets binary outputs unless it chose otherwise.
+        if header_length is not None and not fmt.binary and request.outputs is None:
             fmt = oip.OutputFormat(binary_all=True)
-        response = await self._service.infer(request, transport=TRANSPORT)
-        reply, json_len = oip.encode_response(response, fmt)
-        if json_len is not None:
-            return oip.frame(reply, json_len), True
-        return _with_status(reply), False
+        return request, fmt
 
     async def _publish(
         self, client: aiomqtt.Client, route: _Route, body: bytes, binary: bool, *, status: int
@@ -358,8 +361,10 @@ def _property(message: aiomqtt.Message, name: str) -> Any:
     return getattr(props, name, None) if props is not None else None
 
 
-def _peek_id(payload: bytes) -> str | None:
-    """The request ``id`` if the payload's JSON header can be read, for correlation and errors."""
+def _peek_id(payload: object) -> str | None:
+    """The request ``id`` if the payload's JSON header can be read, for error replies."""
+    if not isinstance(payload, bytes):
+        return None
     try:
         body, header_length = oip.unframe(payload)
         doc = json.loads(body if header_length is None else body[:header_length])
@@ -367,12 +372,6 @@ def _peek_id(payload: bytes) -> str | None:
         return None
     value = doc.get("id") if isinstance(doc, dict) else None
     return value if isinstance(value, str) else None
-
-
-def _peek_id_safe(message: aiomqtt.Message) -> str | None:
-    return (
-        _peek_id(bytes(message.payload)) if isinstance(message.payload, bytes | bytearray) else None
-    )
 
 
 def _with_status(reply: bytes) -> bytes:
