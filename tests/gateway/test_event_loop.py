@@ -12,6 +12,7 @@ import aiohttp
 import numpy as np
 import pytest
 
+from gateway.main import Gateway
 from tests.gateway.helpers import (
     Reference,
     base_url,
@@ -28,11 +29,14 @@ _REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Largest lateness of a 1 ms ``asyncio.sleep`` wake-up tolerated on the gateway's loop.
 # Measured on a 2-core machine under this test's load (CNN batches of 16 rows on one runtime
-# instance, the clients in another process): 3-10 ms, the loop's own work per reply plus the
-# operating system sharing 2 cores between the loop, the backend thread and the clients. A
-# backend call on the loop stalls it for the whole batch, 30+ ms for a 16-row CNN batch even on
-# a fast CPU (about 120 ms on 2 cores), and the test then fails: checked by hand by making the
-# batcher call ``inst.runtime.infer(inputs)`` directly instead of through ``run_in_executor``.
+# instance, the clients in another process): 3-10 ms when the machine runs nothing else, the
+# loop's own work per reply plus the operating system sharing 2 cores between the loop, the
+# backend thread and the clients; up to 24 ms, once in a while, when other test runs kept the
+# machine at a load of 4 (hence the second window below). A backend call on the loop stalls it
+# for the whole batch, 30+ ms for a 16-row CNN batch even on a fast CPU (80-120 ms on 2 cores),
+# on every batch: checked by hand by making the batcher call ``inst.runtime.infer(inputs)``
+# directly instead of through ``run_in_executor``, which fails both windows with a stall over
+# 20 ms per batch.
 MAX_STALL_S = 0.020
 CLIENTS = 4
 ROWS = 4  # 4 concurrent clients x 4 rows: batches of 16 rows
@@ -77,6 +81,71 @@ np.savez(out_path, statuses=statuses, outputs=outputs, errors=np.array(errors, d
 """
 
 
+async def _watch_one_load(
+    gw: Gateway, tmp_path: Path, wants: list[np.ndarray], window: int
+) -> list[float]:
+    """Run the client process once while a heartbeat watches the gateway's loop; checks every
+    answer and returns the lateness of each heartbeat."""
+    loop = asyncio.get_running_loop()
+    stalls: list[float] = []
+    watching = True
+
+    async def heartbeat() -> None:
+        while watching:
+            before = loop.time()
+            await asyncio.sleep(0.001)
+            stalls.append(loop.time() - before - 0.001)
+
+    results_path = tmp_path / f"results-{window}.npz"
+    batches_before = _big_batches(gw)
+    # This test process holds every earlier test's objects (and TensorFlow's): one full garbage
+    # collection of them takes ~250 ms and would be counted as a stall. Collect now and freeze
+    # the survivors, so that only what the gateway allocates while watched is collected
+    # (``iotgw serve`` itself ran no full collection under load, measured).
+    gc.collect()
+    gc.freeze()
+    beat = asyncio.create_task(heartbeat())
+    try:
+        clients = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            _CLIENT_SCRIPT,
+            base_url(gw),
+            str(tmp_path / "pool.npz"),
+            str(results_path),
+            str(CLIENTS),
+            str(ROUNDS),
+            cwd=_REPO_ROOT,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        _, stderr = await clients.communicate()
+    finally:
+        watching = False
+        await beat
+        gc.unfreeze()
+    assert clients.returncode == 0, stderr.decode(errors="replace")
+
+    results = np.load(results_path)
+    assert list(results["errors"]) == []
+    assert results["statuses"].tolist() == [200] * (CLIENTS * ROUNDS)
+    for k, got in enumerate(results["outputs"]):
+        np.testing.assert_array_equal(got, wants[k % len(wants)])
+    # The load really was CNN batches of 16 rows.
+    assert _big_batches(gw) - batches_before >= ROUNDS // 2
+    assert len(stalls) > 100
+    return stalls
+
+
+def _big_batches(gw: Gateway) -> float:
+    """Batches of more than 8 rows the gateway ran so far."""
+    rows = {
+        labels["le"]: value
+        for name, labels, value in metric_samples(gw.metrics.render().decode())
+        if name == "iotgw_batch_rows_bucket" and labels["model"] == "vision_cnn"
+    }
+    return rows.get("+Inf", 0.0) - rows.get("8.0", 0.0)
+
+
 @pytest.mark.slow
 async def test_cnn_batches_never_stall_the_event_loop(
     http: aiohttp.ClientSession, demo_repo: Path, tmp_path: Path, reference: Reference
@@ -93,65 +162,23 @@ async def test_cnn_batches_never_stall_the_event_loop(
     wants = [reference.infer("vision_cnn", {"image": x})["probabilities"] for x in images]
 
     async with running_gateway(repo, tmp_path / "cache") as gw:
-        url = base_url(gw)
         # Warm the paths once (first HTTP request, first batch) before watching.
-        status, _, _ = await infer_binary(http, url, "vision_cnn", {"image": images[0]})
+        status, _, _ = await infer_binary(http, base_url(gw), "vision_cnn", {"image": images[0]})
         assert status == 200
 
-        loop = asyncio.get_running_loop()
-        stalls: list[float] = []
-        watching = True
-
-        async def heartbeat() -> None:
-            while watching:
-                before = loop.time()
-                await asyncio.sleep(0.001)
-                stalls.append(loop.time() - before - 0.001)
-
-        # This test process holds every earlier test's objects (and TensorFlow's): one full
-        # garbage collection of them takes ~250 ms and would be counted as a stall. Collect now
-        # and freeze the survivors, so that only what the gateway allocates while watched is
-        # collected (``iotgw serve`` itself ran no full collection under load, measured).
-        gc.collect()
-        gc.freeze()
-        beat = asyncio.create_task(heartbeat())
-        try:
-            clients = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-c",
-                _CLIENT_SCRIPT,
-                url,
-                str(tmp_path / "pool.npz"),
-                str(tmp_path / "results.npz"),
-                str(CLIENTS),
-                str(ROUNDS),
-                cwd=_REPO_ROOT,
-                stderr=asyncio.subprocess.PIPE,
+        # A blocking call on the loop stalls it on every batch, in every window. A machine
+        # busy with other work can deschedule the loop's thread once in a while: a stall over
+        # the bound must therefore show again in a second window to fail the test.
+        report = []
+        for window in range(2):
+            stalls = await _watch_one_load(gw, tmp_path, wants, window)
+            worst = max(stalls)
+            report.append(
+                f"window {window}: worst {worst * 1e3:.1f} ms over {len(stalls)} heartbeats, "
+                f"{sum(s > MAX_STALL_S for s in stalls)} over {MAX_STALL_S * 1e3:.0f} ms, "
+                f"{sum(s > 0.005 for s in stalls)} over 5 ms"
             )
-            _, stderr = await clients.communicate()
-        finally:
-            watching = False
-            await beat
-            gc.unfreeze()
-        assert clients.returncode == 0, stderr.decode(errors="replace")
-
-        results = np.load(tmp_path / "results.npz")
-        assert list(results["errors"]) == []
-        assert results["statuses"].tolist() == [200] * (CLIENTS * ROUNDS)
-        for k, got in enumerate(results["outputs"]):
-            np.testing.assert_array_equal(got, wants[k % len(wants)])
-
-        # The load really was CNN batches of 16 rows.
-        samples = metric_samples(gw.metrics.render().decode())
-        rows = {
-            labels["le"]: value
-            for name, labels, value in samples
-            if name == "iotgw_batch_rows_bucket" and labels["model"] == "vision_cnn"
-        }
-        assert rows["+Inf"] - rows["8.0"] >= ROUNDS // 2, rows
-        assert len(stalls) > 100
-        worst = max(stalls)
-        assert worst < MAX_STALL_S, (
-            f"the event loop stalled {worst * 1e3:.1f} ms (heartbeats: {len(stalls)}, "
-            f"over 5 ms: {sum(s > 0.005 for s in stalls)})"
-        )
+            if worst < MAX_STALL_S:
+                break
+        else:
+            pytest.fail("the event loop stalled: " + "; ".join(report))
