@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gateway.batcher import Batcher, BatchRecord
-from gateway.errors import ModelUnavailable
+from gateway.errors import InternalError, ModelUnavailable
 from gateway.instances import InstancePool, RuntimeFactory
 from gateway.knobs import KnobLimits, Knobs, apply_changes
 from gateway.metrics import GatewayMetrics
@@ -172,10 +172,21 @@ class ModelHost:
                 old.intra_op_threads,
                 old.inter_op_threads,
             ):
-                await self._pool.reconfigure(
-                    concurrency=new.concurrency,
-                    threads=Threads(new.intra_op_threads, new.inter_op_threads),
-                )
+                try:
+                    await self._pool.reconfigure(
+                        concurrency=new.concurrency,
+                        threads=Threads(new.intra_op_threads, new.inter_op_threads),
+                    )
+                except Exception as exc:
+                    # The pool builds new instances before retiring old ones, so on failure the
+                    # old ones still serve and the knobs stay as they were.
+                    log.exception(
+                        "model %s version %d: reconfiguration failed", self.name, self.version
+                    )
+                    raise InternalError(
+                        f"model {self.name} version {self.version}: could not build runtime "
+                        f"instances for {new.as_dict()}: {exc}; knobs unchanged"
+                    ) from exc
             self._knobs = new
             self._publish_knobs()
             if new != old:

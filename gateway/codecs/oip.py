@@ -33,9 +33,10 @@ class OutputFormat:
 
     binary_all: bool = False
     binary: frozenset[str] = frozenset()
+    json: frozenset[str] = frozenset()  # outputs that asked for JSON: their choice wins
 
     def is_binary(self, name: str) -> bool:
-        return self.binary_all or name in self.binary
+        return name in self.binary or (self.binary_all and name not in self.json)
 
 
 def decode_request(
@@ -77,6 +78,7 @@ def decode_request(
 
     outputs: list[str] | None = None
     binary_outputs: set[str] = set()
+    json_outputs: set[str] = set()
     raw_outputs = header.get("outputs")
     if raw_outputs is not None:
         if not isinstance(raw_outputs, list):
@@ -86,8 +88,9 @@ def decode_request(
             if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
                 raise BadRequest("each requested output needs a string 'name'")
             out_params = _parameters(entry.get("parameters"), what=f"output {entry['name']!r}")
-            if _bool_param(out_params, "binary_data"):
-                binary_outputs.add(entry["name"])
+            if "binary_data" in out_params:
+                chosen = binary_outputs if _bool_param(out_params, "binary_data") else json_outputs
+                chosen.add(entry["name"])
             outputs.append(entry["name"])
     if version is None and "model_version" in params:
         raw_version = params["model_version"]
@@ -103,7 +106,7 @@ def decode_request(
         timeout_s=timeout_s,
         priority=priority,
     )
-    return request, OutputFormat(binary_all, frozenset(binary_outputs))
+    return request, OutputFormat(binary_all, frozenset(binary_outputs), frozenset(json_outputs))
 
 
 def encode_response(response: InferenceResponse, fmt: OutputFormat) -> tuple[bytes, int | None]:
