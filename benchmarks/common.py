@@ -255,10 +255,22 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+# Run as ``python -c _DIE_WITH_PARENT argv...``: asks Linux to SIGTERM the process when its
+# parent dies (the setting survives the exec), then becomes ``argv``. So a server outlives
+# neither a benchmark killed with SIGKILL nor one that crashed past its ``finally``.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG\n"
+    "os.getppid() == int(sys.argv[1]) or sys.exit(1)  # the parent is gone already\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+
+
 class ServerProcess:
     """A server in a subprocess (its own session, so it can be signalled as a group), with its
     output in a log file. ``wait_for_log`` polls that file for a pattern (e.g. the bound port).
-    Stopped by ``stop()``, by leaving ``with``, and at interpreter exit in any case."""
+    Stopped by ``stop()``, by leaving ``with``, at interpreter exit, and (Linux) when this
+    process dies."""
 
     def __init__(
         self, argv: Sequence[str], *, log_path: Path, env: Mapping[str, str] | None = None
@@ -266,8 +278,11 @@ class ServerProcess:
         self.argv = list(argv)
         self.log_path = log_path
         self._log = log_path.open("wb")
+        launch = self.argv
+        if sys.platform == "linux":
+            launch = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *self.argv]
         self.proc = subprocess.Popen(
-            self.argv,
+            launch,
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
