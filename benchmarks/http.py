@@ -3,14 +3,15 @@
 For ``sensor_mlp`` and ``vision_cnn`` (ONNX Runtime), side by side in one run:
 
 1. **The limit.** The same runtime (``models.backends.load_runtime``) called in this process, no
-   gateway: (intra-op threads, instances) in {(1, 1), (cores, 1), (1, cores)} times batch sizes
-   1, 2, 4, ... up to the model's maximum, as rows/s, every configuration once per round. The
-   best is the limit.
+   gateway: (intra-op threads, instances) in {(1, 1), (cores, 1), (1, cores), (1, cores + 1)}
+   times batch sizes 1, 2, 4, ... up to the model's maximum, as rows/s, every configuration once
+   per round. The best is the limit.
 2. **The gateway at saturation.** ``iotgw serve`` in its own process (loopback, port 0), knobs set
-   through ``PUT /admin/models/{m}/versions/1/knobs``: the limit's threads and instances, its
-   batch size capped so that one batch costs at most a quarter of the model's SLO. Load: a closed
-   loop of N clients, one row per request in the binary tensor framing (JSON header + raw FP32,
-   ``binary_data_output``), body pre-encoded once. Setups tried, at a few N: the aiohttp client
+   through ``PUT /admin/models/{m}/versions/1/knobs``: the limit's intra-op threads, its
+   instances or one more, and the two largest batch sizes whose batch costs at most a quarter of
+   the model's SLO; the fastest of those four. Load: a closed loop of N clients, one row per
+   request in the binary tensor framing (JSON header + raw FP32, ``binary_data_output``), body
+   pre-encoded once. Setups tried at those knobs, at a few N: the aiohttp client
    in the benchmark process, the aiohttp client split over 2 processes, and a minimal raw
    asyncio HTTP/1.1 client (``RawHttpConnection``, a few times cheaper per request: the client
    shares the cores with the server here, unlike devices in production). The fastest setup whose
@@ -92,6 +93,8 @@ MAX_CLOSED_LOOP = 128
 # A load generator setup: (client kind, processes); kind "aiohttp" or "raw" (RawHttpConnection);
 # 0 processes: the client runs in the benchmark process itself.
 Setup = tuple[str, int]
+# The cheapest client, so that the knob comparison leaves the gateway the most CPU.
+KNOB_SWEEP_SETUP: Setup = ("raw", 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,14 +126,14 @@ FULL = Plan(
     headline_repeats=MIN_FULL_RUNS,
     thread_configs=None,
     batch_sizes=None,
-    inproc_run_s=0.4,
+    inproc_run_s=0.3,
     inproc_warmup_s=0.2,
     limit_headline_run_s=2.5,
-    gw_sweep_run_s=1.5,
+    gw_sweep_run_s=1.2,
     gw_headline_run_s=3.0,
-    gw_warmup_s=0.4,
+    gw_warmup_s=0.3,
     client_setups=(("aiohttp", 0), ("aiohttp", 2), ("raw", 0)),
-    low_requests=2000,
+    low_requests=1500,
     low_warmup_s=0.5,
     max_requests_per_run=500_000,
     client_timeout_s=10.0,
@@ -884,7 +887,7 @@ class Bench:
         plan = self.plan
         cores = usable_cores()
         thread_configs = tuple(
-            dict.fromkeys(plan.thread_configs or ((1, 1), (cores, 1), (1, cores)))
+            dict.fromkeys(plan.thread_configs or ((1, 1), (cores, 1), (1, cores), (1, cores + 1)))
         )
         self.config["thread_configs"] = thread_configs
         grid = [
@@ -927,9 +930,9 @@ class Bench:
                 self.runs.append(entry)
                 entries.append(entry)
             limit = max(entries, key=lambda e: e["rows_per_s"].median)
-            # The gateway gets the limit's threads and instances, so that the ratio measures
-            # the gateway and not a different runtime set-up; only its batch is capped so that
-            # one batch fits in a quarter of the SLO.
+            # Batch sizes the gateway may use with the limit's threads and instances: those
+            # whose batch costs at most a quarter of the SLO (queueing behind one batch and
+            # filling the next must fit too).
             same = [
                 e
                 for e in entries
@@ -940,53 +943,126 @@ class Bench:
             fitting = [e for e in same if e["batch_ms"] <= budget] or [
                 min(same, key=lambda e: e["batch_ms"])
             ]
-            serve = max(fitting, key=lambda e: e["rows_per_s"].median)
-            best[m.name] = {"limit": limit, "serve": serve}
+            best[m.name] = {
+                "limit": limit,
+                "fitting": sorted(fitting, key=lambda e: e["batch_size"]),
+            }
             self.log(
                 f"  {m.name}: limit {limit['rows_per_s'].median:,.0f} rows/s at batch "
                 f"{limit['batch_size']} (intra {limit['intra_op_threads']}, instances "
-                f"{limit['instances']}); gateway config batch {serve['batch_size']} "
-                f"(intra {serve['intra_op_threads']}, instances {serve['instances']})"
+                f"{limit['instances']}); batches within {budget:g} ms: "
+                f"{[e['batch_size'] for e in fitting]}"
             )
         return best
 
     # -- phase 2 and 3: the gateway at saturation ------------------------------------------
 
-    def saturation_knobs(self, model: Model, serve: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "max_batch_size": serve["batch_size"],
-            "batch_timeout_ms": model.default_timeout_ms,
-            "concurrency": serve["instances"],
-            "intra_op_threads": serve["intra_op_threads"],
-            "inter_op_threads": 1,
-        }
+    def knob_candidates(self, model: Model, best: dict[str, Any]) -> list[dict[str, Any]]:
+        """Gateway knobs to try: the limit's intra-op threads; its instances, and one more
+        (an instance with a batch ready while another waits for the event loop to hand it its
+        next batch); the two largest batch sizes within the SLO budget (every batch pays a
+        fixed cost in the gateway: the executor crossing and the event-loop round trips)."""
+        limit = best["limit"]
+        batches = [e["batch_size"] for e in best["fitting"]][-2:]
+        out = []
+        for conc in dict.fromkeys((limit["instances"], limit["instances"] + 1)):
+            for b in batches:
+                out.append(
+                    {
+                        "max_batch_size": b,
+                        "batch_timeout_ms": model.default_timeout_ms,
+                        "concurrency": conc,
+                        "intra_op_threads": limit["intra_op_threads"],
+                        "inter_op_threads": 1,
+                    }
+                )
+        return out[-1:] if self.plan.quick else out
 
     def closed_loop_sizes(
-        self, model: Model, serve: dict[str, Any], limit_rate: float
+        self, model: Model, knobs: dict[str, Any], limit_rate: float
     ) -> list[int]:
         """Requests in flight to try: enough that a full batch waits whenever an instance
         frees up ((instances + 1) x batch), and more; capped by Little's law so that waiting
         stays under half the SLO at the limit's rate."""
-        b, inst = serve["batch_size"], serve["instances"]
-        cap = max(
-            2, min(MAX_CLOSED_LOOP, int(CLOSED_LOOP_SLO_FRACTION * model.slo_ms / 1e3 * limit_rate))
-        )
+        b, inst = knobs["max_batch_size"], knobs["concurrency"]
+        cap = self.closed_loop_cap(model, limit_rate)
         sizes = sorted({max(2, min(n, cap)) for n in ((inst + 1) * b, 2 * inst * b, 3 * inst * b)})
         if len(sizes) == 1 and cap >= 8:
             sizes.insert(0, cap // 4)
         return sizes[-1:] if self.plan.quick else sizes
 
-    def gateway_saturation(
+    @staticmethod
+    def closed_loop_cap(model: Model, limit_rate: float) -> int:
+        return max(
+            2, min(MAX_CLOSED_LOOP, int(CLOSED_LOOP_SLO_FRACTION * model.slo_ms / 1e3 * limit_rate))
+        )
+
+    def gateway_knob_sweep(
         self, base: str, models: dict[str, Model], best: dict[str, dict[str, Any]]
+    ) -> dict[str, dict[str, Any]]:
+        """The knobs the gateway saturates best with (raw client, N = (concurrency + 1) x
+        batch): returns per model the knobs, as the gateway reports them."""
+        plan = self.plan
+        chosen: dict[str, dict[str, Any]] = {}
+        for m in models.values():
+            candidates = self.knob_candidates(m, best[m.name])
+            cap = self.closed_loop_cap(m, best[m.name]["limit"]["rows_per_s"].median)
+            self.log(f"gateway knob sweep {m.name}: {len(candidates)} configurations")
+            results: list[list[dict[str, Any]]] = [[] for _ in candidates]
+            applied: list[dict[str, Any]] = [{} for _ in candidates]
+            for _ in range(plan.repeats):
+                for i, knobs in enumerate(candidates):
+                    applied[i] = set_knobs(base, m.name, knobs)
+                    n = max(2, min(cap, (knobs["concurrency"] + 1) * knobs["max_batch_size"]))
+                    results[i].append(
+                        self.load(
+                            url=m.url(base),
+                            model=m,
+                            concurrency=n,
+                            setup=KNOB_SWEEP_SETUP,
+                            duration_s=plan.gw_sweep_run_s,
+                            warmup_s=plan.gw_warmup_s,
+                            server=self.gateway,
+                        )
+                    )
+            entries = []
+            for knobs, rs in zip(applied, results, strict=True):
+                fig = _load_figure(rs)
+                n = max(2, min(cap, (knobs["concurrency"] + 1) * knobs["max_batch_size"]))
+                entry = {
+                    "figure": "gateway_knob_sweep",
+                    "model": m.name,
+                    "knobs": knobs,
+                    **_setup_fields(KNOB_SWEEP_SETUP),
+                    "closed_loop_concurrency": n,
+                    "slo_ms": m.slo_ms,
+                    **fig,
+                    "meets_slo": fig["lost"] == 0 and fig["p99_ms"].median <= m.slo_ms,
+                }
+                self.runs.append(entry)
+                entries.append(entry)
+                self.log(
+                    f"  batch {knobs['max_batch_size']:3d} concurrency {knobs['concurrency']} "
+                    f"N={n:3d}: {fig['rows_per_s'].median:9,.1f} rows/s  "
+                    f"p99 {fig['p99_ms'].median:7.2f} ms  lost {fig['lost']}"
+                )
+            chosen[m.name] = self.pick(entries)["knobs"]
+            self.config.setdefault("gateway_saturation_knobs", {})[m.name] = chosen[m.name]
+        return chosen
+
+    def gateway_saturation(
+        self,
+        base: str,
+        models: dict[str, Model],
+        best: dict[str, dict[str, Any]],
+        gw_knobs: dict[str, dict[str, Any]],
     ) -> dict[str, list[dict[str, Any]]]:
-        """Every (client setup, N): returns per model the sweep entries."""
+        """Every (client setup, N) at the chosen knobs: returns per model the sweep entries."""
         plan = self.plan
         out: dict[str, list[dict[str, Any]]] = {}
         for m in models.values():
-            serve = best[m.name]["serve"]
-            knobs = set_knobs(base, m.name, self.saturation_knobs(m, serve))
-            self.config.setdefault("gateway_saturation_knobs", {})[m.name] = knobs
-            sizes = self.closed_loop_sizes(m, serve, best[m.name]["limit"]["rows_per_s"].median)
+            knobs = set_knobs(base, m.name, gw_knobs[m.name])
+            sizes = self.closed_loop_sizes(m, knobs, best[m.name]["limit"]["rows_per_s"].median)
             combos = [
                 (setup, n) for setup in plan.client_setups for n in sizes if n >= max(setup[1], 1)
             ]
@@ -1042,6 +1118,7 @@ class Bench:
         base: str,
         models: dict[str, Model],
         best: dict[str, dict[str, Any]],
+        gw_knobs: dict[str, dict[str, Any]],
         sweeps: dict[str, list[dict[str, Any]]],
     ) -> dict[str, dict[str, dict[str, Any]]]:
         """The ratio, from runs of the limit and of the gateway taken in turns: the fastest
@@ -1056,7 +1133,7 @@ class Bench:
             aio = self.pick(sweeps[m.name], "aiohttp")
             if aio is not picks["headline"]:
                 picks["aiohttp"] = aio
-            knobs = set_knobs(base, m.name, self.saturation_knobs(m, best[m.name]["serve"]))
+            knobs = set_knobs(base, m.name, gw_knobs[m.name])
             limit_rates: list[float] = []
             limit_cores: list[float] = []
             gw_results: dict[str, list[dict[str, Any]]] = {k: [] for k in picks}
@@ -1319,6 +1396,30 @@ def print_tables(runs: list[dict[str, Any]], summary: dict[str, Any]) -> None:
             ],
         )
     )
+    kns = [r for r in runs if r["figure"] == "gateway_knob_sweep"]
+    print(
+        "\nGateway knobs at saturation (raw client, N = (concurrency + 1) x batch): "
+        "median [min-max]"
+    )
+    print(
+        format_table(
+            ["model", "batch", "conc", "intra", "N", "rows/s", "p99 ms", "lost", "srv cores"],
+            [
+                [
+                    r["model"],
+                    r["knobs"]["max_batch_size"],
+                    r["knobs"]["concurrency"],
+                    r["knobs"]["intra_op_threads"],
+                    r["closed_loop_concurrency"],
+                    fmt_repeated(r["rows_per_s"]),
+                    fmt_repeated(r["p99_ms"]),
+                    r["lost"],
+                    r["server_cpu_cores"].median if r["server_cpu_cores"] else float("nan"),
+                ]
+                for r in kns
+            ],
+        )
+    )
     gws = [r for r in runs if r["figure"] == "gateway_saturation_sweep"]
     print("\nGateway at saturation, sweep (1 row per request, closed loop): median [min-max]")
     print(
@@ -1474,8 +1575,9 @@ def run(plan: Plan, out_dir: Path | None) -> Path:
         diffs = check_replies(base, models)
         log(f"gateway replies match the runtime (max abs diff {diffs})")
         best = bench.inprocess_sweep(models)
-        sweeps = bench.gateway_saturation(base, models, best)
-        heads = bench.paired_headline(base, models, best, sweeps)
+        gw_knobs = bench.gateway_knob_sweep(base, models, best)
+        sweeps = bench.gateway_saturation(base, models, best, gw_knobs)
+        heads = bench.paired_headline(base, models, best, gw_knobs, sweeps)
         log("low load")
         bench.echo, echo_base = start_echo(workdir, plan.startup_timeout_s)
         low = bench.low_load(base, echo_base, models[LOW_LOAD_MODEL])
@@ -1534,8 +1636,10 @@ def run(plan: Plan, out_dir: Path | None) -> Path:
             "binary_data_output=true, HTTP/1.1 keep-alive, loopback",
             "limit": "models.backends.load_runtime in this process; best of "
             "(intra-op threads, instances) x batch sizes",
-            "gateway_batch_rule": "best in-process (threads, instances, batch) whose batch costs "
-            f"<= {BATCH_SLO_FRACTION} x SLO",
+            "gateway_knob_rule": "the limit's intra-op threads; concurrency = the limit's "
+            "instances or one more; the two largest batch sizes whose in-process batch costs "
+            f"<= {BATCH_SLO_FRACTION} x SLO; the fastest of these four (raw client, "
+            "N = (concurrency + 1) x batch) meeting the SLO with nothing lost",
             "closed_loop_rule": "N in {(instances + 1), 2 x instances, 3 x instances} x batch, "
             "capped at "
             f"{CLOSED_LOOP_SLO_FRACTION} x SLO x limit rows/s and {MAX_CLOSED_LOOP}",

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.slow
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FIGURES = {
     "inprocess_limit_sweep",
+    "gateway_knob_sweep",
     "gateway_saturation_sweep",
     "throughput_ratio",
     "low_load_latency",
@@ -96,7 +97,7 @@ def test_runs(quick_result: tuple[dict[str, Any], str]) -> None:
         if r["figure"] == "inprocess_limit_sweep":
             assert r["model"] in ("sensor_mlp", "vision_cnn")
             assert _is_repeated(r["rows_per_s"])
-        elif r["figure"] == "gateway_saturation_sweep":
+        elif r["figure"] in ("gateway_saturation_sweep", "gateway_knob_sweep"):
             for key in ("rows_per_s", "p50_ms", "p95_ms", "p99_ms"):
                 assert _is_repeated(r[key]), key
             assert r["lost"] >= 0 and r["closed_loop_concurrency"] >= 1
