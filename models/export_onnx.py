@@ -1,5 +1,9 @@
 """Write a ``ModelSpec`` with its weights as an ONNX model, built node by node with onnx.helper.
 
+A layer's parameters may also be quantized (``models.zoo_checkpoint.QuantParams``): fully
+connected layers then run as ``com.microsoft.MatMulNBits`` and the others dequantize their codes
+in the graph (``models.quant_onnx``), so ONNX Runtime serves a checkpoint's codes directly.
+
 Inputs keep the model-boundary layout (NHWC images) so that the ONNX and TensorFlow versions of a
 model take identical tensors; the graph transposes to NCHW for ONNX's Conv/MaxPool and back to
 NHWC before flattening, so the Dense weights mean the same in both exports. The output is a
@@ -8,23 +12,27 @@ deterministic function of (spec, weights): the same inputs always give the same 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
+from models import quant_onnx
+from models.onnx_graph import GraphBuilder
 from models.zoo import (
     Conv2D,
     Dense,
     Flatten,
     MaxPool2D,
     ModelSpec,
-    Weights,
+    Params,
     layer_shapes,
     same_pads,
 )
 from models.zoo import input_shape as spec_input_shape
+from models.zoo_checkpoint import LayerParams, QuantParams
 
 OPSET = 17
 # IR 8 is the version that introduced opset 17; pinning it keeps the files loadable by older
@@ -33,25 +41,15 @@ IR_VERSION = 8
 BATCH_DIM = "batch"
 
 
-class _Graph:
-    """Accumulates nodes and initializers with unique, readable tensor names."""
-
-    def __init__(self) -> None:
-        self.nodes: list[onnx.NodeProto] = []
-        self.initializers: list[TensorProto] = []
-
-    def const(self, name: str, value: np.ndarray) -> str:
-        self.initializers.append(numpy_helper.from_array(value, name))
-        return name
-
-    def node(self, op: str, inputs: list[str], output: str, **attrs: object) -> str:
-        self.nodes.append(helper.make_node(op, inputs, [output], name=output, **attrs))
-        return output
-
-
-def build_onnx(spec: ModelSpec, weights: Weights) -> onnx.ModelProto:
-    """The model as an in-memory ONNX proto (checked)."""
-    g = _Graph()
+def build_onnx(
+    spec: ModelSpec,
+    weights: Sequence[LayerParams],
+    *,
+    accuracy_level: int = quant_onnx.DEFAULT_ACCURACY_LEVEL,
+) -> onnx.ModelProto:
+    """The model as an in-memory ONNX proto (checked). ``accuracy_level`` is MatMulNBits's, for
+    quantized fully connected layers (4: int8 activations; 0: fp32)."""
+    g = GraphBuilder()
     if len(spec.inputs) == 1:
         x = spec.inputs[0].name
     else:
@@ -69,19 +67,15 @@ def build_onnx(spec: ModelSpec, weights: Weights) -> onnx.ModelProto:
             nchw = True
         match layer:
             case Dense():
-                assert p is not None
-                w = g.const(f"l{i}_kernel", p.kernel)
-                b = g.const(f"l{i}_bias", p.bias)
-                x = _activated(g, "Gemm", [x, w, b], out, layer.activation)
+                x = _dense(g, i, x, p, out, layer.activation, accuracy_level)
             case Conv2D(kernel=k, stride=s, padding=padding):
-                assert p is not None
                 pads = [0, 0, 0, 0]
                 if padding == "same":
                     top, bottom = same_pads(shape[0], k, s)
                     left, right = same_pads(shape[1], k, s)
                     pads = [top, left, bottom, right]
-                w = g.const(f"l{i}_kernel", np.ascontiguousarray(p.kernel.transpose(3, 2, 0, 1)))
-                b = g.const(f"l{i}_bias", p.bias)
+                w = _conv_kernel(g, i, p)
+                b = g.const(f"l{i}_bias", _bias(p))
                 x = _activated(
                     g,
                     "Conv",
@@ -117,19 +111,66 @@ def build_onnx(spec: ModelSpec, weights: Weights) -> onnx.ModelProto:
         ],
         initializer=g.initializers,
     )
+    quantized = any(isinstance(p, QuantParams) for p in weights)
+    opsets = [helper.make_opsetid("", quant_onnx.QUANT_OPSET if quantized else OPSET)]
+    if any(n.domain == quant_onnx.MS_DOMAIN for n in g.nodes):
+        opsets.append(helper.make_opsetid(quant_onnx.MS_DOMAIN, 1))
     model = helper.make_model(
         graph,
-        opset_imports=[helper.make_opsetid("", OPSET)],
+        opset_imports=opsets,
         producer_name="iotgw.models.zoo",
-        ir_version=IR_VERSION,
+        ir_version=quant_onnx.QUANT_IR_VERSION if quantized else IR_VERSION,
         doc_string=spec.description,
     )
     onnx.checker.check_model(model, full_check=True)
     return model
 
 
+def _bias(p: LayerParams) -> np.ndarray:
+    if p is None:
+        raise ValueError("a Dense or Conv2D layer needs parameters")
+    return p.bias
+
+
+def _dense(
+    g: GraphBuilder,
+    i: int,
+    x: str,
+    p: LayerParams,
+    out: str,
+    activation: str,
+    accuracy_level: int,
+) -> str:
+    if isinstance(p, Params):
+        w = g.const(f"l{i}_kernel", p.kernel)
+        b = g.const(f"l{i}_bias", p.bias)
+        return _activated(g, "Gemm", [x, w, b], out, activation)
+    if p is None:
+        raise ValueError(f"layer {i}: a Dense layer needs parameters")
+    data = p.kernel.data  # [out, in], blocks along in
+    pre = out if activation == "linear" else f"{out}_pre"
+    if quant_onnx.matmul_nbits_fits(data):
+        y = quant_onnx.matmul_nbits(g, f"l{i}", x, data, p.bias, pre, accuracy_level)
+    else:
+        w = quant_onnx.dequantized(g, f"l{i}", data, transposed=True)
+        b = g.const(f"l{i}_bias", p.bias)
+        y = g.node("Gemm", [x, w, b], pre)
+    return y if activation == "linear" else g.node("Relu", [y], out)
+
+
+def _conv_kernel(g: GraphBuilder, i: int, p: LayerParams) -> str:
+    """The OIHW kernel: a constant, or dequantized from codes on every run."""
+    if isinstance(p, Params):
+        return g.const(f"l{i}_kernel", np.ascontiguousarray(p.kernel.transpose(3, 2, 0, 1)))
+    if p is None:
+        raise ValueError(f"layer {i}: a Conv2D layer needs parameters")
+    flat = quant_onnx.dequantized(g, f"l{i}", p.kernel.data)  # [O, I*kh*kw]
+    shape = g.const(f"l{i}_kernel_shape", np.array(p.kernel.shape, np.int64))
+    return g.node("Reshape", [flat, shape], f"l{i}_kernel")
+
+
 def _activated(
-    g: _Graph, op: str, inputs: list[str], out: str, activation: str, **attrs: object
+    g: GraphBuilder, op: str, inputs: list[str], out: str, activation: str, **attrs: object
 ) -> str:
     if activation == "linear":
         return g.node(op, inputs, out, **attrs)
@@ -137,7 +178,7 @@ def _activated(
     return g.node("Relu", [pre], out)
 
 
-def export_onnx(spec: ModelSpec, weights: Weights, path: Path) -> Path:
+def export_onnx(spec: ModelSpec, weights: Sequence[LayerParams], path: Path) -> Path:
     """Write the model to ``path`` (parent folders must exist) and return it."""
     path.write_bytes(build_onnx(spec, weights).SerializeToString())
     return path

@@ -9,6 +9,7 @@ Importing this module imports TensorFlow (seconds); only the demo builder and te
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 # tf_backend sets the environment TensorFlow reads when it is first imported (thread pools, log
@@ -18,6 +19,43 @@ from models.backends import tf_backend  # noqa: F401  isort: skip
 import tensorflow as tf
 
 from models.zoo import Conv2D, Dense, Flatten, MaxPool2D, ModelSpec, Weights
+
+# The pre-activation output of a Dense or Conv2D layer for its input (bias included): how each
+# source of weights (variables here, dequantized codes in ``models.quant_tf``) plugs into
+# ``forward``.
+LayerFn = Callable[[tf.Tensor], tf.Tensor]
+
+
+def forward(
+    spec: ModelSpec, inputs: Sequence[tf.Tensor], layer_fns: Sequence[LayerFn | None]
+) -> tf.Tensor:
+    """The model's output for ``inputs`` (in ``spec.inputs`` order), in graph or eager mode."""
+    x = inputs[0] if len(inputs) == 1 else tf.concat(list(inputs), axis=-1)
+    for layer, fn in zip(spec.layers, layer_fns, strict=True):
+        match layer:
+            case Dense() | Conv2D():
+                assert fn is not None
+                x = _activate(fn(x), layer.activation)
+            case MaxPool2D(pool=pool):
+                x = tf.nn.max_pool2d(x, ksize=pool, strides=layer.step, padding="VALID")
+            case Flatten():
+                x = tf.reshape(x, [tf.shape(x)[0], -1])
+    if spec.softmax:
+        x = tf.nn.softmax(x, axis=-1)
+    return x
+
+
+def conv2d(layer: Conv2D, kernel: tf.Tensor, bias: tf.Tensor) -> LayerFn:
+    """A Conv2D layer's function for an HWIO kernel."""
+    padding = layer.padding.upper()
+    return lambda x: tf.nn.bias_add(
+        tf.nn.conv2d(x, kernel, strides=layer.stride, padding=padding), bias
+    )
+
+
+def dense(kernel: tf.Tensor, bias: tf.Tensor) -> LayerFn:
+    """A Dense layer's function for an ``[in, out]`` kernel."""
+    return lambda x: tf.matmul(x, kernel) + bias
 
 
 class _Served(tf.Module):
@@ -37,24 +75,15 @@ class _Served(tf.Module):
 
     def forward(self, inputs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         spec = self._spec
-        tensors = [inputs[i.name] for i in spec.inputs]
-        x = tensors[0] if len(tensors) == 1 else tf.concat(tensors, axis=-1)
+        fns: list[LayerFn | None] = []
         for layer, p in zip(spec.layers, self._params, strict=True):
-            match layer:
-                case Dense():
-                    assert p is not None
-                    x = _activate(tf.matmul(x, p[0]) + p[1], layer.activation)
-                case Conv2D(stride=s, padding=padding):
-                    assert p is not None
-                    y = tf.nn.conv2d(x, p[0], strides=s, padding=padding.upper())
-                    x = _activate(tf.nn.bias_add(y, p[1]), layer.activation)
-                case MaxPool2D(pool=pool):
-                    x = tf.nn.max_pool2d(x, ksize=pool, strides=layer.step, padding="VALID")
-                case Flatten():
-                    x = tf.reshape(x, [tf.shape(x)[0], -1])
-        if spec.softmax:
-            x = tf.nn.softmax(x, axis=-1)
-        return {spec.output: x}
+            if p is None:
+                fns.append(None)
+            elif isinstance(layer, Conv2D):
+                fns.append(conv2d(layer, *p))
+            else:
+                fns.append(dense(*p))
+        return {spec.output: forward(spec, [inputs[i.name] for i in spec.inputs], fns)}
 
 
 def _activate(x: tf.Tensor, activation: str) -> tf.Tensor:

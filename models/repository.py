@@ -42,7 +42,22 @@ class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     runtime: Literal["onnxruntime", "tensorflow"]
-    path: str = Field(description="Model file (ONNX) or SavedModel folder, in the version dir.")
+    path: str = Field(
+        description="Model file (ONNX), SavedModel folder or checkpoint file, in the version dir."
+    )
+    format: Literal["native", "checkpoint"] = Field(
+        "native",
+        description="native: the runtime's own model file; checkpoint: a block-quantized "
+        "checkpoint (models.checkpoint) from which the runtime builds its graph, codes kept "
+        "quantized in memory.",
+    )
+    accuracy_level: int = Field(
+        4,
+        ge=0,
+        le=4,
+        description="ONNX Runtime checkpoints: MatMulNBits accuracy_level (4: int8 activations, "
+        "the fast path; 0: fp32 arithmetic).",
+    )
     max_batch_size: int = Field(
         64, ge=1, description="Hard limit on rows per batch; requests with more rows are refused."
     )

@@ -6,7 +6,9 @@ megabytes, which a gateway serving only ONNX models should never pay.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+from collections.abc import Iterator
 
 from models.repository import ModelVersion
 from models.runtime import ModelLoadError, Runtime, Threads
@@ -46,4 +48,14 @@ def describe(version: ModelVersion) -> str:
     return f"model {version.name!r} version {version.version} ({version.model_path})"
 
 
-__all__ = ["describe", "load_runtime"]
+@contextlib.contextmanager
+def checkpoint_errors(version: ModelVersion) -> Iterator[None]:
+    """Re-raise a checkpoint's problems (``models.checkpoint.CheckpointError``, which names the
+    file and tensor) as ``ModelLoadError`` naming the model version too."""
+    try:
+        yield
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"model {version.name!r} version {version.version}: {exc}") from exc
+
+
+__all__ = ["checkpoint_errors", "describe", "load_runtime"]

@@ -1,17 +1,25 @@
-"""ONNX Runtime backend: one ``InferenceSession`` per runtime instance."""
+"""ONNX Runtime backend: one ``InferenceSession`` per runtime instance.
+
+A version is an ONNX file, or a block-quantized checkpoint (``format = "checkpoint"``) whose
+graph is built in memory at load: ``MatMulNBits`` and blocked ``DequantizeLinear`` over the
+checkpoint's codes (``models.quant_onnx``), so the session holds the codes, not float weights.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnxruntime as ort
 
-from models.backends import describe
+from models.backends import checkpoint_errors, describe
 from models.repository import ModelVersion
 from models.runtime import InferenceFailed, ModelLoadError, ModelMetadata, TensorSpec, Threads
+
+if TYPE_CHECKING:
+    import onnx
 
 PLATFORM = "onnxruntime_onnx"
 log = logging.getLogger("models.onnx")
@@ -34,7 +42,7 @@ _DTYPES = {
 }
 
 
-def session_options(threads: Threads) -> ort.SessionOptions:
+def session_options(threads: Threads, accuracy_level: int | None = None) -> ort.SessionOptions:
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads.intra_op
     opts.inter_op_num_threads = threads.inter_op
@@ -54,6 +62,10 @@ def session_options(threads: Threads) -> ort.SessionOptions:
     # instance. With 1 thread there is no pool and the setting has no effect.
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    if accuracy_level is not None:
+        # ORT may fuse a blocked DequantizeLinear + MatMul (3-bit codes held as INT4) into its own
+        # MatMulNBits; this makes that one follow the checkpoint's accuracy level too.
+        opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", str(accuracy_level))
     return opts
 
 
@@ -70,16 +82,24 @@ class OnnxRuntime:
 
     def __init__(self, version: ModelVersion, threads: Threads) -> None:
         path = version.model_path
-        if not path.is_file():
+        accuracy_level = None
+        source: str | bytes = str(path)
+        if version.config.format == "checkpoint":
+            accuracy_level = version.config.accuracy_level
+            source = checkpoint_model(version).SerializeToString()
+        elif not path.is_file():
             raise ModelLoadError(f"{describe(version)}: ONNX file {path} does not exist")
         try:
             self._session: ort.InferenceSession | None = ort.InferenceSession(
-                str(path), sess_options=session_options(threads), providers=choose_providers()
+                source,
+                sess_options=session_options(threads, accuracy_level),
+                providers=choose_providers(),
             )
         except Exception as exc:  # ORT raises its own exception types per failure kind
             raise ModelLoadError(
                 f"{describe(version)}: ONNX Runtime cannot load {path}: {exc}"
             ) from exc
+        del source  # the serialized graph (as large as the codes) is not needed any more
         self._what = describe(version)
         self._threads = threads
         provider = self._session.get_providers()[0]
@@ -126,6 +146,17 @@ class OnnxRuntime:
     def close(self) -> None:
         # Dropping the last reference frees the session (ORT has no explicit close).
         self._session = None
+
+
+def checkpoint_model(version: ModelVersion) -> onnx.ModelProto:
+    """The ONNX graph of a checkpoint version (zoo or imported ONNX architecture)."""
+    # Deferred: only checkpoints need the checkpoint reader and the graph builders.
+    from models.checkpoint import load_checkpoint
+    from models.checkpoint_graphs import onnx_model
+
+    with checkpoint_errors(version):
+        checkpoint = load_checkpoint(version.model_path)
+        return onnx_model(checkpoint, version.model_path, version.config.accuracy_level)
 
 
 def _specs(args: Sequence[Any], what: str) -> tuple[TensorSpec, ...]:

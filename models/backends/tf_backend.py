@@ -1,5 +1,9 @@
 """TensorFlow backend: a SavedModel run in its own ``tf.compat.v1.Session`` and graph.
 
+A version may instead be a block-quantized checkpoint (``format = "checkpoint"``): the graph is
+then built from the checkpoint's architecture with int8 codes in variables, dequantized in the
+graph (``models.quant_tf``).
+
 A v1 session is the one TensorFlow API whose thread counts can be chosen per instance
 (``ConfigProto``); ``tf.config.threading`` is process-wide and frozen after start-up, which would
 make operation-level parallelism untunable at run time.
@@ -24,12 +28,13 @@ os.environ.setdefault("TF_OVERRIDE_GLOBAL_THREADPOOL", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from collections.abc import Mapping  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from models.backends import describe  # noqa: E402
+from models.backends import checkpoint_errors, describe  # noqa: E402
 from models.repository import ModelVersion  # noqa: E402
 from models.runtime import (  # noqa: E402
     InferenceFailed,
@@ -84,13 +89,27 @@ def session_config(threads: Threads) -> tf.compat.v1.ConfigProto:
     return config
 
 
+@dataclass(frozen=True, slots=True)
+class _Signature:
+    """The graph's serving interface: specs in TF's (sorted) order and their tensors."""
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    feeds: list[tf.Tensor]
+    fetches: list[tf.Tensor]
+
+
 class TfRuntime:
-    """A loaded SavedModel; satisfies ``models.runtime.Runtime``."""
+    """A loaded SavedModel or checkpoint; satisfies ``models.runtime.Runtime``."""
 
     def __init__(self, version: ModelVersion, threads: Threads) -> None:
         self._what = describe(version)
         path = version.model_path
-        if not (path / "saved_model.pb").is_file() and not (path / "saved_model.pbtxt").is_file():
+        checkpoint = version.config.format == "checkpoint"
+        if checkpoint:
+            if not path.is_file():
+                raise ModelLoadError(f"{self._what}: checkpoint {path} does not exist")
+        elif not (path / "saved_model.pb").is_file() and not (path / "saved_model.pbtxt").is_file():
             raise ModelLoadError(f"{self._what}: no SavedModel at {path} (saved_model.pb missing)")
         self._threads = threads
         self._device = "cuda:0" if _has_gpu() else "cpu"
@@ -103,26 +122,20 @@ class TfRuntime:
             ) from exc
         try:
             with graph.as_default():
-                meta = tf.compat.v1.saved_model.loader.load(session, TAGS, str(path))
-            signature = meta.signature_def.get(SIGNATURE)
-            if signature is None:
-                raise ModelLoadError(
-                    f"{self._what}: SavedModel {path} has no {SIGNATURE!r} signature "
-                    f"(has: {', '.join(sorted(meta.signature_def)) or 'none'})"
-                )
-            inputs = _specs(signature.inputs, self._what)
-            outputs = _specs(signature.outputs, self._what)
-            feeds = [graph.get_tensor_by_name(signature.inputs[s.name].name) for s in inputs]
-            fetches = [graph.get_tensor_by_name(signature.outputs[s.name].name) for s in outputs]
+                if checkpoint:
+                    sig = _build_checkpoint(version, session)
+                else:
+                    sig = _load_savedmodel(session, str(path), self._what)
             # A callable skips the per-call fetch/feed analysis of Session.run.
-            self._call = session.make_callable(fetches, feed_list=feeds)
+            self._call = session.make_callable(sig.fetches, feed_list=sig.feeds)
         except ModelLoadError:
             session.close()
             raise
         except Exception as exc:
             session.close()
+            what = "checkpoint" if checkpoint else "SavedModel"
             raise ModelLoadError(
-                f"{self._what}: TensorFlow cannot load SavedModel {path}: {exc}"
+                f"{self._what}: TensorFlow cannot load {what} {path}: {exc}"
             ) from exc
         graph.finalize()  # nothing may add ops later; catches accidental graph growth per call
         self._session: tf.compat.v1.Session | None = session
@@ -130,11 +143,11 @@ class TfRuntime:
             name=version.name,
             version=str(version.version),
             platform=PLATFORM,
-            inputs=inputs,
-            outputs=outputs,
+            inputs=sig.inputs,
+            outputs=sig.outputs,
         )
-        self._input_names = [s.name for s in inputs]
-        self._output_names = [s.name for s in outputs]
+        self._input_names = [s.name for s in sig.inputs]
+        self._output_names = [s.name for s in sig.outputs]
         log.info(
             "loaded %s on %s (intra_op=%d inter_op=%d)",
             self._what,
@@ -186,6 +199,41 @@ def _specs(infos: Mapping[str, Any], what: str) -> tuple[TensorSpec, ...]:
         shape = tuple(d.size if d.size >= 0 else -1 for d in info.tensor_shape.dim)
         specs.append(TensorSpec(key, np_dtype, shape))
     return tuple(specs)
+
+
+def _load_savedmodel(session: tf.compat.v1.Session, path: str, what: str) -> _Signature:
+    graph = session.graph
+    meta = tf.compat.v1.saved_model.loader.load(session, TAGS, path)
+    signature = meta.signature_def.get(SIGNATURE)
+    if signature is None:
+        raise ModelLoadError(
+            f"{what}: SavedModel {path} has no {SIGNATURE!r} signature "
+            f"(has: {', '.join(sorted(meta.signature_def)) or 'none'})"
+        )
+    inputs = _specs(signature.inputs, what)
+    outputs = _specs(signature.outputs, what)
+    feeds = [graph.get_tensor_by_name(signature.inputs[s.name].name) for s in inputs]
+    fetches = [graph.get_tensor_by_name(signature.outputs[s.name].name) for s in outputs]
+    return _Signature(inputs, outputs, feeds, fetches)
+
+
+def _build_checkpoint(version: ModelVersion, session: tf.compat.v1.Session) -> _Signature:
+    """Build the checkpoint's graph in the session's graph and fill its variables."""
+    # Deferred: only checkpoint versions need the reader and the builder.
+    from models.checkpoint import load_checkpoint
+    from models.checkpoint_graphs import tf_graph
+
+    with checkpoint_errors(version):
+        checkpoint = load_checkpoint(version.model_path)
+        spec, built = tf_graph(checkpoint, version.model_path)
+    del checkpoint  # its arrays now only live in the feed below
+    session.run(built.init_op, feed_dict=built.init_feed)
+    built.init_feed.clear()  # the variables hold their own copies now
+    names = sorted(built.inputs)  # TF's signature order, as for SavedModels
+    shapes = {i.name: i.shape for i in spec.inputs}
+    inputs = tuple(TensorSpec(n, "float32", (-1, *shapes[n])) for n in names)
+    outputs = (TensorSpec(spec.output, "float32", (-1, *spec.output_shape)),)
+    return _Signature(inputs, outputs, [built.inputs[n] for n in names], [built.output])
 
 
 def load(version: ModelVersion, threads: Threads) -> TfRuntime:
