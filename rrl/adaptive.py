@@ -1,0 +1,144 @@
+"""Adaptive RRL: coarse regions for speed, then Bayesian optimization inside the best regions for
+optimality, in one file.
+
+The design choice (``rrl/README.md``, "Adaptive RRL"): RRL with a large radius covers the grid in
+a handful of measurements but may end up to L * delta away from the optimum. Instead of fixing a
+smaller delta everywhere (slow everywhere), adaptive RRL refines only where it pays:
+
+1. regions: plain RRL with ``coarse_radius`` until every configuration is covered;
+2. refinement: a Gaussian process (``rrl.gp.LogGP``) fitted to every measurement predicts the
+   unmeasured configurations inside the balls of radius ``coarse_radius`` around the
+   ``top_regions`` best measured configurations, and the one with the largest expected
+   improvement is measured next. As better configurations are found the balls move with them,
+   so the search zooms in around the incumbent: the effective radius shrinks to the spacing of
+   the refined points there and stays coarse everywhere else;
+3. the balance: refinement stops when no candidate's expected improvement reaches
+   ``min_improvement`` (a fraction of the incumbent's objective, since the GP models log J) for
+   ``patience`` proposals in a row, or after ``max_refinements``; then exploitation as in RRL.
+
+So BO decides both where the remaining loss is worth a measurement and when it no longer is:
+``min_improvement`` is the one knob trading convergence speed against the final gap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rrl.gp import LogGP, expected_improvement
+from rrl.measurement import Measurement
+from rrl.rrl import RRL, RRLSettings
+from rrl.tuner import PerWorkload, TuningProblem, exploit
+
+
+@dataclass(frozen=True)
+class AdaptiveSettings:
+    coarse_radius: float = 2.5
+    """delta of the first, coarse pass."""
+    top_regions: int = 3
+    """Refinement looks inside the regions of this many best measured configurations."""
+    min_improvement: float = 0.002
+    """Refinement stops when no candidate is expected to improve the best by this fraction ..."""
+    patience: int = 3
+    """... for this many proposals in a row."""
+    max_refinements: int = 40
+    """At most this many refinement measurements per workload state."""
+    confidence: float = 1.0
+    default_noise: float = 0.1
+    warm_start: bool = True
+
+
+class AdaptiveRRL:
+    """Adaptive RRL inside one workload state (a ``StateTuner``)."""
+
+    def __init__(
+        self, problem: TuningProblem, settings: AdaptiveSettings, rng: np.random.Generator
+    ) -> None:
+        self.problem = problem
+        self.settings = settings
+        self.regions = RRL(
+            problem,
+            RRLSettings(
+                radius=settings.coarse_radius,
+                confidence=settings.confidence,
+                default_noise=settings.default_noise,
+            ),
+            rng,
+        )
+        self.obs = self.regions.obs  # one table: region and refinement measurements alike
+        self.coords = problem.space.coords
+        self.gp = LogGP(self.coords.shape[1], seed=int(rng.integers(2**31)))
+        self.refining = True
+        self.refinements = 0
+        self.last_expected_improvement: float | None = None
+        self.quiet = 0
+
+    @property
+    def phase(self) -> str:
+        if self.regions.phase == "regions":
+            return "regions"
+        return "refine" if self.refining else "exploit"
+
+    def propose(self) -> int:
+        if self.regions.phase == "regions":
+            return self.regions.propose()
+        if self.refining:
+            candidate = self._refine()
+            if candidate is not None:
+                return candidate
+        return exploit(self.obs, self.settings.confidence, self.settings.default_noise)
+
+    def _refine(self) -> int | None:
+        s = self.settings
+        measured = self.obs.measured
+        top = measured[np.argsort(self.obs.mean[measured])[: s.top_regions]]
+        in_regions = (self.regions.distances[:, top] <= s.coarse_radius + 1e-9).any(axis=1)
+        in_regions[measured] = False
+        candidates = np.flatnonzero(in_regions)
+        if candidates.size == 0 or self.refinements >= s.max_refinements:
+            self.refining = False
+            return None
+        self.gp.fit(self.coords[measured], self.obs.mean[measured])
+        mu, sd = self.gp.predict(self.coords[candidates])
+        best = float(np.log(np.nanmin(self.obs.mean[measured])))
+        ei = expected_improvement(mu, sd, best)
+        self.last_expected_improvement = float(ei.max())
+        # Stop only after several quiet steps in a row: with few points the GP can be
+        # confidently wrong for a step or two.
+        self.quiet = self.quiet + 1 if ei.max() < s.min_improvement else 0
+        if self.quiet >= s.patience:
+            self.refining = False
+            return None
+        self.refinements += 1
+        return int(candidates[np.argmax(ei)])
+
+    def observe(self, flat: int, value: float, measurement: Measurement) -> None:
+        self.regions.observe(flat, value, measurement)
+
+    def recommend(self) -> int:
+        return self.regions.recommend()
+
+    def warm_start_from(self, other: AdaptiveRRL) -> None:
+        self.regions.warm_start_from(other.regions)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **self.regions.describe(),
+            "phase": self.phase,
+            "refinements": self.refinements,
+            "last_expected_improvement": self.last_expected_improvement,
+        }
+
+
+def make_adaptive_rrl(
+    problem: TuningProblem, settings: AdaptiveSettings | None = None
+) -> PerWorkload:
+    settings = settings or AdaptiveSettings()
+    return PerWorkload(
+        "adaptive-rrl",
+        problem,
+        lambda p, rng: AdaptiveRRL(p, settings, rng),
+        warm_start=settings.warm_start,
+    )

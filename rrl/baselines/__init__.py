@@ -1,0 +1,1 @@
+"""The tuners RRL is measured against, each behind the same ``StateTuner`` interface."""

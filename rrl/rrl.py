@@ -1,0 +1,181 @@
+"""Region-based reinforcement learning (RRL) over serving configurations, in one file.
+
+The MDP, per workload state s (see ``rrl/README.md`` for the full statement):
+
+- actions: the configurations c of the grid (flat indices); the state is exogenous (the chosen
+  configuration does not change what devices send), so the discount is 0 and the value of an
+  action is its expected objective J(s, c) over one decision interval: a contextual bandit;
+- update rule: Q(s, c) <- Q(s, c) + (1 / n(s, c)) * (J_measured - Q(s, c)) for the measured c
+  (a running mean), and for every *unmeasured* c' within distance ``radius`` (delta) of at least
+  one measured configuration, the region estimate
+  Q^(s, c') = sum_m w(c', m) Q(s, m) / sum_m w(c', m), w = 1 / d(c', m) over measured m with
+  d(c', m) <= delta. Measured values always override estimates;
+- exploration over regions first: while some configuration is covered by no region, measure the
+  centre of a new region: among uncovered configurations whose ball covers at least
+  ``coverage_slack`` times the most uncovered configurations any one ball would, the most
+  promising one (the warm-start prior when there is one, else the Lipschitz lower bound
+  max_m Q(s, m) - L d(c, m));
+- then exploitation: run the measured configuration with the lowest lower confidence bound
+  Q - kappa * (standard error), which re-measures close contenders until noise no longer hides
+  the best, then keeps running it.
+
+The loss bound: if J(s, .) is L-Lipschitz in index space, the optimum c* lies in some region
+whose centre m has J(m) <= J(c*) + L delta, and the best measured centre is at least as good, so
+the configuration RRL ends on costs at most L * delta more than the optimum (plus twice the noise
+margin of the comparison when measurements are noisy). Coverage needs about |C| / |B(delta)|
+measurements instead of |C|: that is the speed / optimality trade-off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rrl.measurement import Measurement
+from rrl.tuner import Observations, PerWorkload, TuningProblem, exploit
+
+
+@dataclass(frozen=True)
+class RRLSettings:
+    radius: float = 2.0
+    """delta: the region of a measured configuration is the ball of this radius around it."""
+    lipschitz: float | None = None
+    """L for the exploration order; None estimates it from measured pairs (the largest slope)."""
+    confidence: float = 1.0
+    """kappa: width of the lower confidence bound in exploitation, in standard errors."""
+    default_noise: float = 0.1
+    """Relative noise of one measurement assumed until replicates measure it."""
+    coverage_slack: float = 0.5
+    """A new region centre must cover at least this fraction of the best possible new coverage,
+    so the number of regions stays close to a greedy covering of the grid."""
+    warm_start: bool = True
+    """A new workload state starts from the nearest known state's table."""
+
+
+class RRL:
+    """RRL inside one workload state (a ``StateTuner``)."""
+
+    def __init__(
+        self, problem: TuningProblem, settings: RRLSettings, rng: np.random.Generator
+    ) -> None:
+        self.problem = problem
+        self.settings = settings
+        self.rng = rng
+        self.distances = problem.space.distances
+        self.obs = Observations(problem.space.size)
+        self.prior: np.ndarray | None = None  # warm start: the nearest state's estimates
+
+    # -- the region update -----------------------------------------------------------------
+
+    def estimates(self) -> np.ndarray:
+        """Q^(s, .) for every configuration: measured means where measured, the distance-
+        weighted mean of the covering measured configurations elsewhere, NaN where uncovered."""
+        measured = self.obs.measured
+        q_hat = np.full(self.problem.space.size, np.nan)
+        if measured.size == 0:
+            return q_hat
+        d = self.distances[:, measured]
+        in_region = d <= self.settings.radius + 1e-9
+        with np.errstate(divide="ignore"):
+            w = np.where(in_region, 1.0 / np.maximum(d, 1e-9), 0.0)
+        covered = in_region.any(axis=1)
+        q_hat[covered] = (w[covered] @ self.obs.mean[measured]) / w[covered].sum(axis=1)
+        q_hat[measured] = self.obs.mean[measured]  # measured values override estimates
+        return q_hat
+
+    def covered(self) -> np.ndarray:
+        measured = self.obs.measured
+        if measured.size == 0:
+            return np.zeros(self.problem.space.size, dtype=bool)
+        return (self.distances[:, measured] <= self.settings.radius + 1e-9).any(axis=1)
+
+    def lipschitz(self) -> float:
+        """L: the given constant, else the steepest slope between two measured configurations."""
+        if self.settings.lipschitz is not None:
+            return self.settings.lipschitz
+        measured = self.obs.measured
+        if measured.size < 2:
+            return 0.0
+        values = self.obs.mean[measured]
+        d = self.distances[np.ix_(measured, measured)]
+        slopes = np.abs(values[:, None] - values[None, :]) / np.where(d > 0, d, np.inf)
+        return float(slopes.max())
+
+    # -- the policy ------------------------------------------------------------------------
+
+    @property
+    def phase(self) -> str:
+        return "regions" if not self.covered().all() else "exploit"
+
+    def propose(self) -> int:
+        if self.obs.count == 0 and self.prior is not None:
+            return int(np.nanargmin(self.prior))  # warm start: the old state's best first
+        uncovered = ~self.covered()
+        if uncovered.any():
+            return self._next_region(uncovered)
+        return exploit(self.obs, self.settings.confidence, self.settings.default_noise)
+
+    def _next_region(self, uncovered: np.ndarray) -> int:
+        in_ball = self.distances[:, uncovered] <= self.settings.radius + 1e-9
+        gain = np.where(uncovered, in_ball.sum(axis=1), 0)
+        eligible = np.flatnonzero(gain >= self.settings.coverage_slack * gain.max())
+        promise = self._promise(eligible)
+        # Most promising first; among equals, the larger coverage; then at random.
+        tiebreak = self.rng.random(eligible.size)
+        order = np.lexsort((tiebreak, -gain[eligible], promise))
+        return int(eligible[order[0]])
+
+    def _promise(self, candidates: np.ndarray) -> np.ndarray:
+        """Lower is more promising: the prior estimate when warm-started, else the Lipschitz
+        lower bound max_m (Q(m) - L d(c, m)) (0 before any measurement)."""
+        if self.prior is not None:
+            prior = self.prior[candidates]
+            return np.where(np.isnan(prior), np.nanmax(self.prior), prior)
+        measured = self.obs.measured
+        if measured.size == 0:
+            return np.zeros(candidates.size)
+        lower = (
+            self.obs.mean[measured][None, :]
+            - self.lipschitz() * self.distances[np.ix_(candidates, measured)]
+        )
+        return lower.max(axis=1)
+
+    def observe(self, flat: int, value: float, measurement: Measurement) -> None:
+        self.obs.add(flat, value)  # Q <- Q + (1/n)(J - Q); the region follows in estimates()
+
+    def recommend(self) -> int:
+        best = self.obs.best()
+        if best is not None:
+            return best
+        if self.prior is not None:
+            return int(np.nanargmin(self.prior))
+        return self.problem.space.flat(self.problem.default)
+
+    def warm_start_from(self, other: RRL) -> None:
+        estimates = other.estimates()
+        if not np.isnan(estimates).all():
+            self.prior = estimates
+
+    def describe(self) -> dict[str, Any]:
+        q_hat = self.estimates()
+        return {
+            "phase": self.phase,
+            "radius": self.settings.radius,
+            "measurements": self.obs.count,
+            "configurations_measured": int(self.obs.measured.size),
+            "configurations_estimated": int(np.isfinite(q_hat).sum()),
+            "lipschitz": self.lipschitz(),
+            "warm_started": self.prior is not None,
+        }
+
+
+def make_rrl(problem: TuningProblem, settings: RRLSettings | None = None) -> PerWorkload:
+    settings = settings or RRLSettings()
+    return PerWorkload(
+        "rrl" if settings.radius > 0 else "rrl-radius0",
+        problem,
+        lambda p, rng: RRL(p, settings, rng),
+        warm_start=settings.warm_start,
+    )

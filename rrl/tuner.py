@@ -1,0 +1,204 @@
+"""The ask/tell interface every tuner has, and what they share.
+
+An online loop (or the offline testbed) drives a ``Tuner`` like this::
+
+    tuner = build_tuner("rrl", problem)
+    tuner.set_workload(monitor.update(now, arrivals))   # whenever the state may have changed
+    config = tuner.propose()                            # run this for one decision interval
+    ... apply config, wait, take a measurement ...
+    tuner.observe(config, measurement)                  # what actually ran and what it gave
+    best = tuner.recommend()                            # what to run when not exploring
+
+``observe`` accepts any configuration, not only the last proposal: a safety layer may run
+something else, and the tuner learns from whatever ran. Off-grid configurations are snapped to
+the grid. Each tuner keeps one table per workload state (``PerWorkload``); the algorithms
+themselves (``StateTuner``) see flat configuration indices and objective values only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from rrl.measurement import Measurement
+from rrl.objective import Objective
+from rrl.space import Config, ConfigSpace, tf_serving_default
+from rrl.workload import WorkloadState
+
+
+class Tuner(Protocol):
+    """The interface an online agent drives (see the module docstring)."""
+
+    name: str
+
+    def set_workload(self, state: WorkloadState) -> None: ...
+
+    def propose(self) -> Config: ...
+
+    def observe(self, config: Config, measurement: Measurement) -> None: ...
+
+    def recommend(self) -> Config: ...
+
+    def snapshot(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class TuningProblem:
+    """What every tuner is built with: the grid, the objective, the machine, a seed."""
+
+    space: ConfigSpace
+    objective: Objective
+    cores: int
+    seed: int = 0
+    default: Config = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "default", tf_serving_default(self.space, self.cores))
+
+
+class StateTuner(Protocol):
+    """One tuning algorithm inside one workload state, on flat configuration indices."""
+
+    def propose(self) -> int: ...
+
+    def observe(self, flat: int, value: float, measurement: Measurement) -> None: ...
+
+    def recommend(self) -> int: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+class WarmStartable(Protocol):
+    def warm_start_from(self, other: Any) -> None: ...
+
+
+StateTunerFactory = Callable[[TuningProblem, np.random.Generator], StateTuner]
+
+
+class PerWorkload:
+    """A ``Tuner`` made of one ``StateTuner`` per workload state. A state seen for the first
+    time gets a fresh one, warm-started from the nearest known state when the algorithm supports
+    it (``warm_start_from``) and ``warm_start`` is on; a state seen before resumes its own."""
+
+    def __init__(
+        self,
+        name: str,
+        problem: TuningProblem,
+        factory: StateTunerFactory,
+        *,
+        warm_start: bool = True,
+    ) -> None:
+        self.name = name
+        self.problem = problem
+        self._factory = factory
+        self._warm_start = warm_start
+        self._rng = np.random.default_rng(problem.seed)
+        self._tables: dict[WorkloadState, StateTuner] = {}
+        self.state = WorkloadState(0, 0)
+        self.current: StateTuner = self._new_table(self.state)
+
+    def set_workload(self, state: WorkloadState) -> None:
+        if state == self.state:
+            return
+        self.state = state
+        table = self._tables.get(state)
+        self.current = table if table is not None else self._new_table(state)
+
+    def propose(self) -> Config:
+        return self.problem.space.at(self.current.propose())
+
+    def observe(self, config: Config, measurement: Measurement) -> None:
+        space = self.problem.space
+        config = config if config in space else space.snap(config)
+        value = self.problem.objective(config, measurement)
+        self.current.observe(space.flat(config), value, measurement)
+
+    def recommend(self) -> Config:
+        return self.problem.space.at(self.current.recommend())
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "tuner": self.name,
+            "workload_state": {
+                "rate_level": self.state.rate_level,
+                "size_level": self.state.size_level,
+            },
+            "known_states": len(self._tables),
+            "recommended": self.recommend().knob_changes(),
+            **self.current.describe(),
+        }
+
+    def _new_table(self, state: WorkloadState) -> StateTuner:
+        known = [s for s in self._tables if s != state]
+        table = self._factory(self.problem, self._rng)
+        if self._warm_start and known and hasattr(table, "warm_start_from"):
+            nearest = min(known, key=lambda s: (s.distance(state), s))
+            table.warm_start_from(self._tables[nearest])
+        self._tables[state] = table
+        return table
+
+
+class Observations:
+    """Per-configuration running statistics: count, mean, sum of squared deviations (Welford)."""
+
+    def __init__(self, size: int) -> None:
+        self.n = np.zeros(size, dtype=np.int64)
+        self.mean = np.full(size, np.nan)
+        self._m2 = np.zeros(size)
+        self.history: list[tuple[int, float]] = []
+
+    def add(self, flat: int, value: float) -> None:
+        self.history.append((flat, value))
+        n = self.n[flat] + 1
+        old = 0.0 if n == 1 else self.mean[flat]
+        delta = value - old
+        new = old + delta / n
+        self._m2[flat] += delta * (value - new)
+        self.n[flat] = n
+        self.mean[flat] = new
+
+    @property
+    def measured(self) -> np.ndarray:
+        return np.flatnonzero(self.n > 0)
+
+    @property
+    def count(self) -> int:
+        return len(self.history)
+
+    def best(self) -> int | None:
+        measured = self.measured
+        if measured.size == 0:
+            return None
+        return int(measured[np.argmin(self.mean[measured])])
+
+    def relative_noise(self, default: float) -> float:
+        """Pooled coefficient of variation of one measurement, from configurations measured
+        more than once (``default`` until there are some)."""
+        repeated = np.flatnonzero(self.n > 1)
+        if repeated.size == 0:
+            return default
+        variances = self._m2[repeated] / (self.n[repeated] - 1)
+        dof = (self.n[repeated] - 1).sum()
+        means = np.maximum(np.abs(self.mean[repeated]), 1e-12)
+        pooled = float(((variances / means**2) * (self.n[repeated] - 1)).sum() / dof)
+        # Few replicates underestimate the noise; never go below a tenth of the default.
+        return max(math.sqrt(pooled), default / 10)
+
+    def lower_confidence(self, kappa: float, default_noise: float) -> np.ndarray:
+        """mean - kappa * standard error for measured configurations (NaN elsewhere)."""
+        cv = self.relative_noise(default_noise)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return self.mean - kappa * cv * np.abs(self.mean) / np.sqrt(self.n)
+
+
+def exploit(obs: Observations, kappa: float, default_noise: float) -> int:
+    """The exploitation step every searching tuner ends in: run the measured configuration with
+    the lowest lower confidence bound, which re-measures close contenders until the noise no
+    longer hides which one is best, then keeps running (and re-measuring) the best."""
+    lcb = obs.lower_confidence(kappa, default_noise)
+    measured = obs.measured
+    return int(measured[np.nanargmin(lcb[measured])])

@@ -1,0 +1,177 @@
+"""The workload state (arrival-rate level, request-size level) and its online estimate with change
+detection.
+
+Levels are log2 steps: rate level r means an arrival rate near ``base_rate_per_s * 2**r``, size
+level k means requests of about ``2**k`` rows. The monitor sees arrival counts tick by tick (one
+``update`` per gateway snapshot) and keeps the arrivals of a sliding window. The state moves to a
+new rate level only when the window's count is too large or too small for *any* rate inside the
+current level's band widened by a hysteresis margin (half a level plus ``hysteresis``), judged by
+an exact Poisson tail at significance ``alpha``, for ``persist`` consecutive updates; the new level
+is then estimated from those last updates alone (the window still holds pre-change arrivals). So a
+steady noisy rate, even one sitting on a level boundary, keeps its state (at most one change when
+it sits right at the band edge, after which it is inside the new band), and a rate flapping faster
+than the window is averaged instead of chased.
+
+The promise (``detection_bound_s``): a step to a rate at least two levels (a factor of 4) away from
+the current state's level, at which a window holds at least ``MIN_COUNT_FOR_PROMISE`` arrivals, is
+detected within ``window_s + (persist + 1) * tick_s`` seconds of the step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from scipy.stats import poisson
+
+MIN_COUNT_FOR_PROMISE = 30
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class WorkloadState:
+    rate_level: int
+    size_level: int = 0
+
+    def distance(self, other: WorkloadState) -> int:
+        return abs(self.rate_level - other.rate_level) + abs(self.size_level - other.size_level)
+
+    def __str__(self) -> str:
+        return f"rate{self.rate_level:+d}/size{self.size_level:+d}"
+
+
+@dataclass(frozen=True, slots=True)
+class MonitorSettings:
+    base_rate_per_s: float = 1.0
+    """Arrival rate of level 0; level r is base * 2**r."""
+    window_s: float = 3.0
+    """Sliding window the rate is estimated over."""
+    hysteresis: float = 0.25
+    """How far (in levels) beyond the band edge (half a level) the estimate must go."""
+    alpha: float = 1e-4
+    """Significance of the departure test: the chance that a steady rate inside the band yields
+    a window count this extreme (exact Poisson tail)."""
+    persist: int = 2
+    """Consecutive updates the departure must last before the state changes."""
+    min_rate_per_s: float = 0.05
+    """Rates below this count as this (an idle device fleet is the lowest level, not -inf)."""
+
+    def level_of(self, rate_per_s: float) -> float:
+        return math.log2(max(rate_per_s, self.min_rate_per_s) / self.base_rate_per_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    at: float
+    old: WorkloadState | None
+    new: WorkloadState
+    rate_per_s: float
+
+
+class WorkloadMonitor:
+    def __init__(self, settings: MonitorSettings | None = None) -> None:
+        self.settings = settings or MonitorSettings()
+        self._ticks: deque[tuple[float, int, float]] = deque()  # (time, arrivals, rows)
+        self._started: float | None = None
+        self._last_update: float | None = None
+        self._rate_streak = 0
+        self._size_streak = 0
+        self.state: WorkloadState | None = None
+        self.changes: list[Change] = []
+
+    @property
+    def rate_per_s(self) -> float:
+        rate, _count = self._window()
+        return rate
+
+    @property
+    def rows_per_request(self) -> float:
+        arrivals = sum(a for _, a, _ in self._ticks)
+        rows = sum(r for _, _, r in self._ticks)
+        return rows / arrivals if arrivals else 1.0
+
+    def detection_bound_s(self, tick_s: float) -> float:
+        """The promised detection time of a two-level step (see the module docstring)."""
+        return self.settings.window_s + (self.settings.persist + 1) * tick_s
+
+    def update(self, now: float, arrivals: int, rows: float | None = None) -> WorkloadState:
+        """Record ``arrivals`` requests (``rows`` rows in all; default one each) that arrived
+        since the previous update, and return the (possibly new) state."""
+        if self._started is None:
+            # The first update has no start of its interval; treat it as one tick long.
+            self._started = now - 1.0 if self._last_update is None else self._last_update
+        self._last_update = now
+        self._ticks.append((now, arrivals, float(arrivals if rows is None else rows)))
+        cutoff = now - self.settings.window_s
+        while self._ticks and self._ticks[0][0] <= cutoff:
+            self._ticks.popleft()
+        rate, count = self._window()
+        level = self.settings.level_of(rate)
+        size = math.log2(max(self.rows_per_request, 1.0))
+        if self.state is None:
+            if now - self._started >= self.settings.window_s or count >= MIN_COUNT_FOR_PROMISE:
+                self._switch(now, WorkloadState(round(level), round(size)), rate)
+            return self.state or WorkloadState(round(level), round(size))
+        new_rate_level = self._rate_departure(count, self._span())
+        new_size_level = self._size_departure(size)
+        if new_rate_level is not None or new_size_level is not None:
+            self._switch(
+                now,
+                WorkloadState(
+                    self.state.rate_level if new_rate_level is None else new_rate_level,
+                    self.state.size_level if new_size_level is None else new_size_level,
+                ),
+                rate,
+            )
+        return self.state
+
+    def _span(self) -> float:
+        if self._last_update is None or self._started is None:
+            return 0.0
+        return min(self.settings.window_s, self._last_update - self._started)
+
+    def _window(self) -> tuple[float, int]:
+        count = sum(a for _, a, _ in self._ticks)
+        span = self._span()
+        return (count / span if span > 0 else 0.0), count
+
+    def _rate_departure(self, count: int, span: float) -> int | None:
+        """A new rate level once the window's count is, ``persist`` updates running, too many
+        or too few for any rate inside the current band (exact Poisson tails at level ``alpha``)
+        ; the new level is estimated from the updates since the departure began only."""
+        assert self.state is not None
+        s = self.settings
+        edge = 0.5 + s.hysteresis
+        upper = s.base_rate_per_s * 2.0 ** (self.state.rate_level + edge) * span
+        lower = s.base_rate_per_s * 2.0 ** (self.state.rate_level - edge) * span
+        departed = poisson.sf(count - 1, upper) < s.alpha or poisson.cdf(count, lower) < s.alpha
+        if not departed:
+            self._rate_streak = 0
+            return None
+        self._rate_streak += 1
+        if self._rate_streak < s.persist:
+            return None
+        self._rate_streak = 0
+        recent = list(self._ticks)[-s.persist :]
+        arrivals = sum(a for _, a, _ in recent)
+        start = self._ticks[-s.persist - 1][0] if len(self._ticks) > s.persist else self._started
+        assert start is not None and self._last_update is not None
+        return round(s.level_of(arrivals / max(self._last_update - start, 1e-9)))
+
+    def _size_departure(self, size: float) -> int | None:
+        assert self.state is not None
+        if abs(size - self.state.size_level) - 0.5 - self.settings.hysteresis > 0:
+            self._size_streak += 1
+        else:
+            self._size_streak = 0
+        if self._size_streak >= self.settings.persist:
+            self._size_streak = 0
+            return round(size)
+        return None
+
+    def _switch(self, now: float, new: WorkloadState, rate: float) -> None:
+        if new == self.state:
+            return
+        self.changes.append(Change(now, self.state, new, rate))
+        self.state = new
+        self._rate_streak = self._size_streak = 0
