@@ -2,6 +2,10 @@
 
 Nothing is downloaded: every model is generated from its ``ModelSpec`` and exported for both
 backends with the same weights, so ``sensor_mlp`` and ``sensor_mlp_tf`` compute the same function.
+Next to each fp32 model sit its block-quantized versions, ``<model>_int8`` and ``<model>_int4``
+(and ``_tf`` twins): one checkpoint file each (``models.checkpoint``), the same weights quantized
+with qwZ's rule in blocks of 32 along each kernel's input dimension, served by both runtimes
+straight from the codes.
 The repository follows ``models.repository``'s layout and carries a ``MANIFEST.json`` (written
 last) with every file's SHA-256, which is how a finished build is recognised.
 """
@@ -17,15 +21,20 @@ from pathlib import Path
 from typing import Literal
 
 from models.atomic_dir import build_once
+from models.checkpoint import save_checkpoint
 from models.export_onnx import export_onnx
 from models.repository import CONFIG_FILE, BatchingDefaults, ModelConfig, read_config
 from models.zoo import SENSOR_FUSION, SENSOR_MLP, VISION_CNN, ModelSpec, init_weights
+from models.zoo_checkpoint import uniform_policy, zoo_checkpoint
 
 MANIFEST = "MANIFEST.json"
 FORMAT = 1
 DEMO_DIR_NAME = "demo-repo-v1"
 VERSION = 1
 _MODEL_FILE = {"onnxruntime": "model.onnx", "tensorflow": "model.savedmodel"}
+CHECKPOINT_FILE = "model.safetensors"
+QUANT_BLOCK_SIZE = 32
+QUANT_BITS = (8, 4)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,11 +47,13 @@ class DemoModel:
     max_batch_size: int
     slo_ms: float
     batching: BatchingDefaults
+    bits: int | None = None  # a block-quantized checkpoint at this width; None: fp32 export
 
     def config(self) -> ModelConfig:
         return ModelConfig(
             runtime=self.runtime,
-            path=_MODEL_FILE[self.runtime],
+            path=_MODEL_FILE[self.runtime] if self.bits is None else CHECKPOINT_FILE,
+            format="native" if self.bits is None else "checkpoint",
             max_batch_size=self.max_batch_size,
             slo_ms=self.slo_ms,
             description=self.spec.description,
@@ -51,21 +62,33 @@ class DemoModel:
 
 
 def _both(
-    spec: ModelSpec, max_batch_size: int, slo_ms: float, batching: BatchingDefaults
+    spec: ModelSpec,
+    max_batch_size: int,
+    slo_ms: float,
+    batching: BatchingDefaults,
+    bits: int | None = None,
 ) -> tuple[DemoModel, DemoModel]:
+    name = spec.name if bits is None else f"{spec.name}_int{bits}"
     return (
-        DemoModel(spec.name, spec, "onnxruntime", max_batch_size, slo_ms, batching),
-        DemoModel(f"{spec.name}_tf", spec, "tensorflow", max_batch_size, slo_ms, batching),
+        DemoModel(name, spec, "onnxruntime", max_batch_size, slo_ms, batching, bits),
+        DemoModel(f"{name}_tf", spec, "tensorflow", max_batch_size, slo_ms, batching, bits),
     )
 
 
 # Small models batch wide with a short wait (the per-call overhead dominates); the CNN batches
 # less and waits longer, since each row is real work and its deadline is looser.
-DEMO_MODELS: tuple[DemoModel, ...] = (
-    *_both(SENSOR_MLP, 128, 100.0, BatchingDefaults(max_batch_size=32, batch_timeout_ms=1.0)),
-    *_both(VISION_CNN, 128, 250.0, BatchingDefaults(max_batch_size=16, batch_timeout_ms=2.0)),
-    *_both(SENSOR_FUSION, 128, 100.0, BatchingDefaults(max_batch_size=32, batch_timeout_ms=1.0)),
+_SERVING = (
+    (SENSOR_MLP, 128, 100.0, BatchingDefaults(max_batch_size=32, batch_timeout_ms=1.0)),
+    (VISION_CNN, 128, 250.0, BatchingDefaults(max_batch_size=16, batch_timeout_ms=2.0)),
+    (SENSOR_FUSION, 128, 100.0, BatchingDefaults(max_batch_size=32, batch_timeout_ms=1.0)),
 )
+# The fp32 models, exported as ONNX files and SavedModels.
+FLOAT_DEMO_MODELS: tuple[DemoModel, ...] = tuple(m for s in _SERVING for m in _both(*s))
+# Their int8 and int4 checkpoints.
+QUANTIZED_DEMO_MODELS: tuple[DemoModel, ...] = tuple(
+    m for s in _SERVING for bits in QUANT_BITS for m in _both(*s, bits=bits)
+)
+DEMO_MODELS: tuple[DemoModel, ...] = FLOAT_DEMO_MODELS + QUANTIZED_DEMO_MODELS
 
 
 def default_demo_root(environ: Mapping[str, str] = os.environ) -> Path:
@@ -75,22 +98,29 @@ def default_demo_root(environ: Mapping[str, str] = os.environ) -> Path:
     return base / DEMO_DIR_NAME
 
 
-def ensure_demo_repository(root: Path | None = None) -> Path:
+def ensure_demo_repository(
+    root: Path | None = None, models: tuple[DemoModel, ...] = DEMO_MODELS
+) -> Path:
     """The demo repository at ``root`` (default: ``default_demo_root()``), built if incomplete.
+    ``models`` narrows it (e.g. ``FLOAT_DEMO_MODELS``); the manifest records which were built.
 
     Safe under concurrent first use and crashes: the build happens in a hidden sibling folder
     that is renamed into place only when complete.
     """
     root = default_demo_root() if root is None else root
-    return build_once(root, build_demo_repository, is_complete)
+    return build_once(
+        root,
+        lambda dest: build_demo_repository(dest, models),
+        lambda path: is_complete(path, models),
+    )
 
 
-def build_demo_repository(dest: Path) -> Path:
-    """Write every demo model and then the manifest into ``dest`` (created if missing)."""
+def build_demo_repository(dest: Path, models: tuple[DemoModel, ...] = DEMO_MODELS) -> Path:
+    """Write the demo models and then the manifest into ``dest`` (created if missing)."""
     dest.mkdir(parents=True, exist_ok=True)
-    for model in DEMO_MODELS:
+    for model in models:
         write_model_version(model, dest / model.name / str(VERSION))
-    write_manifest(dest)
+    write_manifest(dest, models)
     return dest
 
 
@@ -100,7 +130,10 @@ def write_model_version(model: DemoModel, directory: Path) -> Path:
     config = model.config()
     weights = init_weights(model.spec)
     target = directory / config.path
-    if model.runtime == "onnxruntime":
+    if model.bits is not None:
+        policy = uniform_policy(model.bits, QUANT_BLOCK_SIZE)
+        save_checkpoint(zoo_checkpoint(model.spec, weights, policy), target)
+    elif model.runtime == "onnxruntime":
         export_onnx(model.spec, weights, target)
     else:
         # Deferred: importing TensorFlow costs seconds, and only building needs it.
@@ -133,9 +166,9 @@ def _toml_value(value: object) -> str:
     raise TypeError(f"no TOML form for {value!r}")
 
 
-def recipe_hash() -> str:
+def recipe_hash(models: tuple[DemoModel, ...] = DEMO_MODELS) -> str:
     """Identifies what this code would build; a repository built from another recipe is stale."""
-    return hashlib.sha256(f"{FORMAT}:{VERSION}:{DEMO_MODELS!r}".encode()).hexdigest()
+    return hashlib.sha256(f"{FORMAT}:{VERSION}:{models!r}".encode()).hexdigest()
 
 
 def _file_hashes(root: Path) -> dict[str, str]:
@@ -149,24 +182,24 @@ def _content_hash(files: Mapping[str, str]) -> str:
     return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
 
 
-def write_manifest(root: Path) -> None:
+def write_manifest(root: Path, models: tuple[DemoModel, ...] = DEMO_MODELS) -> None:
     files = _file_hashes(root)
     manifest = {
         "format": FORMAT,
-        "recipe": recipe_hash(),
+        "recipe": recipe_hash(models),
         "content_hash": _content_hash(files),
         "files": files,
     }
     (root / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
 
 
-def is_complete(root: Path) -> bool:
+def is_complete(root: Path, models: tuple[DemoModel, ...] = DEMO_MODELS) -> bool:
     """Whether ``root`` holds a finished build of the current recipe with intact files."""
     try:
         manifest = json.loads((root / MANIFEST).read_text())
     except (OSError, ValueError):
         return False
-    if not isinstance(manifest, dict) or manifest.get("recipe") != recipe_hash():
+    if not isinstance(manifest, dict) or manifest.get("recipe") != recipe_hash(models):
         return False
     files = manifest.get("files")
     return (

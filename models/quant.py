@@ -118,7 +118,7 @@ def quantize_blocks(weight: np.ndarray, bits: int, block_size: int) -> BlockQuan
     ``block_size`` is a power of two from 16 to 4096. Raises ``QuantizationError`` for a
     non-finite weight or one beyond fp16's range (DeepSpeed reads weights as fp16).
     """
-    _check_bits(bits)
+    check_bits(bits)
     if not MIN_BLOCK_SIZE <= block_size <= MAX_BLOCK_SIZE or block_size & (block_size - 1) != 0:
         raise QuantizationError(
             f"block_size must be a power of two from {MIN_BLOCK_SIZE} to {MAX_BLOCK_SIZE}, "
@@ -154,7 +154,7 @@ def quantize_blocks(weight: np.ndarray, bits: int, block_size: int) -> BlockQuan
 def quantize_groups(groups: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
     """The kernel: each row of the fp16 matrix ``groups`` is one block. Returns int8 codes of
     the same shape and one float32 scale ``d = 1/s`` per row."""
-    _check_bits(bits)
+    check_bits(bits)
     if groups.dtype != np.float16 or groups.ndim != 2:
         raise QuantizationError("quantize_groups takes a 2-D float16 array")
     half = 1 << (bits - 1)
@@ -187,9 +187,17 @@ def to_fp16(weight: np.ndarray) -> np.ndarray:
     return w16
 
 
-def _check_bits(bits: int) -> None:
+def check_bits(bits: int) -> None:
     if bits not in SUPPORTED_BITS:
         raise QuantizationError(f"bits must be one of {SUPPORTED_BITS}, got {bits}")
+
+
+def check_block_size(block_size: int) -> None:
+    if not MIN_BLOCK_SIZE <= block_size <= MAX_BLOCK_SIZE or block_size & (block_size - 1):
+        raise QuantizationError(
+            f"block_size must be a power of two from {MIN_BLOCK_SIZE} to {MAX_BLOCK_SIZE}, "
+            f"got {block_size}"
+        )
 
 
 # -- DeepSpeed's flat-group layout -----------------------------------------------------------
@@ -247,7 +255,7 @@ def packed_size(count: int, bits: int) -> int:
 def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
     """Codes (int8, any shape, row-major order) as the little-endian bit stream of the offset
     codes ``q + 2^(bits-1)``; uint8, ``packed_size(codes.size, bits)`` bytes."""
-    _check_bits(bits)
+    check_bits(bits)
     offset = codes.reshape(-1).astype(np.int16) + (1 << (bits - 1))
     if offset.size and (offset.min() < 0 or offset.max() >= 1 << bits):
         raise QuantizationError(f"codes outside the {bits}-bit range")
@@ -268,7 +276,7 @@ def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
 def unpack_codes(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
     """Inverse of ``pack_codes``: ``count`` int8 codes. Raises ``QuantizationError`` when the
     byte count is wrong or the padding bits after the last code are not zero."""
-    _check_bits(bits)
+    check_bits(bits)
     data = np.asarray(packed, dtype=np.uint8).reshape(-1)
     if data.size != packed_size(count, bits):
         raise QuantizationError(

@@ -6,11 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from models.demo import ensure_demo_repository
+from models.demo import FLOAT_DEMO_MODELS, ensure_demo_repository
 
 
 @pytest.fixture(scope="session")
 def demo_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The bundled demo model repository, built once per test session into a temporary folder
-    (never the user's cache): six models, ONNX Runtime and TensorFlow, version 1 each."""
-    return ensure_demo_repository(tmp_path_factory.mktemp("demo") / "demo-repo-v1")
+    """The fp32 part of the bundled demo model repository, built once per test session into a
+    temporary folder (never the user's cache): six models, ONNX Runtime and TensorFlow, version
+    1 each. (The full default repository adds their int8/int4 checkpoints; the models tests
+    build it with ``full_demo_repo``.)"""
+    return ensure_demo_repository(
+        tmp_path_factory.mktemp("demo") / "demo-repo-v1", FLOAT_DEMO_MODELS
+    )
