@@ -158,7 +158,7 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 def _bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("bench", help="run a benchmark (writes benchmarks/results/<name>.json)")
-    p.add_argument("name", choices=["http"], help="which benchmark")
+    p.add_argument("name", choices=["http", "quant"], help="which benchmark")
     p.add_argument("--quick", action="store_true", help="a few seconds, to check it still works")
     p.add_argument("--out", type=Path, help="results directory (default benchmarks/results)")
 
@@ -170,6 +170,12 @@ def _run_bench(args: argparse.Namespace) -> int:
     return int(module.main(quick=args.quick, out_dir=args.out) or 0)
 
 
+def _checkpoint_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Listed for --help only: ``main`` hands these commands to ``models.cli`` first."""
+    sub.add_parser("quantize", help="import weights into a block-quantized checkpoint")
+    sub.add_parser("inspect", help="summarize and verify a checkpoint")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["sim"]:
@@ -178,11 +184,18 @@ def main(argv: list[str] | None = None) -> int:
         from device_sim.cli import main as sim_main
 
         return sim_main(argv[1:])
+    if argv[:1] in (["quantize"], ["inspect"]):
+        # Offline checkpoint tools with their own options (`iotgw quantize --help`): they
+        # start nothing and read none of the gateway's settings.
+        from models.cli import main as checkpoint_main
+
+        return checkpoint_main(argv)
     parser = argparse.ArgumentParser(prog="iotgw", description="Edge/IoT inference gateway")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     sub.add_parser("sim", help="device simulator: replay device traffic (iotgw sim --help)")
     _bench_parser(sub)
+    _checkpoint_parsers(sub)
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _run_serve(args)
