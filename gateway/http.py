@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from typing import Any, TypeVar
 
+import numpy as np
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -140,8 +141,6 @@ async def model_metadata(request: web.Request) -> web.Response:
 
 
 def _tensor(name: str, dtype: str, shape: tuple[int, ...]) -> dict[str, Any]:
-    import numpy as np
-
     return {"name": name, "datatype": dtype_label(np.dtype(dtype)), "shape": list(shape)}
 
 
