@@ -152,9 +152,9 @@ def _dense(
     if quant_onnx.matmul_nbits_fits(data):
         y = quant_onnx.matmul_nbits(g, f"l{i}", x, data, p.bias, pre, accuracy_level)
     else:
-        w = quant_onnx.dequantized(g, f"l{i}", data, transposed=True)
+        w = quant_onnx.dequantized(g, f"l{i}", data)  # [out, in]
         b = g.const(f"l{i}_bias", p.bias)
-        y = g.node("Gemm", [x, w, b], pre)
+        y = g.node("Gemm", [x, w, b], pre, transB=1)
     return y if activation == "linear" else g.node("Relu", [y], out)
 
 

@@ -10,10 +10,13 @@ Two ways, chosen per weight:
   padded with the zero point. ``accuracy_level=4`` lets it quantize activations to int8 per
   block and use integer dot products: the fast path, with about 0.5% relative error from the
   activations (0 computes in fp32).
-- Blocked ``DequantizeLinear`` (opset 21) for everything else (convolutions, 3- and 6-bit, odd
-  block sizes): INT4 codes when they fit in 4 bits, INT8 otherwise, dequantized on every run
-  into a transient fp32 tensor. ONNX Runtime never constant-folds ``DequantizeLinear`` (its
-  constant folding skips it to keep QDQ patterns), so the session holds codes, not floats.
+- Blocked dequantization for everything else (convolutions, 3- and 6-bit): INT4 codes when
+  they fit in 4 bits (ONNX INT4, opset 21), INT8 otherwise, one block per row with its scale,
+  dequantized by ``DequantizeLinear`` on every run into a transient fp32 tensor. ONNX Runtime
+  never constant-folds ``DequantizeLinear`` (its constant folding skips it to keep QDQ
+  patterns), so the session holds codes, not floats. The price is the dequantization on every
+  call: at batch 1 it costs a CNN about as much as its convolutions (INT4 codes take ORT
+  several times longer to expand than INT8 ones; memory is what int4 is for, so INT4 it is).
 """
 
 from __future__ import annotations
@@ -75,23 +78,28 @@ def matmul_nbits(
     )
 
 
-def dequantized(
-    g: GraphBuilder, name: str, data: BlockQuantized, *, transposed: bool = False
-) -> str:
-    """The fp32 ``[N, K]`` weight (``[K, N]`` when ``transposed``, blocks then along axis 0),
-    computed on every run by a blocked ``DequantizeLinear`` from stored codes."""
-    codes, scales, axis = data.codes, data.scales, 1
-    if transposed:
-        codes, scales, axis = codes.T, scales.T, 0
-    codes_name = g.tensor(code_tensor(f"{name}_codes", np.ascontiguousarray(codes), data.bits))
-    scales_name = g.const(f"{name}_scales", np.ascontiguousarray(scales, dtype=np.float32))
-    return g.node(
-        "DequantizeLinear",
-        [codes_name, scales_name],
-        f"{name}_dequantized",
-        axis=axis,
-        block_size=data.block_size,
-    )
+def dequantized(g: GraphBuilder, name: str, data: BlockQuantized) -> str:
+    """The fp32 ``[N, K]`` weight, computed on every run from stored codes.
+
+    The codes are stored one block per row, ``[N * blocks, block_size]`` (each row of the
+    weight padded with zero codes to whole blocks), with one scale per row: a per-axis
+    ``DequantizeLinear``, which ONNX Runtime runs several times faster than the blocked form
+    along the last axis; a reshape and, when there is padding, a slice give ``[N, K]`` back.
+    """
+    n, k = data.codes.shape
+    blocks, size = data.blocks_per_row, data.block_size
+    padded = np.zeros((n, blocks * size), np.int8)
+    padded[:, :k] = data.codes
+    codes = g.tensor(code_tensor(f"{name}_codes", padded.reshape(n * blocks, size), data.bits))
+    scales = g.const(f"{name}_scales", np.ascontiguousarray(data.scales.reshape(-1)))
+    flat = g.node("DequantizeLinear", [codes, scales], f"{name}_blocks", axis=0)
+    rows = g.const(f"{name}_rows", np.array([n, blocks * size], np.int64))
+    if k == blocks * size:
+        return g.node("Reshape", [flat, rows], f"{name}_dequantized")
+    padded_weight = g.node("Reshape", [flat, rows], f"{name}_padded")
+    bounds = {"start": 0, "end": k, "axis": 1}  # Slice's starts, ends, axes
+    inputs = [g.const(f"{name}_{key}", np.array([v], np.int64)) for key, v in bounds.items()]
+    return g.node("Slice", [padded_weight, *inputs], f"{name}_dequantized")
 
 
 def code_tensor(name: str, codes: np.ndarray, bits: int) -> TensorProto:

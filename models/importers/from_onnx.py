@@ -276,11 +276,16 @@ def _rewrite(
         kernel = g.node("Reshape", [flat, shape], f"{prefix}_kernel")
         return list(g.nodes), [_with_input(node, 1, kernel)]
     if not quant_onnx.matmul_nbits_fits(data):  # 3 or 6 bits: dequantize, keep the node
-        weight = quant_onnx.dequantized(g, prefix, data, transposed=True)  # [K, N]
+        weight = quant_onnx.dequantized(g, prefix, data)  # [N, K]
+        if node.op_type == "MatMul":
+            weight = g.node("Transpose", [weight], f"{prefix}_kn", perm=[1, 0])
+            return list(g.nodes), [_with_input(node, 1, weight)]
         replacement = _with_input(node, 1, weight)
-        for attr in replacement.attribute:
-            if attr.name == "transB":
-                attr.i = 0
+        del replacement.attribute[:]
+        for attr in node.attribute:
+            if attr.name != "transB":
+                replacement.attribute.append(attr)
+        replacement.attribute.append(helper.make_attribute("transB", 1))
         return list(g.nodes), [replacement]
     c = node.input[2] if node.op_type == "Gemm" and len(node.input) > 2 else ""
     bias = _vector(checkpoint.tensors.get(c), tensor.shape[0]) if c else None

@@ -9,7 +9,9 @@ from pathlib import Path
 from models.demo import (
     DEMO_DIR_NAME,
     DEMO_MODELS,
+    FLOAT_DEMO_MODELS,
     MANIFEST,
+    QUANTIZED_DEMO_MODELS,
     config_toml,
     default_demo_root,
     ensure_demo_repository,
@@ -19,13 +21,31 @@ from models.demo import (
 from models.repository import CONFIG_FILE, BrokenVersion, ModelVersion, read_config, scan_repository
 
 
-def test_scan_lists_every_demo_model(demo_repo: Path) -> None:
-    found = scan_repository(demo_repo)
+def test_scan_lists_every_demo_model(full_demo_repo: Path, demo_repo: Path) -> None:
+    found = scan_repository(full_demo_repo)
     assert [(v.name, v.version) for v in found] == sorted((m.name, 1) for m in DEMO_MODELS)
     assert all(isinstance(v, ModelVersion) for v in found)
     by_name = {v.name: v for v in found if isinstance(v, ModelVersion)}
     for model in DEMO_MODELS:
         assert by_name[model.name].config == model.config()
+    floats = sorted((v.name, v.version) for v in scan_repository(demo_repo))
+    assert floats == sorted((m.name, 1) for m in FLOAT_DEMO_MODELS)
+
+
+def test_quantized_demo_models() -> None:
+    """int8 and int4 of every fp32 model, for both runtimes, from one kind of checkpoint."""
+    names = {m.name for m in QUANTIZED_DEMO_MODELS}
+    for model in FLOAT_DEMO_MODELS:
+        base, tf = (model.name[:-3], "_tf") if model.name.endswith("_tf") else (model.name, "")
+        assert {f"{base}_int8{tf}", f"{base}_int4{tf}"} <= names
+    for model in QUANTIZED_DEMO_MODELS:
+        config = model.config()
+        assert (config.format, config.path, config.accuracy_level) == (
+            "checkpoint",
+            "model.safetensors",
+            4,
+        )
+        assert config.runtime == ("tensorflow" if model.name.endswith("_tf") else "onnxruntime")
 
 
 def test_demo_configs(demo_repo: Path) -> None:
@@ -56,13 +76,16 @@ def test_broken_config_is_reported_not_fatal(demo_repo: Path, tmp_path: Path) ->
     assert "runtime" in mlp2.reason
 
 
-def test_onnx_files_are_byte_identical_across_builds(demo_repo: Path, tmp_path: Path) -> None:
+def test_onnx_and_checkpoint_files_are_byte_identical_across_builds(
+    full_demo_repo: Path, tmp_path: Path
+) -> None:
     for model in DEMO_MODELS:
-        if model.runtime != "onnxruntime":
-            continue
+        if model.runtime != "onnxruntime" and model.bits is None:
+            continue  # SavedModels are not byte-reproducible
+        file = model.config().path
         rebuilt = write_model_version(model, tmp_path / model.name)
-        original = demo_repo / model.name / "1"
-        assert (rebuilt / "model.onnx").read_bytes() == (original / "model.onnx").read_bytes()
+        original = full_demo_repo / model.name / "1"
+        assert (rebuilt / file).read_bytes() == (original / file).read_bytes()
         assert (rebuilt / CONFIG_FILE).read_text() == (original / CONFIG_FILE).read_text()
 
 
@@ -70,7 +93,7 @@ def test_ensure_is_idempotent(demo_repo: Path) -> None:
     manifest = demo_repo / MANIFEST
     before = manifest.stat().st_mtime_ns
     started = time.perf_counter()
-    assert ensure_demo_repository(demo_repo) == demo_repo
+    assert ensure_demo_repository(demo_repo, FLOAT_DEMO_MODELS) == demo_repo
     assert time.perf_counter() - started < 2.0  # verified, not rebuilt
     assert manifest.stat().st_mtime_ns == before
     assert [p.name for p in demo_repo.parent.iterdir() if p.name.startswith(".")] == []
@@ -79,12 +102,13 @@ def test_ensure_is_idempotent(demo_repo: Path) -> None:
 def test_tampered_copy_is_incomplete(demo_repo: Path, tmp_path: Path) -> None:
     copy = tmp_path / "copy"
     shutil.copytree(demo_repo, copy)
-    assert is_complete(copy)
+    assert is_complete(copy, FLOAT_DEMO_MODELS)
+    assert not is_complete(copy)  # the full recipe has more models
     with (copy / "sensor_mlp" / "1" / "model.onnx").open("ab") as fh:
         fh.write(b"\0")
-    assert not is_complete(copy)
+    assert not is_complete(copy, FLOAT_DEMO_MODELS)
     (copy / MANIFEST).unlink()
-    assert not is_complete(copy)
+    assert not is_complete(copy, FLOAT_DEMO_MODELS)
 
 
 def test_default_root(tmp_path: Path) -> None:
