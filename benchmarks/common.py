@@ -356,3 +356,20 @@ def process_cpu_seconds(pid: int) -> float | None:
         return None
     ticks = os.sysconf("SC_CLK_TCK")
     return (int(fields[11]) + int(fields[12])) / ticks  # utime, stime (fields 14, 15)
+
+
+def machine_busy_seconds() -> float | None:
+    """CPU seconds the whole machine has spent busy (all cores, every process), from
+    /proc/stat; the difference over a run minus what the benchmark's own processes used is the
+    load that other work put on the machine meanwhile."""
+    try:
+        with open("/proc/stat") as fh:
+            fields = fh.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    # user nice system idle iowait irq softirq steal (guest time is already in user)
+    values = [int(x) for x in fields[1:9]]
+    busy = values[0] + values[1] + values[2] + values[5] + values[6] + values[7]
+    return busy / os.sysconf("SC_CLK_TCK")

@@ -69,6 +69,7 @@ from benchmarks.common import (
     ServerProcess,
     fmt_repeated,
     format_table,
+    machine_busy_seconds,
     machine_info,
     now_iso,
     percentiles,
@@ -408,6 +409,7 @@ async def run_load(job: LoadJob) -> dict[str, Any]:
         if job.start_at is not None:
             await asyncio.sleep(max(0.0, job.start_at - time.time()))
         server0 = process_cpu_seconds(job.server_pid) if job.server_pid else None
+        busy0 = machine_busy_seconds()
         cpu0 = time.process_time()
         start = clock()
         until = start + job.duration_s
@@ -415,6 +417,7 @@ async def run_load(job: LoadJob) -> dict[str, Any]:
         cpu1 = time.process_time()
         end = clock()
         server1 = process_cpu_seconds(job.server_pid) if job.server_pid else None
+        busy1 = machine_busy_seconds()
     # Stopped by the request bound: the window ends at the last answer.
     elapsed = job.duration_s if state["issued"] < job.max_requests else state["last"] - start
     elapsed = max(elapsed, 1e-9)
@@ -433,6 +436,9 @@ async def run_load(job: LoadJob) -> dict[str, Any]:
             (server1 - server0) / (end - start)
             if server0 is not None and server1 is not None
             else None
+        ),
+        "machine_busy_cores": (
+            (busy1 - busy0) / (end - start) if busy0 is not None and busy1 is not None else None
         ),
     }
 
@@ -519,8 +525,10 @@ def merge_load(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "latencies_s": latencies,
         "client_cpu_s": sum(r["client_cpu_s"] for r in results),
         "client_wall_s": max(r["client_wall_s"] for r in results),
-        # Every process read the server over (almost) the same window: one reading is enough.
+        # Every process read the server and the machine over (almost) the same window: one
+        # reading is enough.
         "server_cpu_cores": results[0]["server_cpu_cores"],
+        "machine_busy_cores": results[0]["machine_busy_cores"],
     }
 
 
@@ -721,9 +729,12 @@ class InprocessRunner:
         self.intra = intra
         self.runtimes = [load_runtime(model.version, Threads(intra, 1)) for _ in range(instances)]
 
-    def rows_per_s(self, inputs: dict[str, np.ndarray], duration_s: float) -> tuple[float, float]:
-        """(rows/s, CPU cores this process used meanwhile). Every instance runs at least one
-        batch; the window ends when the last batch ends."""
+    def rows_per_s(
+        self, inputs: dict[str, np.ndarray], duration_s: float
+    ) -> tuple[float, float, float | None]:
+        """(rows/s, CPU cores this process used meanwhile, CPU cores other processes used
+        meanwhile). Every instance runs at least one batch; the window ends when the last batch
+        ends."""
         rows = next(iter(inputs.values())).shape[0]
         n = len(self.runtimes)
         counts = [0] * n
@@ -748,14 +759,20 @@ class InprocessRunner:
         threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(n)]
         for t in threads:
             t.start()
+        busy0 = machine_busy_seconds()
         cpu0 = time.process_time()
         start_box.append(time.perf_counter())
         barrier.wait()
         for t in threads:
             t.join()
         cpu1 = time.process_time()
+        busy1 = machine_busy_seconds()
         elapsed = max(ends) - start_box[0]
-        return sum(counts) * rows / elapsed, (cpu1 - cpu0) / elapsed
+        used = (cpu1 - cpu0) / elapsed
+        others = None
+        if busy0 is not None and busy1 is not None:
+            others = max(0.0, (busy1 - busy0) / elapsed - used)
+        return sum(counts) * rows / elapsed, used, others
 
     def call_latencies(self, inputs: dict[str, np.ndarray], count: int) -> list[float]:
         rt = self.runtimes[0]
@@ -794,10 +811,21 @@ def _load_figure(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "lost": sum(r["lost"] for r in results),
         "errors": dict(errors),
         "client_cpu_cores": Repeated.of(r["client_cpu_s"] / r["client_wall_s"] for r in results),
-        "server_cpu_cores": (
-            Repeated.of(r["server_cpu_cores"] for r in results)
-            if all(r["server_cpu_cores"] is not None for r in results)
-            else None
+        "server_cpu_cores": _repeated_or_none([r["server_cpu_cores"] for r in results]),
+        # What other processes on the machine used meanwhile: the machine's busy cores minus
+        # the server and the client.
+        "other_processes_cpu_cores": _repeated_or_none(
+            [
+                max(
+                    0.0,
+                    r["machine_busy_cores"]
+                    - r["server_cpu_cores"]
+                    - r["client_cpu_s"] / r["client_wall_s"],
+                )
+                if r["machine_busy_cores"] is not None and r["server_cpu_cores"] is not None
+                else None
+                for r in results
+            ]
         ),
     }
 
@@ -906,7 +934,7 @@ class Bench:
         cores: dict[tuple[str, int, int, int], list[float]] = {k: [] for k in grid_keys(grid)}
         for _ in range(plan.repeats):  # rounds: every configuration once per round
             for m, intra, inst, b in grid:
-                rate, used = self.runner(m, intra, inst).rows_per_s(
+                rate, used, _ = self.runner(m, intra, inst).rows_per_s(
                     inputs[m.name, b], plan.inproc_run_s
                 )
                 rates[m.name, intra, inst, b].append(rate)
@@ -1138,6 +1166,7 @@ class Bench:
             knobs = set_knobs(base, m.name, gw_knobs[m.name])
             limit_rates: list[float] = []
             limit_cores: list[float] = []
+            limit_others: list[float | None] = []
             gw_results: dict[str, list[dict[str, Any]]] = {k: [] for k in picks}
             runner.rows_per_s(inputs, plan.inproc_warmup_s)
             self.log(
@@ -1149,9 +1178,10 @@ class Bench:
             # Limit, gateway, limit, gateway, ..., limit: each round's limit is the mean of the
             # runs just before and just after its gateway runs, so that drifting background load
             # on a shared machine hits both sides of every pair alike.
-            rate, used = runner.rows_per_s(inputs, plan.limit_headline_run_s)
+            rate, used, others = runner.rows_per_s(inputs, plan.limit_headline_run_s)
             limit_rates.append(rate)
             limit_cores.append(used)
+            limit_others.append(others)
             for _ in range(plan.headline_repeats):
                 for key, p in picks.items():
                     gw_results[key].append(
@@ -1165,9 +1195,10 @@ class Bench:
                             server=self.gateway,
                         )
                     )
-                rate, used = runner.rows_per_s(inputs, plan.limit_headline_run_s)
+                rate, used, others = runner.rows_per_s(inputs, plan.limit_headline_run_s)
                 limit_rates.append(rate)
                 limit_cores.append(used)
+                limit_others.append(others)
             round_limit = [(a + b) / 2 for a, b in itertools.pairwise(limit_rates)]
             lim = Repeated.of(limit_rates)
             lim_per_core = Repeated.of(r / c for r, c in zip(limit_rates, limit_cores, strict=True))
@@ -1191,6 +1222,7 @@ class Bench:
                         "where": "this process, models.backends.load_runtime, no gateway",
                         "cpu_cores": Repeated.of(limit_cores),
                         "rows_per_cpu_s": lim_per_core,
+                        "other_processes_cpu_cores": _repeated_or_none(limit_others),
                     },
                     "gateway": {
                         **_setup_fields((p["client_kind"], p["client_processes"])),
@@ -1312,6 +1344,12 @@ class Bench:
                 f"ms (runtime batch 1: {runtime['p50_ms'].median:.3f} ms)"
             )
         return out
+
+
+def _repeated_or_none(values: Sequence[float | None]) -> Repeated | None:
+    if not values or any(v is None for v in values):
+        return None
+    return Repeated.of(v for v in values if v is not None)
 
 
 def _cpu_efficiency(results: Sequence[dict[str, Any]], limit_per_core: Repeated) -> dict[str, Any]:
@@ -1479,6 +1517,7 @@ def print_tables(runs: list[dict[str, Any]], summary: dict[str, Any]) -> None:
                 "lost",
                 "CPU ratio",
                 "CPU ratio srv",
+                "others L/G",
             ],
             [
                 [
@@ -1493,6 +1532,7 @@ def print_tables(runs: list[dict[str, Any]], summary: dict[str, Any]) -> None:
                     r["gateway"]["lost"],
                     r.get("cpu_efficiency_ratio", float("nan")),
                     r.get("cpu_efficiency_ratio_server_only", float("nan")),
+                    _others(r["limit"]) + "/" + _others(r["gateway"]),
                 ]
                 for r in heads
             ],
@@ -1501,7 +1541,8 @@ def print_tables(runs: list[dict[str, Any]], summary: dict[str, Any]) -> None:
     print(
         "(* the headline setup: the fastest that met the SLO with nothing lost. CPU ratio: "
         "gateway rows per CPU-second of server + client, over the limit's rows per CPU-second; "
-        "srv: server CPU only)"
+        "srv: server CPU only. others: CPU cores that other processes on the machine used "
+        "during the limit / gateway runs)"
     )
     for r in (r for r in runs if r["figure"] == "low_load_latency"):
         print(
@@ -1550,8 +1591,18 @@ def print_tables(runs: list[dict[str, Any]], summary: dict[str, Any]) -> None:
     print(format_table(["figure", "value"], [[k, v] for k, v in summary.items()]))
 
 
+def _median_or_none(part: dict[str, Any]) -> float | None:
+    r = part.get("other_processes_cpu_cores")
+    return None if r is None else r.median
+
+
 def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
+
+
+def _others(part: dict[str, Any]) -> str:
+    r = part.get("other_processes_cpu_cores")
+    return "-" if r is None else f"{r.median:.2f}"
 
 
 def _lost(runs: list[dict[str, Any]]) -> int:
@@ -1615,6 +1666,10 @@ def run(plan: Plan, out_dir: Path | None) -> Path:
         "cnn_cpu_efficiency_ratio_server_only": _round(
             cnn["headline"].get("cpu_efficiency_ratio_server_only"), 4
         ),
+        "cnn_other_processes_cpu_cores_limit_gateway": [
+            _round(_median_or_none(cnn["headline"]["limit"]), 3),
+            _round(_median_or_none(cnn["headline"]["gateway"]), 3),
+        ],
         "p99_overhead_ms": round(lo["p99_overhead_ms"].median, 4),
         "echo_p50_ms": round(lo["echo"]["p50_ms"].median, 4),
         "gateway_p50_ms": round(lo["gateway"]["p50_ms"].median, 4),
