@@ -12,12 +12,16 @@ smaller delta everywhere (slow everywhere), adaptive RRL refines only where it p
    improvement is measured next. As better configurations are found the balls move with them,
    so the search zooms in around the incumbent: the effective radius shrinks to the spacing of
    the refined points there and stays coarse everywhere else;
-3. the balance: refinement stops when no candidate's expected improvement reaches
-   ``min_improvement`` (a fraction of the incumbent's objective, since the GP models log J) for
-   ``patience`` proposals in a row, or after ``max_refinements``; then exploitation as in RRL.
+3. the balance: once no candidate's expected improvement reaches ``min_improvement`` (a
+   fraction of the incumbent's objective, since the GP models log J) for ``patience`` proposals
+   in a row, the radius shrinks to 1 around the incumbent: its direct neighbours are measured
+   (in EI order) and then refinement stops (or after ``max_refinements``); exploitation as in
+   RRL follows. The final loss bound drops from L * coarse_radius to L * 1 around the basin the
+   coarse pass found.
 
-So BO decides both where the remaining loss is worth a measurement and when it no longer is:
-``min_improvement`` is the one knob trading convergence speed against the final gap.
+So BO decides where the remaining loss is worth a measurement and when it no longer is:
+``min_improvement`` trades convergence speed against the final gap, and the radius-1 zoom
+guarantees the result is at least a local optimum of the grid.
 """
 
 from __future__ import annotations
@@ -93,11 +97,22 @@ class AdaptiveRRL:
     def _refine(self) -> int | None:
         s = self.settings
         measured = self.obs.measured
-        top = measured[np.argsort(self.obs.mean[measured])[: s.top_regions]]
-        in_regions = (self.regions.distances[:, top] <= s.coarse_radius + 1e-9).any(axis=1)
-        in_regions[measured] = False
-        candidates = np.flatnonzero(in_regions)
-        if candidates.size == 0 or self.refinements >= s.max_refinements:
+        if self.refinements >= s.max_refinements:
+            self.refining = False
+            return None
+        if self.quiet < s.patience:
+            # Inside the best regions, wherever the GP expects the most improvement.
+            top = measured[np.argsort(self.obs.mean[measured])[: s.top_regions]]
+            pool = (self.regions.distances[:, top] <= s.coarse_radius + 1e-9).any(axis=1)
+        else:
+            # The GP expects little more: zoom in, the radius shrinks to 1 around the incumbent,
+            # whose direct neighbours must all be measured before refinement may stop.
+            incumbent = self.obs.best()
+            assert incumbent is not None
+            pool = self.regions.distances[incumbent] <= 1.0 + 1e-9
+        pool[measured] = False
+        candidates = np.flatnonzero(pool)
+        if candidates.size == 0:
             self.refining = False
             return None
         self.gp.fit(self.coords[measured], self.obs.mean[measured])
@@ -105,12 +120,9 @@ class AdaptiveRRL:
         best = float(np.log(np.nanmin(self.obs.mean[measured])))
         ei = expected_improvement(mu, sd, best)
         self.last_expected_improvement = float(ei.max())
-        # Stop only after several quiet steps in a row: with few points the GP can be
-        # confidently wrong for a step or two.
+        # Only several quiet steps in a row count: with few points the GP can be confidently
+        # wrong for a step or two.
         self.quiet = self.quiet + 1 if ei.max() < s.min_improvement else 0
-        if self.quiet >= s.patience:
-            self.refining = False
-            return None
         self.refinements += 1
         return int(candidates[np.argmax(ei)])
 

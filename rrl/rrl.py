@@ -66,6 +66,7 @@ class RRL:
         self.distances = problem.space.distances
         self.obs = Observations(problem.space.size)
         self.prior: np.ndarray | None = None  # warm start: the nearest state's estimates
+        self.prior_best: int | None = None  # ... and its best measured configuration
 
     # -- the region update -----------------------------------------------------------------
 
@@ -110,8 +111,8 @@ class RRL:
         return "regions" if not self.covered().all() else "exploit"
 
     def propose(self) -> int:
-        if self.obs.count == 0 and self.prior is not None:
-            return int(np.nanargmin(self.prior))  # warm start: the old state's best first
+        if self.obs.count == 0 and self.prior_best is not None:
+            return self.prior_best  # warm start: the nearest state's best first
         uncovered = ~self.covered()
         if uncovered.any():
             return self._next_region(uncovered)
@@ -149,14 +150,15 @@ class RRL:
         best = self.obs.best()
         if best is not None:
             return best
-        if self.prior is not None:
-            return int(np.nanargmin(self.prior))
+        if self.prior_best is not None:
+            return self.prior_best
         return self.problem.space.flat(self.problem.default)
 
     def warm_start_from(self, other: RRL) -> None:
         estimates = other.estimates()
         if not np.isnan(estimates).all():
             self.prior = estimates
+            self.prior_best = other.recommend()
 
     def describe(self) -> dict[str, Any]:
         q_hat = self.estimates()

@@ -23,7 +23,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from scipy.stats import poisson
+from scipy.special import pdtr, pdtrc
 
 MIN_COUNT_FOR_PROMISE = 30
 
@@ -144,7 +144,9 @@ class WorkloadMonitor:
         edge = 0.5 + s.hysteresis
         upper = s.base_rate_per_s * 2.0 ** (self.state.rate_level + edge) * span
         lower = s.base_rate_per_s * 2.0 ** (self.state.rate_level - edge) * span
-        departed = poisson.sf(count - 1, upper) < s.alpha or poisson.cdf(count, lower) < s.alpha
+        # P(N >= count) under the band's highest rate, P(N <= count) under its lowest.
+        too_many = count > 0 and pdtrc(count - 1, upper) < s.alpha
+        departed = too_many or pdtr(count, lower) < s.alpha
         if not departed:
             self._rate_streak = 0
             return None

@@ -1,6 +1,8 @@
 """AIMD on the batch size, after Clipper: grow the maximum batch additively while the SLO holds,
 shrink it multiplicatively when it does not. The other knobs stay at the static default; the
-batch size is held as a real number and run as the largest grid batch not above it."""
+batch size is held as a real number and run as the largest grid batch not above it. What it
+recommends is its operating point, the last batch size that met the SLO (the additive probe above
+it is exploration)."""
 
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ class AIMD:
         self.space = problem.space
         self.base = problem.default
         self.batch = float(self.space.batch_sizes[0])
+        self.last_good: int | None = None  # the last configuration that met the SLO
 
     def _current(self) -> int:
         fitting = [b for b in self.space.batch_sizes if b <= self.batch]
@@ -51,10 +54,12 @@ class AIMD:
         if measurement.violation_fraction > s.violation_tolerance:
             self.batch = max(float(self.space.batch_sizes[0]), self.batch * s.decrease_factor)
         else:
+            self.last_good = flat
             self.batch = min(float(self.space.batch_sizes[-1]), self.batch + s.additive_step)
 
     def recommend(self) -> int:
-        return self._current()
+        # Its operating point: the probe above it is exploration that gets backed off.
+        return self._current() if self.last_good is None else self.last_good
 
     def describe(self) -> dict[str, Any]:
         return {"phase": "aimd", "batch": self.batch}

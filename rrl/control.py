@@ -1,0 +1,57 @@
+"""The control protocol: all the online agent needs from a gateway, and nothing else.
+
+``gateway.service.InferenceService`` satisfies ``ModelControl`` structurally (its ``knobs``,
+``set_knobs`` and ``stats`` methods), so ``rrl`` never imports the gateway. The helpers below
+translate between that surface and the tuner's vocabulary (``Config``, ``Measurement``).
+
+One decision interval of an online loop, for one model::
+
+    config = tuner.propose()
+    await apply_config(service, model, config)               # knob changes; returns when in effect
+    await asyncio.sleep(interval_s)
+    measurement = measure(service, model, interval_s)        # the gateway's window snapshot
+    tuner.observe(current_config(service, model, space), measurement)
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from rrl.measurement import Measurement, WindowStatsView
+from rrl.space import Config, ConfigSpace, KnobsView
+
+
+class ModelControl(Protocol):
+    """Setters plus a metrics snapshot, per model (``version`` None: the served default)."""
+
+    def knobs(self, model: str, version: int | str | None = None) -> KnobsView: ...
+
+    async def set_knobs(
+        self, model: str, version: int | str | None, changes: dict[str, object]
+    ) -> KnobsView: ...
+
+    def stats(
+        self, model: str, version: int | str | None = None, window_s: float = 10.0
+    ) -> WindowStatsView: ...
+
+
+def current_config(control: ModelControl, model: str, space: ConfigSpace) -> Config:
+    """The model's knobs now, on the grid (snapped if they were set off it)."""
+    return space.snap(Config.from_knobs(control.knobs(model)))
+
+
+async def apply_config(control: ModelControl, model: str, config: Config) -> Config:
+    """Set all five knobs; returns once the gateway has them in effect (a thread or concurrency
+    change rebuilds runtime instances first, so this can take a while)."""
+    changes: dict[str, object] = {**config.knob_changes()}
+    knobs = await control.set_knobs(model, None, changes)
+    return Config.from_knobs(knobs)
+
+
+def measure(
+    control: ModelControl, model: str, window_s: float, *, cpu_cores: float | None = None
+) -> Measurement:
+    """The last ``window_s`` seconds of the model's traffic as a measurement."""
+    return Measurement.from_window_stats(
+        control.stats(model, window_s=window_s), cpu_cores=cpu_cores
+    )

@@ -1,0 +1,153 @@
+"""The offline testbed: a profile table (``iotgw profile``) replayed as an environment.
+
+``Testbed.measure(config, load)`` returns one of the windows recorded for that configuration at
+that offered load, drawn at random: a measurement in the testbed is a real measurement of this
+machine, with the real spread between windows as its noise. The truth of a configuration (what
+gaps are computed against) is the mean of the objective over its recorded windows, and the
+oracle's objective is the smallest truth of the grid.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rrl.measurement import Measurement
+from rrl.objective import Objective
+from rrl.space import Config, ConfigSpace
+from rrl.workload import WorkloadState
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    rate_per_s: float
+    rows_per_request: int = 1
+
+    def __str__(self) -> str:
+        return f"{self.rate_per_s:g}/s x{self.rows_per_request}"
+
+
+class ProfileTable:
+    """The windows of every (load, configuration) cell as one array: ``windows[load, flat, k]``
+    holds window k's fields (``fields``) as float64 (NaN where a figure does not exist, e.g. a
+    latency when nothing was answered)."""
+
+    def __init__(self, doc: dict[str, Any], *, allow_partial: bool = False) -> None:
+        self.doc = {k: v for k, v in doc.items() if k != "cells"}
+        self.model: str = doc["model"]
+        self.slo_ms: float = float(doc["slo_ms"])
+        self.cores: int = int(doc["cores"])
+        self.space = ConfigSpace.from_description(doc["space"])
+        self.loads = tuple(
+            Load(float(x["rate_per_s"]), int(x["rows_per_request"])) for x in doc["loads"]
+        )
+        self.fields: tuple[str, ...] = tuple(doc["window_fields"])
+        n_windows = max((len(c["windows"]) for c in doc["cells"]), default=0)
+        self.windows = np.full(
+            (len(self.loads), self.space.size, n_windows, len(self.fields)), np.nan
+        )
+        seen = np.zeros((len(self.loads), self.space.size), dtype=bool)
+        for cell in doc["cells"]:
+            b, t, c, i, o = cell["config"]
+            flat = self.space.flat(Config(int(b), float(t), int(c), int(i), int(o)))
+            rows = np.array(
+                [[np.nan if v is None else v for v in w] for w in cell["windows"]], dtype=float
+            )
+            self.windows[cell["load"], flat, : len(rows)] = rows
+            seen[cell["load"], flat] = True
+        self.missing = int((~seen).sum())
+        if self.missing and not allow_partial:
+            raise ValueError(
+                f"profile of {self.model} lacks {self.missing} of {seen.size} cells "
+                "(an interrupted run? finish it with iotgw profile --resume)"
+            )
+        self._measured = seen
+
+    @classmethod
+    def load(cls, path: Path, *, allow_partial: bool = False) -> ProfileTable:
+        return cls(json.loads(Path(path).read_text()), allow_partial=allow_partial)
+
+    def field(self, name: str) -> np.ndarray:
+        """(loads, configurations, windows) of one window field."""
+        return self.windows[..., self.fields.index(name)]
+
+    def window_count(self, load: int, flat: int) -> int:
+        return int(np.isfinite(self.field("offered")[load, flat]).sum())
+
+    def measurement(self, load: int, flat: int, window: int) -> Measurement:
+        w = dict(zip(self.fields, self.windows[load, flat, window].tolist(), strict=True))
+        return Measurement(
+            duration_s=w["duration_s"],
+            offered=int(w["offered"]),
+            completed=int(w["completed"]),
+            p50_ms=w["p50_ms"],
+            p95_ms=w["p95_ms"],
+            p99_ms=w["p99_ms"],
+            slo_violations=int(w["violations"]),
+            rejected=int(w["rejected"]),
+            mean_ms=w["mean_ms"],
+            cpu_cores=w["cpu_cores"],
+            rows_per_request=float(self.loads[load].rows_per_request),
+        )
+
+    def workload_state(self, load: int) -> WorkloadState:
+        """Rate levels counted from the lowest profiled rate (level 0)."""
+        base = min(x.rate_per_s for x in self.loads)
+        spec = self.loads[load]
+        return WorkloadState(
+            round(math.log2(spec.rate_per_s / base)), round(math.log2(spec.rows_per_request))
+        )
+
+    @property
+    def base_rate_per_s(self) -> float:
+        return min(x.rate_per_s for x in self.loads)
+
+
+class Testbed:
+    def __init__(self, table: ProfileTable, objective: Objective, *, seed: int) -> None:
+        self.table = table
+        self.objective = objective
+        self.rng = np.random.default_rng(seed)
+
+    @property
+    def space(self) -> ConfigSpace:
+        return self.table.space
+
+    def measure(self, config: Config, load: int) -> Measurement:
+        flat = self.space.flat(config)
+        window = int(self.rng.integers(self.table.window_count(load, flat)))
+        return self.table.measurement(load, flat, window)
+
+    @cached_property
+    def _truth(self) -> np.ndarray:
+        t = self.table
+        out = np.empty((len(t.loads), self.space.size))
+        for load in range(len(t.loads)):
+            for flat in range(self.space.size):
+                config = self.space.at(flat)
+                values = [
+                    self.objective(config, t.measurement(load, flat, k))
+                    for k in range(t.window_count(load, flat))
+                ]
+                out[load, flat] = float(np.mean(values))
+        return out
+
+    def truth(self, load: int) -> np.ndarray:
+        """Mean objective of every configuration at ``load`` (flat order)."""
+        return self._truth[load]
+
+    def oracle(self, load: int) -> tuple[Config, float]:
+        truth = self.truth(load)
+        best = int(np.argmin(truth))
+        return self.space.at(best), float(truth[best])
+
+    def gap(self, config: Config, load: int) -> float:
+        """How much worse than the oracle ``config`` is, as a fraction of the oracle's value."""
+        _, best = self.oracle(load)
+        return float(self.truth(load)[self.space.flat(config)] / best - 1.0)

@@ -1,0 +1,88 @@
+"""Change detection: a step in arrival rate is detected within the promised time; a steady noisy
+rate (even one on a level boundary) and a rate flapping faster than the window are not."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rrl.workload import MIN_COUNT_FOR_PROMISE, MonitorSettings, WorkloadMonitor, WorkloadState
+
+TICK_S = 1.0
+
+
+def _feed(
+    monitor: WorkloadMonitor,
+    rng: np.random.Generator,
+    rate: float,
+    seconds: int,
+    start: float,
+    rows: int = 1,
+) -> float:
+    t = start
+    for _ in range(seconds):
+        t += TICK_S
+        n = int(rng.poisson(rate * TICK_S))
+        monitor.update(t, n, n * rows)
+    return t
+
+
+@pytest.mark.parametrize("rate", [0.5, 2.0, 3.0, 8.0, 11.3, 16.0, 90.5, 1000.0, 1448.2])
+def test_a_steady_noisy_rate_keeps_its_state(rate: float) -> None:
+    # 11.3, 90.5 and 1448.2 sit on level boundaries (2**3.5, 2**6.5, 2**10.5), the hardest case.
+    rng = np.random.default_rng(int(rate * 10))
+    monitor = WorkloadMonitor()
+    _feed(monitor, rng, rate, 3600, 0.0)  # an hour of one-second snapshots
+    assert monitor.state is not None
+    assert len(monitor.changes) <= 2  # the initial state, at most one settling move
+    if len(monitor.changes) == 2:  # a settling move is by one level, and only early
+        assert abs(monitor.changes[1].new.rate_level - monitor.changes[0].new.rate_level) == 1
+
+
+@pytest.mark.parametrize("rate", [10.0, 16.0, 64.0, 300.0, 5000.0])
+@pytest.mark.parametrize("factor", [4.0, 0.25, 16.0])
+def test_a_step_is_detected_within_the_promised_time(rate: float, factor: float) -> None:
+    rng = np.random.default_rng(int(rate) + int(factor * 100))
+    for trial in range(40):
+        monitor = WorkloadMonitor()
+        t = _feed(monitor, rng, rate, 20, 0.0)
+        before = monitor.state
+        assert before is not None
+        # The new rate is `factor` times the current state's level rate: a step of >= 2 levels.
+        new_rate = 2.0**before.rate_level * factor
+        if new_rate * monitor.settings.window_s < MIN_COUNT_FOR_PROMISE:
+            continue  # too few arrivals for the promise to cover
+        step_at = t
+        while monitor.state == before:
+            t = _feed(monitor, rng, new_rate, 1, t)
+            assert t - step_at <= monitor.detection_bound_s(TICK_S), (trial, t - step_at)
+        assert monitor.state is not None
+        assert (monitor.state.rate_level - before.rate_level) * np.sign(np.log(factor)) >= 1
+
+
+def test_a_flapping_rate_does_not_thrash() -> None:
+    rng = np.random.default_rng(3)
+    for period in (1, 2):
+        monitor = WorkloadMonitor()
+        t = 0.0
+        for k in range(1800 // period):
+            t = _feed(monitor, rng, 64.0 if k % 2 else 256.0, period, t)
+        assert len(monitor.changes) <= 2, monitor.changes
+
+
+def test_request_size_is_part_of_the_state() -> None:
+    rng = np.random.default_rng(4)
+    monitor = WorkloadMonitor(MonitorSettings(base_rate_per_s=16.0))
+    t = _feed(monitor, rng, 64.0, 10, 0.0, rows=1)
+    assert monitor.state == WorkloadState(2, 0)
+    t = _feed(monitor, rng, 64.0, 10, t, rows=8)
+    assert monitor.state == WorkloadState(2, 3)
+    assert monitor.rows_per_request == pytest.approx(8.0)
+    assert monitor.rate_per_s == pytest.approx(64.0, rel=0.3)
+
+
+def test_no_traffic_is_the_lowest_level_not_an_error() -> None:
+    monitor = WorkloadMonitor(MonitorSettings(base_rate_per_s=1.0, min_rate_per_s=0.25))
+    for t in range(1, 20):
+        monitor.update(float(t), 0)
+    assert monitor.state == WorkloadState(-2, 0)
