@@ -176,6 +176,12 @@ def _checkpoint_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     sub.add_parser("inspect", help="summarize and verify a checkpoint")
 
 
+def _tuning_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Listed for --help only: ``main`` hands these commands to ``rrl.cli`` first."""
+    sub.add_parser("profile", help="measure the runtime for the tuner's offline testbed")
+    sub.add_parser("tune", help="evaluate the tuners on the offline testbed (--evaluate)")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["sim"]:
@@ -190,12 +196,19 @@ def main(argv: list[str] | None = None) -> int:
         from models.cli import main as checkpoint_main
 
         return checkpoint_main(argv)
+    if argv[:1] in (["profile"], ["tune"]):
+        # The tuner's offline commands (`iotgw tune --help`): runtime sessions and a replayed
+        # testbed, no gateway settings.
+        from rrl.cli import main as tuning_main
+
+        return tuning_main(argv)
     parser = argparse.ArgumentParser(prog="iotgw", description="Edge/IoT inference gateway")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     sub.add_parser("sim", help="device simulator: replay device traffic (iotgw sim --help)")
     _bench_parser(sub)
     _checkpoint_parsers(sub)
+    _tuning_parsers(sub)
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _run_serve(args)

@@ -110,6 +110,8 @@ class ProfileTable:
 
 
 class Testbed:
+    __test__ = False  # a testbed, not a test class (pytest collects names starting with Test)
+
     def __init__(self, table: ProfileTable, objective: Objective, *, seed: int) -> None:
         self.table = table
         self.objective = objective

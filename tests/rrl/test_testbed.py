@@ -1,0 +1,134 @@
+"""The testbed replays a profile table: measurements are recorded windows (the measured noise),
+the truth is their mean objective, the oracle is its argmin, a partial table is refused."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rrl.episodes import measurements_to_within, run_shifting, run_static
+from rrl.objective import LatencyObjective
+from rrl.profile import WINDOW_FIELDS
+from rrl.space import ConfigSpace
+from rrl.testbed import ProfileTable, Testbed
+from rrl.tuner import TuningProblem
+from rrl.tuners import build_tuner
+from rrl.workload import WorkloadState
+
+SPACE = ConfigSpace((1, 2, 4), (0.0, 1.0), (1, 2), (1,), (1,))
+RATES = (16.0, 64.0, 256.0)
+
+
+def _window(p95: float, offered: int = 50, violations: int = 0) -> list[float | None]:
+    values: dict[str, float | None] = {
+        "duration_s": 0.5,
+        "offered": offered,
+        "completed": offered - violations,
+        "p50_ms": p95 / 2,
+        "p95_ms": p95,
+        "p99_ms": p95 * 1.2,
+        "mean_ms": p95 / 2,
+        "violations": violations,
+        "rejected": violations,
+        "cpu_cores": 0.5,
+        "mean_batch_rows": 1.0,
+    }
+    return [values[f] for f in WINDOW_FIELDS]
+
+
+def _doc(skip: int = 0) -> dict[str, Any]:
+    """Configuration k at load l has windows with p95 = 10 + k + 5 l + (-1, 0, +1): known mean,
+    known spread; at the highest load the first configuration also drops requests."""
+    cells = []
+    for (k, config), load in itertools.product(enumerate(SPACE.configs), range(len(RATES))):
+        base = 10.0 + k + 5 * load
+        windows = [_window(base + d) for d in (-1.0, 0.0, 1.0)]
+        if k == 0 and load == 2:
+            windows = [_window(base + d, violations=10) for d in (-1.0, 0.0, 1.0)]
+        cells.append({"config": list(config.as_tuple()), "load": load, "windows": windows})
+    return {
+        "format": 1,
+        "model": "toy",
+        "slo_ms": 100.0,
+        "cores": 1,
+        "space": SPACE.describe(),
+        "loads": [{"rate_per_s": r, "rows_per_request": 1} for r in RATES],
+        "window_fields": list(WINDOW_FIELDS),
+        "cells": cells[skip:],
+    }
+
+
+@pytest.fixture
+def table(tmp_path: Path) -> ProfileTable:
+    path = tmp_path / "toy.json"
+    path.write_text(json.dumps(_doc()))
+    return ProfileTable.load(path)
+
+
+def test_measurements_are_recorded_windows(table: ProfileTable) -> None:
+    testbed = Testbed(table, LatencyObjective(slo_ms=100.0), seed=0)
+    config = SPACE.at(5)
+    seen = {testbed.measure(config, 1).p95_ms for _ in range(200)}
+    assert seen == {10.0 + 5 + 5 - 1, 10.0 + 5 + 5, 10.0 + 5 + 5 + 1}
+
+
+def test_truth_oracle_and_gap(table: ProfileTable) -> None:
+    objective = LatencyObjective(slo_ms=100.0)
+    testbed = Testbed(table, objective, seed=0)
+    truth = testbed.truth(0)
+    assert truth == pytest.approx([10.0 + k for k in range(SPACE.size)])
+    assert testbed.oracle(0) == (SPACE.at(0), 10.0)
+    # At the highest load configuration 0 drops 10 of 50 requests: the penalty moves the oracle.
+    assert testbed.truth(2)[0] == pytest.approx(20.0 + 2 * 100.0 * 0.2)
+    assert testbed.oracle(2) == (SPACE.at(1), 21.0)
+    assert testbed.gap(SPACE.at(3), 0) == pytest.approx(0.3)
+
+
+def test_workload_states_count_levels_from_the_lowest_rate(table: ProfileTable) -> None:
+    assert [table.workload_state(k) for k in range(3)] == [
+        WorkloadState(0, 0),
+        WorkloadState(2, 0),
+        WorkloadState(4, 0),
+    ]
+
+
+def test_a_partial_profile_is_refused_unless_allowed(tmp_path: Path) -> None:
+    path = tmp_path / "partial.json"
+    path.write_text(json.dumps(_doc(skip=3)))
+    with pytest.raises(ValueError, match="lacks 3"):
+        ProfileTable.load(path)
+    assert ProfileTable.load(path, allow_partial=True).missing == 3
+
+
+def test_measurements_to_within() -> None:
+    assert measurements_to_within(np.array([0.5, 0.2, 0.04, 0.0])) == 3
+    assert measurements_to_within(np.array([0.5, 0.01, 0.2, 0.0, 0.0])) == 4  # must stay
+    assert measurements_to_within(np.array([0.0, 0.0])) == 1
+    assert measurements_to_within(np.array([0.0, 0.3])) is None
+
+
+def test_episodes_on_the_testbed(table: ProfileTable) -> None:
+    objective = LatencyObjective(slo_ms=100.0)
+    problem = TuningProblem(SPACE, objective, cores=1, seed=0)
+    trace = run_static(
+        build_tuner("exhaustive", problem),
+        Testbed(table, objective, seed=1),
+        0,
+        20,
+        interval_s=5.0,
+    )
+    assert trace.gaps()[SPACE.size - 1 :].max() == 0.0  # everything measured: the oracle
+    # Shifting: the tuner's workload state follows the detector, one table per load level.
+    tuner = build_tuner("rrl", problem)
+    trace = run_shifting(
+        tuner, Testbed(table, objective, seed=2), [0, 2, 0], 10, interval_s=5.0, seed=3
+    )
+    assert trace.load == [0] * 10 + [2] * 10 + [0] * 10
+    assert tuner.snapshot()["known_states"] >= 2
+    assert tuner.state == WorkloadState(0, 0)
+    assert np.isfinite(trace.violations).all() and sum(trace.violations[10:20]) >= 0
