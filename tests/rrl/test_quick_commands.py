@@ -1,0 +1,121 @@
+"""``iotgw profile --quick`` and ``iotgw tune --evaluate --quick`` run end to end (as CI runs
+them) and write files of the agreed shape; the committed profiles are complete tables. No timing
+is asserted: these are measurements, not tests of speed."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rrl.objective import LatencyObjective
+from rrl.profile import PROFILES_DIR, WINDOW_FIELDS
+from rrl.testbed import ProfileTable, Testbed
+from rrl.tuners import TUNERS
+
+pytestmark = pytest.mark.slow
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SUMMARY_KEYS = (  # benchmarks.md, tuner_eval.json
+    "rrl_measurements_to_5pct",
+    "qlearning_measurements_to_5pct",
+    "bo_measurements_to_5pct",
+    "rrl_final_gap",
+    "adaptive_final_gap",
+)
+
+
+def _iotgw(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def test_profile_quick(tmp_path: Path, mlp_repo: Path) -> None:
+    _iotgw("profile", "--quick", "--out", str(tmp_path), "--model-repo", str(mlp_repo))
+    path = tmp_path / "sensor_mlp.quick.json"
+    doc = json.loads(path.read_text())
+    assert doc["complete"] is True and doc["model"] == "sensor_mlp" and doc["grid"] == "quick"
+    assert doc["window_fields"] == list(WINDOW_FIELDS)
+    assert doc["machine"]["cores"] >= 1 and doc["load_conditions"]["load_average_by_group"]
+    assert len(doc["cells"]) == 12 * 2  # every configuration at both loads
+    for cell in doc["cells"]:
+        assert len(cell["windows"]) == 2
+        for window in cell["windows"]:
+            w = dict(zip(WINDOW_FIELDS, window, strict=True))
+            assert w["offered"] >= 1 and 0 <= w["completed"] <= w["offered"]
+            assert w["violations"] >= w["rejected"] >= 0
+            if w["completed"]:
+                assert 0 < w["p50_ms"] <= w["p95_ms"] <= w["p99_ms"]
+        assert cell["throughput_per_s"][0] > 0
+    table = ProfileTable.load(path)
+    testbed = Testbed(table, LatencyObjective(slo_ms=table.slo_ms), seed=0)
+    for load in range(len(table.loads)):
+        _, best = testbed.oracle(load)
+        assert math.isfinite(best) and best > 0
+
+
+@pytest.fixture(scope="module")
+def evaluation(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    out = tmp_path_factory.mktemp("eval")
+    proc = _iotgw("tune", "--evaluate", "--quick", "--out", str(out))
+    assert "tuner_eval.quick.json" in proc.stdout
+    return out, json.loads((out / "tuner_eval.quick.json").read_text())
+
+
+def test_evaluation_quick_results(evaluation: tuple[Path, dict[str, Any]]) -> None:
+    _, doc = evaluation
+    assert doc["benchmark"] == "tuner_eval" and doc["quick"] is True
+    assert doc["machine"]["cores"] >= 1
+    for key in SUMMARY_KEYS:
+        value = doc["summary"][key]
+        assert value is None or (isinstance(value, int | float) and value >= 0), key
+    assert set(doc["summary"]["targets"]) == {
+        "rrl_8x_fewer_than_qlearning",
+        "rrl_fewer_than_bo",
+        "adaptive_within_2pct",
+    }
+    plan = doc["config"]["plan"]
+    static = [r for r in doc["runs"] if r["kind"] == "static"]
+    assert {r["tuner"] for r in static} == set(TUNERS)
+    assert len(static) == len(TUNERS) * plan["seeds"]
+    shifting = [r for r in doc["runs"] if r["kind"] == "shifting"]
+    assert len(shifting) == len(TUNERS) * plan["seeds"]
+    assert all(len(r["phases"]) == 4 for r in shifting)
+    for r in static:
+        assert r["final_gap"] >= 0 and r["violations"] >= 0
+        m = r["measurements_to_5pct"]
+        assert m is None or 1 <= m <= plan["budget"]
+    assert doc["lipschitz"] and all(x["lipschitz_max"] >= 0 for x in doc["lipschitz"])
+
+
+def test_evaluation_quick_report(evaluation: tuple[Path, dict[str, Any]]) -> None:
+    out, _ = evaluation
+    md = (out / "tuner_eval.quick.md").read_text()
+    assert "| tuner |" in md and "rrl_measurements_to_5pct" in md
+    pngs = sorted((out / "tuner_eval.quick").glob("*.png"))
+    assert {p.name for p in pngs} >= {"measurements_to_5pct.png", "delta_tradeoff.png"}
+    for png in pngs:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+        assert f"({png.parent.name}/{png.name})" in md
+
+
+def test_committed_profiles_are_complete() -> None:
+    paths = sorted(PROFILES_DIR.glob("*.json"))
+    names = {p.stem for p in paths}
+    assert {"vision_cnn", "sensor_mlp"} <= names
+    for path in paths:
+        table = ProfileTable.load(path)  # raises if a cell is missing
+        assert table.doc["complete"] is True
+        if path.stem in ("vision_cnn", "sensor_mlp"):
+            assert table.space.size == 640 and table.doc["grid"] == "full"
