@@ -116,7 +116,7 @@ def run_task(task: Task) -> dict[str, Any]:
     objective = make_objective(plan.objective, slo_ms=table.slo_ms, cores=table.cores)
     problem = TuningProblem(table.space, objective, cores=table.cores, seed=task.seed)
     tuner = build_tuner(task.tuner, problem, radius=task.radius)
-    testbed = Testbed(table, objective, seed=task.seed + 1_000_003)
+    testbed = Testbed(table, objective, seed=task.seed + 1_000_003, interval_s=plan.interval_s)
     started = time.process_time()
     if task.kind == "shifting":
         trace = run_shifting(

@@ -1,10 +1,15 @@
 """The offline testbed: a profile table (``iotgw profile``) replayed as an environment.
 
-``Testbed.measure(config, load)`` returns one of the windows recorded for that configuration at
-that offered load, drawn at random: a measurement in the testbed is a real measurement of this
-machine, with the real spread between windows as its noise. The truth of a configuration (what
-gaps are computed against) is the mean of the objective over its recorded windows, and the
-oracle's objective is the smallest truth of the grid.
+A decision interval (``interval_s``, a few seconds) is longer than a profile window (a fraction of
+a second, so that the whole grid can be measured), so ``Testbed.measure(config, load)`` replays an
+interval as ``round(interval_s / window_s)`` of the windows recorded for that configuration at
+that load, drawn at random with replacement, and merged: counts summed, latency percentiles and
+CPU averaged over the drawn windows. A measurement in the testbed is thus made of real
+measurements of this machine, and its noise is the real spread between windows, shrunk by the
+interval's length as independent windows would shrink it (``interval_s=0`` replays single
+windows, the raw spread). The truth of a configuration (what gaps are computed against) is the
+mean of the objective over its recorded windows, which is what the merged measurements average
+to, and the oracle's objective is the smallest truth of the grid.
 """
 
 from __future__ import annotations
@@ -109,12 +114,43 @@ class ProfileTable:
         return min(x.rate_per_s for x in self.loads)
 
 
+def merge(windows: list[Measurement]) -> Measurement:
+    """Consecutive windows as one measurement: counts add up, latency figures and CPU are
+    averaged over the windows that have them (so the latency objective of the merge is the mean
+    of the windows' objectives, up to windows where nothing was answered)."""
+    if len(windows) == 1:
+        return windows[0]
+    answered = [w for w in windows if w.completed]
+
+    def mean(values: list[float | None]) -> float:
+        known = [v for v in values if v is not None and math.isfinite(v)]
+        return float(np.mean(known)) if known else float("nan")
+
+    cpu = [w.cpu_cores for w in windows]
+    return Measurement(
+        duration_s=sum(w.duration_s for w in windows),
+        offered=sum(w.offered for w in windows),
+        completed=sum(w.completed for w in windows),
+        p50_ms=mean([w.p50_ms for w in answered]),
+        p95_ms=mean([w.p95_ms for w in answered]),
+        p99_ms=mean([w.p99_ms for w in answered]),
+        slo_violations=sum(w.slo_violations for w in windows),
+        rejected=sum(w.rejected for w in windows),
+        mean_ms=mean([w.mean_ms for w in answered]),
+        cpu_cores=None if any(c is None for c in cpu) else mean(cpu),
+        rows_per_request=windows[0].rows_per_request,
+    )
+
+
 class Testbed:
     __test__ = False  # a testbed, not a test class (pytest collects names starting with Test)
 
-    def __init__(self, table: ProfileTable, objective: Objective, *, seed: int) -> None:
+    def __init__(
+        self, table: ProfileTable, objective: Objective, *, seed: int, interval_s: float = 0.0
+    ) -> None:
         self.table = table
         self.objective = objective
+        self.interval_s = interval_s
         self.rng = np.random.default_rng(seed)
 
     @property
@@ -123,8 +159,11 @@ class Testbed:
 
     def measure(self, config: Config, load: int) -> Measurement:
         flat = self.space.flat(config)
-        window = int(self.rng.integers(self.table.window_count(load, flat)))
-        return self.table.measurement(load, flat, window)
+        recorded = self.table.window_count(load, flat)
+        window_s = float(np.nanmean(self.table.field("duration_s")[load, flat]))
+        draws = max(1, round(self.interval_s / window_s)) if self.interval_s > 0 else 1
+        windows = self.rng.integers(recorded, size=draws)
+        return merge([self.table.measurement(load, flat, int(k)) for k in windows])
 
     @cached_property
     def _truth(self) -> np.ndarray:

@@ -132,3 +132,21 @@ def test_episodes_on_the_testbed(table: ProfileTable) -> None:
     assert tuner.snapshot()["known_states"] >= 2
     assert tuner.state == WorkloadState(0, 0)
     assert np.isfinite(trace.violations).all() and sum(trace.violations[10:20]) >= 0
+
+
+def test_a_decision_interval_merges_several_recorded_windows(table: ProfileTable) -> None:
+    # Windows of 0.5 s, intervals of 5 s: ten windows drawn with replacement and merged. The
+    # noise shrinks, the mean stays the truth.
+    objective = LatencyObjective(slo_ms=100.0)
+    config = SPACE.at(5)
+    single = Testbed(table, objective, seed=0)
+    merged = Testbed(table, objective, seed=0, interval_s=5.0)
+    m = merged.measure(config, 1)
+    assert (m.offered, m.duration_s) == (500, 5.0)
+    raw = [objective(config, single.measure(config, 1)) for _ in range(400)]
+    interval = [objective(config, merged.measure(config, 1)) for _ in range(400)]
+    assert np.mean(interval) == pytest.approx(single.truth(1)[5], rel=0.01)
+    assert np.std(interval) < 0.5 * np.std(raw)
+    # Dropped requests add up across the merged windows.
+    dropped = merged.measure(SPACE.at(0), 2)
+    assert dropped.slo_violations == dropped.rejected == 100
