@@ -1,0 +1,292 @@
+"""One checkpoint, two runtimes: ONNX Runtime and TensorFlow against each other and against the
+NumPy reference forward of the dequantized weights; weights kept quantized in memory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from models.backends import load_runtime
+from models.checkpoint import load_checkpoint, save_checkpoint
+from models.demo import QUANTIZED_DEMO_MODELS, DemoModel
+from models.repository import ModelConfig, ModelVersion
+from models.runtime import ModelLoadError, Runtime, Threads
+from models.zoo import (
+    SENSOR_FUSION,
+    SENSOR_MLP,
+    VISION_CNN,
+    Dense,
+    Input,
+    ModelSpec,
+    init_weights,
+    reference_forward,
+)
+from models.zoo_checkpoint import dequantized_weights, uniform_policy, zoo_checkpoint, zoo_params
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ONNX_QUANTIZED = [m.name for m in QUANTIZED_DEMO_MODELS if m.runtime == "onnxruntime"]
+TEST_ROWS = 64
+CNN_TEST_ROWS = 24  # NumPy's float64 convolutions are slow; the CNN's test set is smaller
+# Float arithmetic in another order (ORT at accuracy level 0, TF, NumPy in float64) differs in
+# the last bits of float32: about 1e-7 on these probabilities; 1e-5 leaves room, nothing more.
+SUMMATION_TOLERANCE = 1e-5
+# accuracy_level=4 quantizes each block of activations to int8 before the dot products: about
+# 0.5% of the largest activation per layer, a few 1e-3 on the probabilities here.
+INT8_ACTIVATION_TOLERANCE = 3e-2
+
+
+def _with(version: ModelVersion, **changes: object) -> ModelVersion:
+    config = ModelConfig.model_validate({**version.config.model_dump(), **changes})
+    return ModelVersion(version.name, version.version, version.directory, config)
+
+
+def _test_set(model: ModelSpec, rows: int = TEST_ROWS, seed: int = 7) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {i.name: rng.standard_normal((rows, *i.shape)).astype(np.float32) for i in model.inputs}
+
+
+def _reference(version: ModelVersion, feed: dict[str, np.ndarray]) -> np.ndarray:
+    path = version.model_path
+    spec, params = zoo_params(load_checkpoint(path), path)
+    return reference_forward(spec, dequantized_weights(spec, params), feed)
+
+
+_REFERENCES: dict[str, tuple[dict[str, np.ndarray], np.ndarray]] = {}
+
+
+def _test_case(version: ModelVersion, spec: ModelSpec) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The test set of a demo checkpoint and its reference outputs, computed once."""
+    key = str(version.directory)
+    if key not in _REFERENCES:
+        feed = _test_set(spec, CNN_TEST_ROWS if spec.name == VISION_CNN.name else TEST_ROWS)
+        _REFERENCES[key] = feed, _reference(version, feed)
+    return _REFERENCES[key]
+
+
+@pytest.fixture(scope="module")
+def opened() -> Iterator[dict[tuple[str, str, int], Runtime]]:
+    """Runtimes by (model version directory, runtime, accuracy level), opened once."""
+    cache: dict[tuple[str, str, int], Runtime] = {}
+    yield cache
+    for rt in cache.values():
+        rt.close()
+
+
+def _runtime(
+    cache: dict[tuple[str, str, int], Runtime], version: ModelVersion, runtime: str, level: int
+) -> Runtime:
+    key = (str(version.directory), runtime, level)
+    if key not in cache:
+        cache[key] = load_runtime(
+            _with(version, runtime=runtime, accuracy_level=level), Threads(1, 1)
+        )
+    return cache[key]
+
+
+def _outputs(rt: Runtime, spec: ModelSpec, feed: dict[str, np.ndarray]) -> np.ndarray:
+    out = rt.infer(feed)
+    assert list(out) == [spec.output]
+    return out[spec.output]
+
+
+@pytest.mark.parametrize("name", ONNX_QUANTIZED)
+def test_same_checkpoint_same_outputs_on_both_runtimes(
+    name: str,
+    demo_versions: dict[str, ModelVersion],
+    demo_models: dict[str, DemoModel],
+    opened: dict[tuple[str, str, int], Runtime],
+) -> None:
+    """The checkpoint of ``<model>_int<b>`` served by ONNX Runtime in fp32 arithmetic
+    (accuracy level 0), by TensorFlow, and computed by NumPy: equal within summation order,
+    same argmax on every row of the test set."""
+    version, spec = demo_versions[name], demo_models[name].spec
+    feed, reference = _test_case(version, spec)
+    ort_fp32 = _outputs(_runtime(opened, version, "onnxruntime", 0), spec, feed)
+    tf = _outputs(_runtime(opened, version, "tensorflow", 0), spec, feed)
+    for got in (ort_fp32, tf):
+        assert got.dtype == np.float32 and got.shape == reference.shape
+        np.testing.assert_allclose(got, reference, rtol=0, atol=SUMMATION_TOLERANCE)
+        assert np.array_equal(got.argmax(axis=1), reference.argmax(axis=1))
+    np.testing.assert_allclose(ort_fp32, tf, rtol=0, atol=SUMMATION_TOLERANCE)
+
+
+@pytest.mark.parametrize("name", ONNX_QUANTIZED)
+def test_served_default_uses_int8_activations_within_their_error(
+    name: str,
+    demo_versions: dict[str, ModelVersion],
+    demo_models: dict[str, DemoModel],
+    opened: dict[tuple[str, str, int], Runtime],
+) -> None:
+    """As served (MatMulNBits accuracy_level 4): within the int8-activation error of the
+    reference, and the same argmax wherever the reference's top two are further apart than
+    twice that error (elsewhere a tie may legitimately flip)."""
+    version, spec = demo_versions[name], demo_models[name].spec
+    assert version.config.accuracy_level == 4
+    feed, reference = _test_case(version, spec)
+    got = _outputs(_runtime(opened, version, "onnxruntime", 4), spec, feed)
+    error = np.abs(got - reference).max()
+    assert error <= INT8_ACTIVATION_TOLERANCE
+    top2 = np.sort(reference, axis=1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) > 2 * INT8_ACTIVATION_TOLERANCE
+    assert clear.sum() >= len(clear) // 4  # the comparison below is not vacuous
+    assert np.array_equal(got.argmax(axis=1)[clear], reference.argmax(axis=1)[clear])
+
+
+@pytest.mark.parametrize("bits", [2, 3, 6])
+@pytest.mark.parametrize("spec", [SENSOR_MLP, VISION_CNN, SENSOR_FUSION], ids=lambda s: s.name)
+def test_other_widths_on_both_runtimes(spec: ModelSpec, bits: int, tmp_path: Path) -> None:
+    """2 bits through MatMulNBits; 3 and 6 bits (and every convolution) through blocked
+    dequantization; blocks of 16 leave short last blocks (27, 4 and 3 inputs)."""
+    path = save_checkpoint(
+        zoo_checkpoint(spec, init_weights(spec), uniform_policy(bits, 16)),
+        tmp_path / "1" / "model.safetensors",
+    )
+    base = ModelVersion(
+        spec.name,
+        1,
+        path.parent,
+        ModelConfig(runtime="onnxruntime", path=path.name, format="checkpoint", accuracy_level=0),
+    )
+    feed = _test_set(spec, rows=16)
+    reference = _reference(base, feed)
+    for runtime in ("onnxruntime", "tensorflow"):
+        rt = load_runtime(_with(base, runtime=runtime), Threads(1, 1))
+        try:
+            got = _outputs(rt, spec, feed)
+        finally:
+            rt.close()
+        np.testing.assert_allclose(got, reference, rtol=0, atol=SUMMATION_TOLERANCE)
+
+
+def test_metadata_is_the_same_on_both_runtimes(
+    demo_versions: dict[str, ModelVersion], opened: dict[tuple[str, str, int], Runtime]
+) -> None:
+    version = demo_versions["sensor_fusion_int4"]
+    ort_meta = _runtime(opened, version, "onnxruntime", 4).metadata
+    tf_meta = _runtime(opened, version, "tensorflow", 4).metadata
+    assert ort_meta.platform == "onnxruntime_onnx" and tf_meta.platform == "tensorflow_savedmodel"
+    assert ort_meta.inputs == tf_meta.inputs
+    assert [(s.name, s.dtype, s.shape) for s in ort_meta.inputs] == [
+        ("accel", "float32", (-1, 3)),
+        ("temperature", "float32", (-1, 1)),
+    ]
+    assert ort_meta.outputs == tf_meta.outputs
+
+
+@pytest.mark.parametrize("runtime", ["onnxruntime", "tensorflow"])
+def test_a_damaged_checkpoint_is_a_load_error_naming_the_tensor(
+    runtime: str, demo_versions: dict[str, ModelVersion], tmp_path: Path
+) -> None:
+    source = demo_versions["sensor_mlp_int4"]
+    data = bytearray(source.model_path.read_bytes())
+    data[-3] ^= 0xFF  # the last bytes belong to one of the stored tensors
+    target = tmp_path / "1" / "model.safetensors"
+    target.parent.mkdir()
+    target.write_bytes(bytes(data))
+    version = ModelVersion("damaged", 1, target.parent, _with(source, runtime=runtime).config)
+    with pytest.raises(
+        ModelLoadError,
+        match=r"model 'damaged' version 1.*tensor 'layers\.\d\.\w+'.*checksum mismatch",
+    ):
+        load_runtime(version, Threads(1, 1))
+    target.unlink()
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        load_runtime(version, Threads(1, 1))
+
+
+def test_tensorflow_graph_holds_int8_codes() -> None:
+    """The TF graph's variables are the int8 codes and float32 scales; nothing float32 the size
+    of a kernel is a variable or a constant (Grappler would fold a constant's dequantization)."""
+    import tensorflow as tf
+
+    from models.quant_tf import build_graph
+
+    spec = VISION_CNN
+    checkpoint = zoo_checkpoint(spec, init_weights(spec), uniform_policy(4, 32))
+    _, params = zoo_params(checkpoint, Path("in-memory"))
+    graph = tf.Graph()
+    with graph.as_default():
+        built = build_graph(spec, params)
+        variables = tf.compat.v1.global_variables()
+    codes = [v for v in variables if v.dtype.base_dtype == tf.int8]
+    assert len(codes) == 9  # 7 convolutions, 2 dense layers
+    largest = max(int(np.prod(v.shape)) for v in codes)
+    assert largest == 256 * 256 * 9  # layers.8: [256, 2304] codes, 72 whole blocks of 32
+    floats = [v for v in variables if v.dtype.base_dtype == tf.float32]
+    assert max(int(np.prod(v.shape)) for v in floats) <= largest // 32  # scales and biases
+    consts = [op for op in graph.get_operations() if op.type == "Const"]
+    assert max(_elements(op) for op in consts) <= 64  # shapes, axes, scalars
+    fed = sorted(str(a.dtype) for a in built.init_feed.values())
+    assert fed.count("int8") == 9 and set(fed) == {"int8", "float32"}
+
+
+def _elements(const: object) -> int:
+    dims = const.get_attr("value").tensor_shape.dim  # type: ignore[attr-defined]
+    return int(np.prod([d.size for d in dims])) if dims else 1
+
+
+MEMORY_SPEC = ModelSpec(
+    name="memory_mlp",
+    inputs=(Input("features", (1024,)),),
+    layers=(Dense(2048, "relu"), Dense(2048, "relu"), Dense(10)),
+    seed=5,
+)
+
+
+def test_weights_stay_quantized_in_process_memory(tmp_path: Path) -> None:
+    """Resident memory a fresh process gains by loading a 6.3M-weight model and running it once
+    (the benchmark's method): int4 holds a fraction of fp32 on both runtimes."""
+    weights = init_weights(MEMORY_SPEC)
+    paths = {
+        precision: save_checkpoint(
+            zoo_checkpoint(MEMORY_SPEC, weights, uniform_policy(bits, 128)),
+            tmp_path / precision / "model.safetensors",
+        )
+        for precision, bits in (("fp32", None), ("int4", 4))
+    }
+    warm = save_checkpoint(
+        zoo_checkpoint(SENSOR_FUSION, init_weights(SENSOR_FUSION), uniform_policy(None, 16)),
+        tmp_path / "warm" / "model.safetensors",
+    )
+    jobs = [
+        {
+            "label": f"{runtime}/{precision}",
+            "model": MEMORY_SPEC.name,
+            "path": str(path),
+            "runtime": runtime,
+            "inputs": [{"name": "features", "shape": [1024]}],
+            "warmup_path": str(warm),
+            "warmup_inputs": [["accel", [3]], ["temperature", [1]]],
+        }
+        for runtime in ("onnxruntime", "tensorflow")
+        for precision, path in paths.items()
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.quant", "--measure-memory", json.dumps(jobs)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    held = {
+        r["label"]: r["held_bytes"]
+        for r in (
+            json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("MEMORY ")
+        )
+    }
+    fp32_bytes = 4 * sum(int(np.prod(p.kernel.shape)) for p in weights if p is not None)
+    # fp32: the weights themselves (prepacked or not), give or take the runtime's bookkeeping.
+    for runtime in ("onnxruntime", "tensorflow"):
+        assert 0.9 * fp32_bytes < held[f"{runtime}/fp32"] < 1.6 * fp32_bytes, held
+    # int4 in MatMulNBits: 0.5 byte per weight plus scales and packing extras (~0.15 of fp32).
+    assert held["onnxruntime/int4"] < 0.2 * held["onnxruntime/fp32"], held
+    # int4 as int8 codes in TF variables: 0.25 of fp32, plus the 4 MiB float chunk being
+    # dequantized, which TF's allocator keeps between runs (measured: about 0.5 in all).
+    assert held["tensorflow/int4"] < 0.65 * held["tensorflow/fp32"], held
