@@ -27,6 +27,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -531,9 +532,15 @@ def summarize(path: Path) -> CheckpointSummary:
             except CheckpointError as exc:
                 status = exc.problem
             rows.append(_summary_row(name, entry, header, status))
+    rows.sort(key=lambda row: _natural(row.name))
     return CheckpointSummary(
         path, meta.format_version, meta.architecture, tuple(rows), path.stat().st_size
     )
+
+
+def _natural(name: str) -> list[tuple[int, int | str]]:
+    """Sort key putting ``layers.2`` before ``layers.11``."""
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name)]
 
 
 def _summary_row(name: str, entry: Entry, header: RawHeader, status: str) -> TensorSummary:

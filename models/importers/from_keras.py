@@ -59,12 +59,10 @@ def import_keras(
     weights: list[Params | None] = []
     sources: dict[str, str] = {}
     notes: list[str] = []
+    _check_chain(model, description)
     softmax = False
-    previous = None
     for klayer in model.layers:
         kind = type(klayer).__name__
-        _check_chain(klayer, previous, description)
-        previous = klayer
         if kind in _SKIPPED:
             if kind != "InputLayer":
                 notes.append(f"{klayer.name} ({kind}) skipped: does nothing at inference")
@@ -106,18 +104,27 @@ def import_keras(
     return checkpoint, ImportReport(description, tuple(decisions), tuple(notes))
 
 
-def _check_chain(layer: Any, previous: Any, description: str) -> None:
-    """Refuse anything but a plain chain (branches, merges, shared layers)."""
-    if previous is None or type(layer).__name__ == "InputLayer":
+def _check_chain(model: keras.Model, description: str) -> None:
+    """Refuse anything but a plain chain (branches, merges, shared layers). A Sequential model
+    is one by construction; a functional model's config names each layer's inputs."""
+    if isinstance(model, keras.Sequential):
         return
-    try:
-        chained = layer.input is previous.output
-    except (AttributeError, ValueError):  # several inbound nodes: a shared layer
-        chained = False
-    if not chained and type(previous).__name__ != "InputLayer":
-        raise ImportFailed(
-            f"{description}: {layer.name} does not follow {previous.name}: only chains"
-        )
+    previous = None
+    for layer in model.get_config().get("layers", []):
+        nodes = layer.get("inbound_nodes", [])
+        if previous is not None:
+            try:
+                (node,) = nodes
+                (arg,) = node["args"]
+                source = arg["config"]["keras_history"][0]
+            except (ValueError, KeyError, TypeError, IndexError):
+                source = None
+            if source != previous or node.get("kwargs"):
+                raise ImportFailed(
+                    f"{description}: {layer.get('name')} does not simply follow {previous}: "
+                    "only chains of layers are supported"
+                )
+        previous = layer.get("name")
 
 
 def _activation(config: dict[str, Any]) -> str:
