@@ -16,8 +16,9 @@ smaller delta everywhere (slow everywhere), adaptive RRL refines only where it p
    fraction of the incumbent's objective, since the GP models log J) for ``patience`` proposals
    in a row, the radius shrinks to 1 around the incumbent: its direct neighbours are measured
    (in EI order) and then refinement stops (or after ``max_refinements``); exploitation as in
-   RRL follows. The final loss bound drops from L * coarse_radius to L * 1 around the basin the
-   coarse pass found.
+   RRL follows, and whenever its re-measurements make another configuration the incumbent, that
+   one's direct neighbours are measured too (within the same budget). The final loss bound
+   drops from L * coarse_radius to L * 1 around the basin the coarse pass found.
 
 So BO decides where the remaining loss is worth a measurement and when it no longer is:
 ``min_improvement`` trades convergence speed against the final gap, and the radius-1 zoom
@@ -88,11 +89,25 @@ class AdaptiveRRL:
     def propose(self) -> int:
         if self.regions.phase == "regions":
             return self.regions.propose()
-        if self.refining:
+        if self.refining or self._incumbent_not_yet_local():
             candidate = self._refine()
             if candidate is not None:
                 return candidate
         return exploit(self.obs, self.settings.confidence, self.settings.default_noise)
+
+    def _incumbent_not_yet_local(self) -> bool:
+        """Exploitation re-measures contenders, so the incumbent can change to one whose direct
+        neighbours were never measured: zoom in around it again (within the refinement budget),
+        so that what adaptive RRL ends on is a local optimum of the grid."""
+        incumbent = self.obs.best()
+        if incumbent is None or self.refinements >= self.settings.max_refinements:
+            return False
+        neighbours = self.regions.distances[incumbent] <= 1.0 + 1e-9
+        if not (self.obs.n[neighbours] == 0).any():
+            return False
+        self.refining = True
+        self.quiet = self.settings.patience  # straight to the radius-1 zoom
+        return True
 
     def _refine(self) -> int | None:
         s = self.settings
@@ -103,13 +118,15 @@ class AdaptiveRRL:
         if self.quiet < s.patience:
             # Inside the best regions, wherever the GP expects the most improvement.
             top = measured[np.argsort(self.obs.mean[measured])[: s.top_regions]]
-            pool = (self.regions.distances[:, top] <= s.coarse_radius + 1e-9).any(axis=1)
+            pool = np.asarray(
+                (self.regions.distances[:, top] <= s.coarse_radius + 1e-9).any(axis=1)
+            )
         else:
             # The GP expects little more: zoom in, the radius shrinks to 1 around the incumbent,
             # whose direct neighbours must all be measured before refinement may stop.
             incumbent = self.obs.best()
             assert incumbent is not None
-            pool = self.regions.distances[incumbent] <= 1.0 + 1e-9
+            pool = np.asarray(self.regions.distances[incumbent] <= 1.0 + 1e-9)
         pool[measured] = False
         candidates = np.flatnonzero(pool)
         if candidates.size == 0:

@@ -263,7 +263,7 @@ def _curve(values: np.ndarray) -> list[float]:
     return [round(float(v), 4) for v in values]
 
 
-def pooled(results: list[dict[str, Any]], tuner: str, key: str, budget: int) -> dict[str, Any]:
+def pooled(results: list[dict[str, Any]], tuner: str, key: str, budget: float) -> dict[str, Any]:
     values = [r[key] for r in results if r["kind"] == "static" and r["tuner"] == tuner]
     return spread(values, budget)
 

@@ -22,8 +22,11 @@ from rrl.space import Config
 
 
 class Objective(Protocol):
-    name: str
-    slo_ms: float
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def slo_ms(self) -> float: ...
 
     def __call__(self, config: Config, measurement: Measurement) -> float: ...
 

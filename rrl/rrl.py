@@ -65,6 +65,7 @@ class RRL:
         self.rng = rng
         self.distances = problem.space.distances
         self.obs = Observations(problem.space.size)
+        self._covered = np.zeros(problem.space.size, dtype=bool)  # kept up to date by observe
         self.prior: np.ndarray | None = None  # warm start: the nearest state's estimates
         self.prior_best: int | None = None  # ... and its best measured configuration
 
@@ -87,10 +88,8 @@ class RRL:
         return q_hat
 
     def covered(self) -> np.ndarray:
-        measured = self.obs.measured
-        if measured.size == 0:
-            return np.zeros(self.problem.space.size, dtype=bool)
-        return (self.distances[:, measured] <= self.settings.radius + 1e-9).any(axis=1)
+        """Configurations within delta of a measured one (a copy)."""
+        return self._covered.copy()
 
     def lipschitz(self) -> float:
         """L: the given constant, else the steepest slope between two measured configurations."""
@@ -108,12 +107,12 @@ class RRL:
 
     @property
     def phase(self) -> str:
-        return "regions" if not self.covered().all() else "exploit"
+        return "regions" if not self._covered.all() else "exploit"
 
     def propose(self) -> int:
         if self.obs.count == 0 and self.prior_best is not None:
             return self.prior_best  # warm start: the nearest state's best first
-        uncovered = ~self.covered()
+        uncovered = ~self._covered
         if uncovered.any():
             return self._next_region(uncovered)
         return exploit(self.obs, self.settings.confidence, self.settings.default_noise)
@@ -145,6 +144,7 @@ class RRL:
 
     def observe(self, flat: int, value: float, measurement: Measurement) -> None:
         self.obs.add(flat, value)  # Q <- Q + (1/n)(J - Q); the region follows in estimates()
+        self._covered |= self.distances[flat] <= self.settings.radius + 1e-9
 
     def recommend(self) -> int:
         best = self.obs.best()

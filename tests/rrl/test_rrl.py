@@ -148,7 +148,7 @@ def test_each_workload_state_has_its_table_and_a_new_one_starts_warm() -> None:
         f = random_lipschitz(SPACE, lipschitz=2.0, floor=10.0, cones=6, seed=seed)
         low = Landscape.from_function(SPACE, f)
         # The next load level: everything slower, the same shape.
-        high = Landscape.from_function(SPACE, lambda x, f=f: 1.6 * f(x) + 3.0)
+        high = Landscape(SPACE, 1.6 * low.values + 3.0)
         tuner = make_rrl(problem(seed), RRLSettings(radius=2.0))
         drive(tuner, low, 40)
         best_low = tuner.recommend()
