@@ -5,10 +5,12 @@ For each bundled model (``models.demo``), each (concurrency, intra-op, inter-op 
 its own real sessions (``models.backends.load_runtime``), warmed at every batch size of the grid;
 then every (max batch size, batch timeout, offered load) cell of the group is served by the
 batcher-like open-loop harness (``rrl.harness``): a warm-up, then ``windows`` measurement
-windows, each long enough for ``min_requests`` arrivals. Cells run in a shuffled order within a
-group so that slow drifts of a shared machine do not line up with neighbouring configurations.
-A window's figures (p50/p95/p99/mean latency, throughput, violations, CPU) are one sample of what
-a tuner sees in one decision interval; the spread over windows is the measured noise.
+windows, each long enough for ``min_requests`` arrivals. The whole grid is measured ``passes``
+times, groups and cells in a new random order each time, so that the windows of one cell come
+from moments far apart: on a shared machine a burst of other work then hits one pass of a cell
+instead of all of it, and does not line up with neighbouring configurations either. A window's
+figures (p50/p95/p99/mean latency, throughput, violations, CPU) are one sample of a short
+interval; the spread over a cell's windows is the measured noise.
 
 Grids (the documented subsets):
 
@@ -74,7 +76,9 @@ QUICK_PLAN = ModelPlan("sensor_mlp", "quick", (256.0, 2048.0))
 
 @dataclass(frozen=True)
 class Timing:
-    windows: int = 4
+    passes: int = 2
+    windows: int = 2
+    """Windows per pass."""
     min_window_s: float = 0.4
     min_requests: int = 10
     warmup_s: float = 0.2
@@ -84,7 +88,7 @@ class Timing:
 
 
 FULL_TIMING = Timing()
-QUICK_TIMING = Timing(windows=2, min_window_s=0.1, min_requests=4, warmup_s=0.05)
+QUICK_TIMING = Timing(passes=1, windows=2, min_window_s=0.1, min_requests=4, warmup_s=0.05)
 
 
 def grid(name: str, cores: int, max_batch_size: int) -> ConfigSpace:
@@ -113,17 +117,16 @@ def profile_model(
     seed: int = 0,
     resume: bool = False,
 ) -> dict[str, Any]:
-    from models.backends import load_runtime
-    from models.runtime import Threads
-
+    """Measure every cell ``timing.passes`` times, each pass at a different moment (groups and
+    cells shuffled anew), ``timing.windows`` windows each time, so that a burst of other work on
+    the machine lands on one pass of a cell and not on all of its windows."""
     space = grid(plan.grid, cores, version.config.max_batch_size)
-    slo_s = version.config.slo_ms / 1000.0
     doc = _new_document(version, plan, timing, space, cores)
-    done: dict[tuple[tuple[float, ...], int], dict[str, Any]] = {}
+    done: dict[Key, dict[str, Any]] = {}
     if resume and out_path.exists():
         old = json.loads(out_path.read_text())
         if old.get("space") == doc["space"] and old.get("loads") == doc["loads"]:
-            done = {(tuple(c["config"]), c["load"]): c for c in old["cells"]}
+            done = {(tuple(c["config"]), c["load"]): _resumed(c) for c in old["cells"]}
             doc["load_conditions"] = old.get("load_conditions", doc["load_conditions"])
             log.info("%s: resuming with %d cells measured", plan.model, len(done))
     rng = np.random.default_rng(seed)
@@ -134,56 +137,102 @@ def profile_model(
         for o in space.inter_op_threads
     ]
     started = time.monotonic()
-    for g, (conc, intra, inter) in enumerate(groups):
-        cells = [
-            (b, t, li)
-            for b in space.batch_sizes
-            for t in space.timeouts_ms
-            for li in range(len(plan.rates_per_s))
-            if ((float(b), t, float(conc), float(intra), float(inter)), li) not in done
-        ]
-        if not cells:
-            continue
-        rng.shuffle(cells)  # type: ignore[arg-type]
-        runtimes = [load_runtime(version, Threads(intra, inter)) for _ in range(conc)]
-        try:
-            inputs = _inputs(runtimes[0], space.batch_sizes[-1] * plan.rows_per_request, rng)
-            for rt in runtimes:  # first calls at each shape allocate: keep them out of the table
-                for b in space.batch_sizes:
-                    rt.infer({k: v[: b * plan.rows_per_request] for k, v in inputs.items()})
-            harness = ServingHarness(runtimes, inputs)
-            try:
-                load_avg = _loadavg()
-                for b, t, li in cells:
-                    rate = plan.rates_per_s[li]
-                    windows = _measure(harness, b, t, rate, plan, timing, slo_s, rng)
-                    key = ((float(b), t, float(conc), float(intra), float(inter)), li)
-                    done[key] = _cell(key, windows, load_avg)
-            finally:
-                harness.close()
-        finally:
-            for rt in runtimes:
-                rt.close()
-        doc["cells"] = [done[k] for k in sorted(done)]
-        doc["load_conditions"]["load_average_by_group"].append(
-            {"group": [conc, intra, inter], "load_average": _loadavg()}
-        )
-        _write(out_path, doc, complete=False)
-        log.info(
-            "%s: group %d/%d (conc=%d intra=%d inter=%d) done, %.0f s elapsed",
-            plan.model,
-            g + 1,
-            len(groups),
-            conc,
-            intra,
-            inter,
-            time.monotonic() - started,
-        )
-    doc["cells"] = [done[k] for k in sorted(done)]
+    for pass_ in range(timing.passes):
+        order = rng.permutation(len(groups))
+        for g, index in enumerate(order):
+            conc, intra, inter = groups[index]
+            cells = [
+                (b, t, li)
+                for b in space.batch_sizes
+                for t in space.timeouts_ms
+                for li in range(len(plan.rates_per_s))
+                if done.get(_key(b, t, conc, intra, inter, li), {}).get("passes", 0) <= pass_
+            ]
+            if not cells:
+                continue
+            rng.shuffle(cells)  # type: ignore[arg-type]
+            _measure_group(version, plan, timing, space, (conc, intra, inter), cells, done, rng)
+            doc["cells"] = [_cell(k, done[k]) for k in sorted(done)]
+            doc["load_conditions"]["load_average_by_group"].append(
+                {"pass": pass_ + 1, "group": [conc, intra, inter], "load_average": _loadavg()}
+            )
+            _write(out_path, doc, complete=False)
+            log.info(
+                "%s: pass %d/%d, group %d/%d (conc=%d intra=%d inter=%d) done, %.0f s elapsed",
+                plan.model,
+                pass_ + 1,
+                timing.passes,
+                g + 1,
+                len(groups),
+                conc,
+                intra,
+                inter,
+                time.monotonic() - started,
+            )
+    doc["cells"] = [_cell(k, done[k]) for k in sorted(done)]
     doc["load_conditions"]["load_average_at_end"] = _loadavg()
     doc["elapsed_s"] = round(time.monotonic() - started, 1)
     _write(out_path, doc, complete=True)
     return doc
+
+
+Key = tuple[tuple[float, ...], int]
+
+
+def _key(b: float, t: float, conc: int, intra: int, inter: int, load: int) -> Key:
+    return ((float(b), float(t), float(conc), float(intra), float(inter)), load)
+
+
+def _measure_group(
+    version: Any,
+    plan: ModelPlan,
+    timing: Timing,
+    space: ConfigSpace,
+    group: tuple[int, int, int],
+    cells: list[tuple[int, float, int]],
+    done: dict[Key, dict[str, Any]],
+    rng: np.random.Generator,
+) -> None:
+    """One (concurrency, intra, inter) group: build and warm its sessions, serve its cells."""
+    from models.backends import load_runtime
+    from models.runtime import Threads
+
+    conc, intra, inter = group
+    slo_s = version.config.slo_ms / 1000.0
+    runtimes = [load_runtime(version, Threads(intra, inter)) for _ in range(conc)]
+    try:
+        inputs = _inputs(runtimes[0], space.batch_sizes[-1] * plan.rows_per_request, rng)
+        for rt in runtimes:  # first calls at each shape allocate: keep them out of the table
+            for b in space.batch_sizes:
+                rt.infer({k: v[: b * plan.rows_per_request] for k, v in inputs.items()})
+        harness = ServingHarness(runtimes, inputs)
+        try:
+            load_avg = _loadavg()
+            for b, t, li in cells:
+                windows = _measure(harness, b, t, plan.rates_per_s[li], plan, timing, slo_s, rng)
+                entry = done.setdefault(
+                    _key(b, t, conc, intra, inter, li),
+                    {"windows": [], "passes": 0, "load_average": []},
+                )
+                entry["windows"] += [
+                    [_round(getattr(w, f)) for f in WINDOW_FIELDS] for w in windows
+                ]
+                entry["passes"] += 1
+                entry["load_average"].append(load_avg)
+        finally:
+            harness.close()
+    finally:
+        for rt in runtimes:
+            rt.close()
+
+
+def _resumed(cell: dict[str, Any]) -> dict[str, Any]:
+    load_avg = cell.get("load_average")
+    return {
+        "windows": cell["windows"],
+        "passes": cell.get("passes", 1),
+        "load_average": load_avg if isinstance(load_avg, list) else [load_avg],
+    }
 
 
 def _measure(
@@ -209,19 +258,21 @@ def _measure(
     )
 
 
-def _cell(
-    key: tuple[tuple[float, ...], int], windows: Sequence[WindowResult], load_avg: float | None
-) -> dict[str, Any]:
-    rows = [[_round(getattr(w, f)) for f in WINDOW_FIELDS] for w in windows]
-    p95 = np.array([w.p95_ms for w in windows], dtype=np.float64)
-    thr = np.array([w.completed / w.duration_s for w in windows], dtype=np.float64)
+def _cell(key: Key, entry: dict[str, Any]) -> dict[str, Any]:
+    fields = list(WINDOW_FIELDS)
+    rows = np.array(
+        [[np.nan if v is None else v for v in w] for w in entry["windows"]], dtype=np.float64
+    )
+    p95 = rows[:, fields.index("p95_ms")]
+    thr = rows[:, fields.index("completed")] / rows[:, fields.index("duration_s")]
     return {
         "config": list(key[0]),
         "load": key[1],
-        "windows": rows,
+        "passes": entry["passes"],
+        "windows": entry["windows"],
         "p95_ms": [_round(_nanmean(p95)), _round(_nanstd(p95))],
         "throughput_per_s": [_round(float(thr.mean())), _round(float(thr.std()))],
-        "load_average": load_avg,
+        "load_average": entry["load_average"],
     }
 
 
