@@ -931,14 +931,14 @@ class Bench:
         for m, intra, inst, b in grid:  # warm-up: sessions built, every shape seen once
             self.runner(m, intra, inst).rows_per_s(inputs[m.name, b], plan.inproc_warmup_s)
         rates: dict[tuple[str, int, int, int], list[float]] = {k: [] for k in grid_keys(grid)}
-        cores: dict[tuple[str, int, int, int], list[float]] = {k: [] for k in grid_keys(grid)}
+        used_cores: dict[tuple[str, int, int, int], list[float]] = {k: [] for k in grid_keys(grid)}
         for _ in range(plan.repeats):  # rounds: every configuration once per round
             for m, intra, inst, b in grid:
                 rate, used, _ = self.runner(m, intra, inst).rows_per_s(
                     inputs[m.name, b], plan.inproc_run_s
                 )
                 rates[m.name, intra, inst, b].append(rate)
-                cores[m.name, intra, inst, b].append(used)
+                used_cores[m.name, intra, inst, b].append(used)
         best: dict[str, dict[str, Any]] = {}
         for m in models.values():
             entries = []
@@ -955,7 +955,7 @@ class Bench:
                     "batch_size": b,
                     "rows_per_s": r,
                     "batch_ms": batch_ms,
-                    "cpu_cores": Repeated.of(cores[name, intra, inst, b]),
+                    "cpu_cores": Repeated.of(used_cores[name, intra, inst, b]),
                 }
                 self.runs.append(entry)
                 entries.append(entry)
