@@ -1,7 +1,7 @@
 """ONNX Runtime backend: one ``InferenceSession`` per runtime instance.
 
 A version is an ONNX file, or a block-quantized checkpoint (``format = "checkpoint"``) whose
-graph is built in memory at load: ``MatMulNBits`` and blocked ``DequantizeLinear`` over the
+graph is built at load: ``MatMulNBits`` and ``DequantizeLinear`` over the
 checkpoint's codes (``models.quant_onnx``), so the session holds the codes, not float weights.
 """
 
