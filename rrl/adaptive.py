@@ -116,11 +116,14 @@ class AdaptiveRRL:
             self.refining = False
             return None
         if self.quiet < s.patience:
-            # Inside the best regions, wherever the GP expects the most improvement.
-            top = measured[np.argsort(self.obs.mean[measured])[: s.top_regions]]
-            pool = np.asarray(
-                (self.regions.distances[:, top] <= s.coarse_radius + 1e-9).any(axis=1)
-            )
+            if s.top_regions > 0:
+                # Inside the best regions, wherever the GP expects the most improvement.
+                top = measured[np.argsort(self.obs.mean[measured])[: s.top_regions]]
+                pool = np.asarray(
+                    (self.regions.distances[:, top] <= s.coarse_radius + 1e-9).any(axis=1)
+                )
+            else:
+                pool = np.ones(self.coords.shape[0], dtype=bool)
         else:
             # The GP expects little more: zoom in, the radius shrinks to 1 around the incumbent,
             # whose direct neighbours must all be measured before refinement may stop.
