@@ -386,10 +386,12 @@ def run(args: argparse.Namespace) -> int:
     from models.repository import ModelVersion, scan_repository
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    logging.getLogger("models").setLevel(logging.WARNING)  # one line per session is noise here
+    for noisy in ("models", "tensorflow"):  # a line per session built is noise here
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     cores = args.cores or _usable_cores()
     if args.quick:
-        plans = [QUICK_PLAN]
+        names = args.models.split(",") if args.models else [QUICK_PLAN.model]
+        plans = [ModelPlan(n, "quick", QUICK_PLAN.rates_per_s) for n in names]
         timing = QUICK_TIMING
     else:
         names = args.models.split(",") if args.models else list(PLANS)
