@@ -567,6 +567,7 @@ def start_gateway(repo: Path, workdir: Path, timeout_s: float) -> tuple[ServerPr
         str(workdir / "cache"),
         "--log-level",
         "INFO",
+        "--no-mqtt",  # the HTTP path alone; no embedded broker to compete for the cores
     )
     server = ServerProcess(argv, log_path=workdir / "gateway.log", env=_clean_env())
     try:
