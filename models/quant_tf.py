@@ -123,22 +123,32 @@ def _chunks(data: BlockQuantized, chunk_elements: int) -> list[tuple[int, int]]:
 def _quantized_dense(
     index: int, p: QuantParams, bias: tf.Tensor, variables: _Variables, chunk_elements: int
 ) -> LayerFn:
-    data = p.kernel.data  # [out, in]
-    length = data.row_length
-    codes = variables(f"l{index}_codes", _padded_codes(data))
-    scales = variables(f"l{index}_scales", data.scales)
-    bounds = _chunks(data, chunk_elements)
+    """``x @ W.T + b``, with the codes held input-major (``[blocks * size, out]``): a plain
+    matmul on them is several times faster in TF than ``transpose_b`` at batch 8 and more
+    (measured on [1024, 4096] at batch 8: 6 ms against 66 ms). Chunks are runs of whole blocks
+    along the input; their partial products add up."""
+    data = p.kernel.data  # [out, in], blocks along in
+    out_features, length = data.codes.shape
+    size, blocks = data.block_size, data.blocks_per_row
+    codes = variables(f"l{index}_codes", _padded_codes(data).T)  # [blocks * size, out]
+    scales = variables(f"l{index}_scales", data.scales.T)  # [blocks, out]
+    per_chunk = max(1, chunk_elements // (size * out_features))
+    bounds = [(b, min(b + per_chunk, blocks)) for b in range(0, blocks, per_chunk)]
 
     def apply(x: tf.Tensor) -> tf.Tensor:
-        parts = []
+        total: tf.Tensor | None = None
         after: tf.Tensor = x
-        for begin, end in bounds:
+        for first, last in bounds:
+            begin, end = first * size, min(last * size, length)
             with tf.control_dependencies([after]):
-                w = _dequantize(codes[begin:end], scales[begin:end], data.block_size, length)
-            after = tf.matmul(x, w, transpose_b=True)
-            parts.append(after)
-        y = parts[0] if len(parts) == 1 else tf.concat(parts, axis=1)
-        return y + bias
+                w = tf.cast(codes[first * size : last * size], tf.float32)
+                w = tf.reshape(w, [last - first, size, out_features]) * scales[first:last, None, :]
+                w = tf.reshape(w, [(last - first) * size, out_features])[: end - begin]
+            part = tf.matmul(x[:, begin:end], w)
+            total = part if total is None else total + part
+            after = total
+        assert total is not None
+        return total + bias
 
     return apply
 
