@@ -9,6 +9,7 @@ import time
 from collections import deque
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -87,6 +88,11 @@ class ModelHost:
             on_batch=self._record_batch,
         )
         self._knob_lock = asyncio.Lock()
+        self._request_children: dict[tuple[str, str], tuple[Any, Any]] = {}
+        self._batch_rows = metrics.batch_size.labels(*self._labels)
+        self._compute_seconds = metrics.compute_seconds.labels(*self._labels)
+        self._queue_seconds = metrics.queue_seconds.labels(*self._labels)
+        self._queue_depth_gauge = metrics.queue_depth.labels(*self._labels)
         # (completion time, latency s, rows, violated SLO) of recent requests.
         self._done: deque[tuple[float, float, int, bool]] = deque(maxlen=_STATS_WINDOW)
         self._rejected: deque[float] = deque(maxlen=_STATS_WINDOW)
@@ -214,14 +220,29 @@ class ModelHost:
             queue_depth=self._batcher.queue_depth,
         )
 
+    def record_request(self, transport: str, outcome: str, seconds: float) -> None:
+        """Count one request. The labelled metric children are looked up once per
+        (transport, outcome): prometheus-client's ``labels()`` costs microseconds per call,
+        which adds up on the event loop at thousands of requests per second."""
+        children = self._request_children.get((transport, outcome))
+        if children is None:
+            m = self._metrics
+            children = (
+                m.requests.labels(*self._labels, transport, outcome),
+                m.latency_seconds.labels(*self._labels, transport),
+            )
+            self._request_children[(transport, outcome)] = children
+        counter, latency = children
+        counter.inc()
+        latency.observe(seconds)
+        self._queue_depth_gauge.set(self._batcher.queue_depth)
+
     def _record_batch(self, record: BatchRecord) -> None:
-        m = self._metrics
-        m.batch_size.labels(*self._labels).observe(record.rows)
-        m.compute_seconds.labels(*self._labels).observe(record.compute_s)
-        hist = m.queue_seconds.labels(*self._labels)
+        self._batch_rows.observe(record.rows)
+        self._compute_seconds.observe(record.compute_s)
         for q in record.queue_s:
-            hist.observe(q)
-        m.queue_depth.labels(*self._labels).set(self._batcher.queue_depth)
+            self._queue_seconds.observe(q)
+        self._queue_depth_gauge.set(self._batcher.queue_depth)
 
     def _publish_knobs(self) -> None:
         for knob, value in self._knobs.as_dict().items():

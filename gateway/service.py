@@ -175,14 +175,12 @@ class InferenceService:
             outcome = getattr(exc, "reason", "internal")
             raise
         finally:
-            name, version = (host.name, str(host.version)) if host else (request.model, "")
-            if host is not None or outcome != "not_found":
-                self.metrics.requests.labels(name, version, transport, outcome).inc()
-                if host is not None:
-                    self.metrics.latency_seconds.labels(name, version, transport).observe(
-                        time.monotonic() - started
-                    )
-                    self.metrics.queue_depth.labels(name, version).set(host.queue_depth)
+            if host is not None:
+                host.record_request(transport, outcome, time.monotonic() - started)
+            elif outcome != "not_found":
+                # Unknown model names are not counted: a label per name a client invents
+                # would grow the metrics without bound.
+                self.metrics.requests.labels(request.model, "", transport, outcome).inc()
 
     # -- control (the tuner's surface) -----------------------------------------------------
 
