@@ -129,7 +129,9 @@ class Batcher:
         if estimate is not None and estimate > remaining:
             raise DeadlineUnmeetable(
                 f"model {self.name}: deadline cannot be met (estimated {estimate * 1e3:.1f} ms "
-                f"with {len(self._heap)} request(s) queued, {remaining * 1e3:.1f} ms left)"
+                f"with {len(self._heap)} request(s) queued, {remaining * 1e3:.1f} ms left)",
+                # Retrying at once would meet the same queue: tell the client when it drains.
+                retry_after=self._drain_time(),
             )
         level = priority if priority > 0 else DEFAULT_PRIORITY_LEVEL
         future: asyncio.Future[tuple[Outputs, float, float]] = (
