@@ -108,7 +108,9 @@ def _write_config(path: Path, runtime: str) -> Path:
     from models.demo import config_toml
     from models.repository import CONFIG_FILE, ModelConfig
 
-    config = ModelConfig(runtime=runtime, path=path.name, format="checkpoint")  # type: ignore[arg-type]
+    config = ModelConfig.model_validate(
+        {"runtime": runtime, "path": path.name, "format": "checkpoint"}
+    )
     target = path.parent / CONFIG_FILE
     target.write_text(config_toml(config), encoding="utf-8")
     return target
