@@ -30,12 +30,19 @@ class Trace:
     measured: list[float] = field(default_factory=list)
     recommended: list[float] = field(default_factory=list)
     oracle: list[float] = field(default_factory=list)
+    tied: list[bool] = field(default_factory=list)
+    """Whether the recommendation is indistinguishable from the oracle within the profile's
+    own measurement error (``Testbed.indistinguishable``)."""
     p95_ms: list[float] = field(default_factory=list)
     violations: list[float] = field(default_factory=list)
     phase_of_tuner: list[str] = field(default_factory=list)
 
     def gaps(self) -> np.ndarray:
         return np.asarray(self.recommended) / np.asarray(self.oracle) - 1.0
+
+    def gaps_or_tied(self) -> np.ndarray:
+        """The gaps, with 0 where the recommendation is statistically tied with the oracle."""
+        return np.where(np.asarray(self.tied), 0.0, self.gaps())
 
 
 def run_static(
@@ -83,8 +90,10 @@ def _step(tuner: Tuner, testbed: Testbed, load: int, trace: Trace, interval_s: f
     space = testbed.space
     trace.load.append(load)
     trace.measured.append(float(truth[space.flat(config)]))
-    trace.recommended.append(float(truth[space.flat(tuner.recommend())]))
+    recommended = space.flat(tuner.recommend())
+    trace.recommended.append(float(truth[recommended]))
     trace.oracle.append(float(truth.min()))
+    trace.tied.append(bool(testbed.indistinguishable(load)[recommended]))
     trace.p95_ms.append(measurement.p95_ms if measurement.completed else float("nan"))
     # Violations per decision interval at the offered rate (the window is shorter than that).
     trace.violations.append(

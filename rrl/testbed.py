@@ -166,9 +166,10 @@ class Testbed:
         return merge([self.table.measurement(load, flat, int(k)) for k in windows])
 
     @cached_property
-    def _truth(self) -> np.ndarray:
+    def _truth(self) -> tuple[np.ndarray, np.ndarray]:
         t = self.table
-        out = np.empty((len(t.loads), self.space.size))
+        mean = np.empty((len(t.loads), self.space.size))
+        se = np.empty_like(mean)
         for load in range(len(t.loads)):
             for flat in range(self.space.size):
                 config = self.space.at(flat)
@@ -176,12 +177,24 @@ class Testbed:
                     self.objective(config, t.measurement(load, flat, k))
                     for k in range(t.window_count(load, flat))
                 ]
-                out[load, flat] = float(np.mean(values))
-        return out
+                mean[load, flat] = float(np.mean(values))
+                se[load, flat] = float(np.std(values, ddof=1) / np.sqrt(len(values)))
+        return mean, se
 
     def truth(self, load: int) -> np.ndarray:
         """Mean objective of every configuration at ``load`` (flat order)."""
-        return self._truth[load]
+        return self._truth[0][load]
+
+    def truth_error(self, load: int) -> np.ndarray:
+        """Standard error of each truth: how precisely the profile knows it."""
+        return self._truth[1][load]
+
+    def indistinguishable(self, load: int) -> np.ndarray:
+        """Configurations the profile cannot tell apart from the oracle: within two standard
+        errors of the difference of their truths."""
+        truth, se = self.truth(load), self.truth_error(load)
+        best = int(np.argmin(truth))
+        return truth - truth[best] <= 2.0 * np.sqrt(se**2 + se[best] ** 2)
 
     def oracle(self, load: int) -> tuple[Config, float]:
         truth = self.truth(load)
