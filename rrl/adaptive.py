@@ -40,15 +40,16 @@ from rrl.tuner import PerWorkload, TuningProblem, exploit
 
 @dataclass(frozen=True)
 class AdaptiveSettings:
-    coarse_radius: float = 2.5
-    """delta of the first, coarse pass."""
+    coarse_radius: float = 2.0
+    """delta of the first, coarse pass (RRL's default: adaptive RRL is RRL plus refinement)."""
     top_regions: int = 3
-    """Refinement looks inside the regions of this many best measured configurations."""
+    """Refinement looks inside the regions of this many best measured configurations (0: the
+    whole grid)."""
     min_improvement: float = 0.002
     """Refinement stops when no candidate is expected to improve the best by this fraction ..."""
     patience: int = 3
     """... for this many proposals in a row."""
-    max_refinements: int = 40
+    max_refinements: int = 100
     """At most this many refinement measurements per workload state."""
     confidence: float = 1.0
     default_noise: float = 0.1

@@ -351,7 +351,7 @@ def summarize(results: list[dict[str, Any]], plan: EvalPlan) -> dict[str, Any]:
         "qlearning_final_gap": median("qlearning", "final_gap"),
     }
     # The same, counting a recommendation the profile cannot tell apart from the oracle (within
-    # two standard errors of its own measurements) as reached.
+    # two standard errors of the oracle's truth) as reached.
     for tuner, key in (
         ("rrl", "rrl"),
         ("qlearning", "qlearning"),

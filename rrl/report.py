@@ -58,7 +58,7 @@ def markdown(
         "cell drawn at random and merged); gaps are to the oracle (best mean objective of the "
         'grid). "To 5%": measurements after which the recommendation stays within 5% of the '
         'oracle to the end of the run; "or tied": also counting a recommendation the profile '
-        "cannot tell apart from the oracle (within two standard errors of the two truths); "
+        "cannot tell apart from the oracle (within two standard errors of the oracle's truth); "
         '"ends tied": fraction of runs whose final recommendation is.',
         "",
         "## Headline",
