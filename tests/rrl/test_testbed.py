@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rrl.episodes import measurements_to_within, run_shifting, run_static
-from rrl.objective import LatencyObjective
+from rrl.objective import CostObjective, LatencyObjective
 from rrl.profile import WINDOW_FIELDS
 from rrl.space import ConfigSpace
 from rrl.testbed import ProfileTable, Testbed
@@ -150,3 +150,16 @@ def test_a_decision_interval_merges_several_recorded_windows(table: ProfileTable
     # Dropped requests add up across the merged windows.
     dropped = merged.measure(SPACE.at(0), 2)
     assert dropped.slo_violations == dropped.rejected == 100
+
+
+def test_the_cost_objective_is_a_setting(table: ProfileTable) -> None:
+    # Minimizing cores subject to the SLO: every configuration of the toy table meets the SLO
+    # (except configuration 0 at the highest load) and uses the same measured CPU, so with the
+    # cost objective the truths tie where the latency objective ranks them.
+    cost = CostObjective(slo_ms=100.0, cores=1)
+    testbed = Testbed(table, cost, seed=0)
+    assert np.allclose(testbed.truth(0), 0.5)
+    assert testbed.truth(2)[0] > testbed.truth(2)[1]
+    problem = TuningProblem(SPACE, cost, cores=1, seed=0)
+    trace = run_static(build_tuner("adaptive-rrl", problem), testbed, 2, 30, interval_s=5.0)
+    assert trace.gaps()[-1] == 0.0
