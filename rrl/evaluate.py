@@ -332,6 +332,32 @@ def lipschitz_check(
     return out
 
 
+def tradeoff_pooled(results: list[dict[str, Any]], plan: EvalPlan) -> list[dict[str, Any]]:
+    """RRL per radius, pooled over every static workload: the speed / optimality curve."""
+    out = []
+    for r in plan.radii:
+        runs = [x for x in results if x["kind"] == "tradeoff" and x["radius"] == r]
+        if not runs:
+            continue
+        out.append(
+            {
+                "radius": r,
+                "region_phase_measurements": spread(
+                    [x["region_phase_measurements"] for x in runs], plan.budget
+                ),
+                "measurements_to_5pct": spread(
+                    [x["measurements_to_5pct"] for x in runs], plan.budget
+                ),
+                "measurements_to_5pct_or_tied": spread(
+                    [x["measurements_to_5pct_or_tied"] for x in runs], plan.budget
+                ),
+                "final_gap": spread([x["final_gap"] for x in runs], math.inf),
+                "violations": spread([x["violations"] for x in runs], math.inf),
+            }
+        )
+    return out
+
+
 def summarize(results: list[dict[str, Any]], plan: EvalPlan) -> dict[str, Any]:
     b = plan.budget
 
@@ -407,6 +433,7 @@ def evaluate(
     aggregated = aggregate(results, plan)
     summary = summarize(results, plan)
     lipschitz = lipschitz_check(tables, results, plan)
+    tradeoff = tradeoff_pooled(results, plan)
     runs = [{k: v for k, v in r.items() if k != "gaps"} for r in results]
     runs.sort(
         key=lambda r: (r["kind"], r["model"], r["loads"], r["tuner"], r["radius"] or 0, r["seed"])
@@ -439,9 +466,12 @@ def evaluate(
         created=created,
         scenarios=aggregated["scenarios"],
         lipschitz=lipschitz,
+        delta_tradeoff=tradeoff,
         elapsed_s=round(elapsed, 1),
     )
-    write_report(path, summary, aggregated["scenarios"], lipschitz, plan, tables, quick=quick)
+    write_report(
+        path, summary, aggregated["scenarios"], lipschitz, tradeoff, plan, tables, quick=quick
+    )
     return path
 
 

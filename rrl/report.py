@@ -19,6 +19,7 @@ def write_report(
     summary: dict[str, Any],
     scenarios: list[dict[str, Any]],
     lipschitz: list[dict[str, Any]],
+    tradeoff: list[dict[str, Any]],
     plan: EvalPlan,
     tables: dict[str, ProfileTable],
     *,
@@ -27,7 +28,9 @@ def write_report(
     stem = json_path.name.removesuffix(".json")
     figures_dir = json_path.with_name(stem)
     figures = plot_all(figures_dir, scenarios, lipschitz, plan, tables)
-    md = markdown(summary, scenarios, lipschitz, plan, tables, figures, json_path, quick=quick)
+    md = markdown(
+        summary, scenarios, lipschitz, tradeoff, plan, tables, figures, json_path, quick=quick
+    )
     md_path = json_path.with_name(stem + ".md")
     md_path.write_text(md, encoding="utf-8")
     return md_path, figures
@@ -40,6 +43,7 @@ def markdown(
     summary: dict[str, Any],
     scenarios: list[dict[str, Any]],
     lipschitz: list[dict[str, Any]],
+    tradeoff: list[dict[str, Any]],
     plan: EvalPlan,
     tables: dict[str, ProfileTable],
     figures: list[Path],
@@ -108,6 +112,20 @@ def markdown(
         "neighbours (L_local).",
         "",
     ]
+    out += [
+        "| delta | region phase | to 5% (never) | to 5% or tied (never) | final gap median "
+        "[p25-p75] | violations |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in tradeoff:
+        m, t, g = row["measurements_to_5pct"], row["measurements_to_5pct_or_tied"], row["final_gap"]
+        out.append(
+            f"| {row['radius']:g} | {_fmt(row['region_phase_measurements']['median'])} | "
+            f"{_fmt(m['median'])} ({m['censored']}/{m['runs']}) | {_fmt(t['median'])} "
+            f"({t['censored']}/{t['runs']}) | {_pct(g['median'])} [{_pct(g['p25'])}-"
+            f"{_pct(g['p75'])}] | {_fmt(row['violations']['median'])} |"
+        )
+    out += ["", "Pooled over every static workload above; per workload:", ""]
     out += _tradeoff_table(scenarios, lipschitz, tables)
     out += ["", "## Plots", ""]
     out += [f"![{p.stem}]({p.parent.name}/{p.name})" for p in figures]
