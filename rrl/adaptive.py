@@ -153,6 +153,10 @@ class AdaptiveRRL:
     def recommend(self) -> int:
         return self.regions.recommend()
 
+    def estimates(self) -> np.ndarray:
+        """RRL's region estimates (measured values where measured), for a safety layer."""
+        return self.regions.estimates()
+
     def warm_start_from(self, other: AdaptiveRRL) -> None:
         self.regions.warm_start_from(other.regions)
 
