@@ -26,17 +26,20 @@ from gateway.errors import (
     BadRequest,
     GatewayError,
     ModelUnavailable,
+    NotFound,
     PayloadTooLarge,
     Unauthorized,
 )
 from gateway.service import InferenceService
 from gateway.settings import HttpSettings
+from gateway.tuning import TuningService
 
 log = logging.getLogger("gateway.http")
 
 SERVICE_KEY = web.AppKey("service", InferenceService)
 SETTINGS_KEY = web.AppKey("settings", HttpSettings)
 EXECUTOR_KEY = web.AppKey("executor", Executor)
+TUNING_KEY = web.AppKey("tuning", TuningService)
 TRANSPORT = "http"
 # Bodies above this are parsed on the executor: decoding megabytes of JSON would stall the loop
 # (and every other device's request) for tens of milliseconds.
@@ -367,7 +370,51 @@ async def admin_knobs(request: web.Request) -> web.Response:
         raise BadRequest("the body must be an object of knob changes")
     knobs = await service.set_knobs(name, version, changes)
     host = service.host(name, version)
-    return _json({"model": host.name, "version": str(host.version), "knobs": knobs.as_dict()})
+    body_out: dict[str, Any] = {
+        "model": host.name,
+        "version": str(host.version),
+        "knobs": knobs.as_dict(),
+    }
+    tuning = request.app.get(TUNING_KEY)
+    if tuning is not None and host.name in tuning.agents:
+        # An operator's explicit setting is not overridden behind their back.
+        tuning.set_paused(host.name, True, why="knobs set by hand")
+        body_out["tuner"] = "paused"
+    return _json(body_out)
+
+
+async def admin_tuner(request: web.Request) -> web.Response:
+    """GET: the online tuner's state (every tuned model, or one with its estimates and
+    decisions); PUT/POST {"paused": bool} on a model pauses or resumes its agent."""
+    _check_admin(request)
+    tuning = request.app.get(TUNING_KEY)
+    model = request.match_info.get("model")
+    if tuning is None:
+        if model is not None:
+            raise NotFound("the online tuner is disabled")
+        return _json({"enabled": False, "models": {}})
+    if model is None:
+        return _json(tuning.snapshot())
+    if request.method != "GET":
+        try:
+            doc = json.loads(await _read_body(request))
+        except json.JSONDecodeError as exc:
+            raise BadRequest(f"malformed JSON: {exc}") from None
+        if (
+            not isinstance(doc, dict)
+            or set(doc) != {"paused"}
+            or not isinstance(doc["paused"], bool)
+        ):
+            raise BadRequest('the body must be {"paused": true|false}')
+        tuning.set_paused(model, doc["paused"], why="admin request")
+    try:
+        decisions = int(request.query.get("decisions", "50"))
+        estimates = int(request.query.get("estimates", "20"))
+    except ValueError:
+        raise BadRequest("decisions and estimates must be integers") from None
+    if not (0 <= decisions <= 1000 and 0 <= estimates <= 1000):
+        raise BadRequest("decisions and estimates must be in [0, 1000]")
+    return _json(tuning.agent(model).snapshot(decisions=decisions, estimates=estimates))
 
 
 async def admin_stats(request: web.Request) -> web.Response:
@@ -388,13 +435,18 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def build_app(
-    service: InferenceService, settings: HttpSettings, executor: Executor
+    service: InferenceService,
+    settings: HttpSettings,
+    executor: Executor,
+    tuning: TuningService | None = None,
 ) -> web.Application:
     # aiohttp's own size check is a second line behind _read_body's (chunked bodies).
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[error_middleware])
     app[SERVICE_KEY] = service
     app[SETTINGS_KEY] = settings
     app[EXECUTOR_KEY] = executor
+    if tuning is not None:
+        app[TUNING_KEY] = tuning
     model = "{model:[A-Za-z0-9][A-Za-z0-9_.-]*}"
     mv = f"/v2/models/{model}"
     mvv = f"{mv}/versions/{{version:[0-9]+}}"
@@ -420,5 +472,8 @@ def build_app(
         r.add_route("PUT", f"{base}/knobs", admin_knobs)
         r.add_route("POST", f"{base}/knobs", admin_knobs)
         r.add_get(f"{base}/stats", admin_stats)
+    r.add_get("/admin/tuner", admin_tuner)
+    for method in ("GET", "PUT", "POST"):
+        r.add_route(method, "/admin/tuner/{model}", admin_tuner)
     r.add_get("/metrics", metrics)
     return app

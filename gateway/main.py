@@ -19,6 +19,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.mqtt import BrokerAddress, MqttAdapter
 from gateway.service import InferenceService
 from gateway.settings import GatewaySettings
+from gateway.tuning import TuningService
 from models.repository import scan_repository
 
 log = logging.getLogger("gateway")
@@ -49,6 +50,11 @@ class Gateway:
             metrics=self.metrics,
             max_concurrency=settings.serving.max_concurrency,
         )
+        self.tuning: TuningService | None = (
+            TuningService(self.service, settings.tuner, self.metrics)
+            if settings.tuner.enabled
+            else None
+        )
         self._runner: web.AppRunner | None = None
         self.broker: EmbeddedBroker | None = None
         self.mqtt: MqttAdapter | None = None
@@ -61,7 +67,7 @@ class Gateway:
         # Building the demo repository exports TF models (seconds): keep the loop free.
         repo = await loop.run_in_executor(self.executor, resolve_model_repo, self.settings)
         self.service.add_versions(scan_repository(repo))
-        app = build_app(self.service, self.settings.http, self.executor)
+        app = build_app(self.service, self.settings.http, self.executor, self.tuning)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.settings.http.host, self.settings.http.port)
@@ -70,11 +76,16 @@ class Gateway:
         if server is not None and getattr(server, "sockets", None):
             self.http_port = server.sockets[0].getsockname()[1]
         log.info("HTTP listening on http://%s:%d", self.settings.http.host, self.http_port)
-        self._loading = asyncio.create_task(self.service.load_all(), name="load-models")
+        self._loading = asyncio.create_task(self._load(), name="load-models")
         if self.settings.mqtt.enabled:
             await self._start_mqtt()
         if wait_ready:
             await self._loading
+
+    async def _load(self) -> None:
+        await self.service.load_all()
+        if self.tuning is not None:
+            self.tuning.start()  # agents need loaded models: their knobs, limits and SLO
 
     async def _start_mqtt(self) -> None:
         mqtt = self.settings.mqtt
@@ -109,6 +120,8 @@ class Gateway:
             self._loading.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loading
+        if self.tuning is not None:
+            await self.tuning.stop()  # no knob change may start while the models unload
         if self.mqtt is not None and self._mqtt_task is not None:
             # Drain first: requests already taken from the broker are answered and acknowledged.
             await self.mqtt.shutdown()

@@ -97,5 +97,41 @@ class GatewayMetrics:
             registry=r,
         )
 
+        # The online tuner's state (gateway.tuning), per tuned model.
+        self.tuner_decisions = Counter(
+            "iotgw_tuner_decisions",
+            "Tuner decisions by kind (explore, exploit, backoff, veto, hold, idle, workload, "
+            "failed).",
+            ["model", "version", "kind"],
+            registry=r,
+        )
+        self.tuner_config = Gauge(
+            "iotgw_tuner_config",
+            "Knobs of the configuration running now (which=current) and of the best known one "
+            "(which=best); batch_timeout in ms.",
+            ["model", "version", "which", "knob"],
+            registry=r,
+        )
+        self.tuner_objective = Gauge(
+            "iotgw_tuner_objective",
+            "Objective of the last measured interval (which=last) and the best known "
+            "configuration's estimate (which=best).",
+            ["model", "version", "which"],
+            registry=r,
+        )
+        self.tuner_workload = Gauge(
+            "iotgw_tuner_workload",
+            "Workload state: rate_level (log2 of requests/s), size_level (log2 of rows per "
+            "request), rate_per_s (the monitor's estimate).",
+            ["model", "version", "field"],
+            registry=r,
+        )
+        self.tuner_configurations = Gauge(
+            "iotgw_tuner_configurations",
+            "Configurations the current workload's table has measured or estimated.",
+            ["model", "version", "kind"],
+            registry=r,
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

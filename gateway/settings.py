@@ -110,6 +110,48 @@ class MqttSettings(BaseModel):
     reconnect_max_s: float = Field(10.0, gt=0, description="Longest reconnect delay.")
 
 
+class TunerSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(
+        True, description="Run the online tuner: it retunes each model's knobs under load."
+    )
+    algorithm: Literal["rrl", "adaptive-rrl", "bo", "hill-climb", "aimd", "inflight"] = Field(
+        "rrl", description="Tuning algorithm (rrl/README.md)."
+    )
+    objective: Literal["latency", "cost"] = Field(
+        "latency",
+        description="latency: lowest p95 with an SLO-violation penalty; cost: fewest cores "
+        "that meet the SLO.",
+    )
+    models: list[str] | None = Field(
+        None, description="Models to tune (default: every served model, once it has traffic)."
+    )
+    interval_s: float = Field(2.0, gt=0, description="Shortest decision interval.")
+    max_interval_s: float = Field(
+        10.0, gt=0, description="Longest wait for min_requests before an interval is idle."
+    )
+    min_requests: int = Field(10, ge=1, description="Requests an interval needs to count.")
+    min_rebuild_gap_s: float = Field(
+        4.0, ge=0, description="Least time between two thread/concurrency changes of a model."
+    )
+    rebuild_duty: float = Field(
+        0.05, gt=0, le=1, description="Most of the time session rebuilds may take."
+    )
+    unsafe_violation_fraction: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="A configuration expected (or seen) to score worse than p95 at the SLO with "
+        "this fraction of requests violating is vetoed (or left at once).",
+    )
+    max_batch_size: int = Field(128, ge=1, description="Largest batch size the tuner tries.")
+    max_batch_timeout_ms: float = Field(
+        8.0, ge=1, description="Longest batch timeout the tuner tries."
+    )
+    seed: int = Field(0, description="Seed of the tuners' random choices.")
+
+
 class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="IOTGW_",
@@ -121,6 +163,7 @@ class GatewaySettings(BaseSettings):
     http: HttpSettings = HttpSettings()
     serving: ServingSettings = ServingSettings()
     mqtt: MqttSettings = MqttSettings()
+    tuner: TunerSettings = TunerSettings()
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         "INFO", description="Logging level."
     )

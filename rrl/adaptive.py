@@ -103,7 +103,7 @@ class AdaptiveRRL:
         incumbent = self.obs.best()
         if incumbent is None or self.refinements >= self.settings.max_refinements:
             return False
-        neighbours = self.regions.distances[incumbent] <= 1.0 + 1e-9
+        neighbours = (self.regions.distances[incumbent] <= 1.0 + 1e-9) & ~self.regions.excluded
         if not (self.obs.n[neighbours] == 0).any():
             return False
         self.refining = True
@@ -132,6 +132,7 @@ class AdaptiveRRL:
             assert incumbent is not None
             pool = np.asarray(self.regions.distances[incumbent] <= 1.0 + 1e-9)
         pool[measured] = False
+        pool[self.regions.excluded] = False
         candidates = np.flatnonzero(pool)
         if candidates.size == 0:
             self.refining = False
@@ -156,6 +157,12 @@ class AdaptiveRRL:
     def estimates(self) -> np.ndarray:
         """RRL's region estimates (measured values where measured), for a safety layer."""
         return self.regions.estimates()
+
+    def predicted(self, flat: int) -> float:
+        return self.regions.predicted(flat)
+
+    def exclude(self, flat: int) -> None:
+        self.regions.exclude(flat)
 
     def warm_start_from(self, other: AdaptiveRRL) -> None:
         self.regions.warm_start_from(other.regions)

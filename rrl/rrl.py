@@ -66,6 +66,7 @@ class RRL:
         self.distances = problem.space.distances
         self.obs = Observations(problem.space.size)
         self._covered = np.zeros(problem.space.size, dtype=bool)  # kept up to date by observe
+        self.excluded = np.zeros(problem.space.size, dtype=bool)  # vetoed by a safety layer
         self.prior: np.ndarray | None = None  # warm start: the nearest state's estimates
         self.prior_best: int | None = None  # ... and its best measured configuration
 
@@ -146,6 +147,21 @@ class RRL:
         self.obs.add(flat, value)  # Q <- Q + (1/n)(J - Q); the region follows in estimates()
         self._covered |= self.distances[flat] <= self.settings.radius + 1e-9
 
+    def predicted(self, flat: int) -> float:
+        """What this table expects of ``flat`` before running it: the measured mean or region
+        estimate, else the warm-start prior, else NaN (nothing known)."""
+        value = float(self.estimates()[flat])
+        if np.isnan(value) and self.prior is not None:
+            value = float(self.prior[flat])
+        return value
+
+    def exclude(self, flat: int) -> None:
+        """Never propose ``flat`` for exploration (a safety layer judged it too risky, or it
+        cannot run). It counts as covered, so region exploration moves on; it is never
+        exploited either, since exploitation only runs measured configurations."""
+        self.excluded[flat] = True
+        self._covered[flat] = True
+
     def recommend(self) -> int:
         best = self.obs.best()
         if best is not None:
@@ -170,6 +186,7 @@ class RRL:
             "configurations_estimated": int(np.isfinite(q_hat).sum()),
             "lipschitz": self.lipschitz(),
             "warm_started": self.prior is not None,
+            "excluded": int(self.excluded.sum()),
         }
 
 

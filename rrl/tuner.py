@@ -120,6 +120,42 @@ class PerWorkload:
     def recommend(self) -> Config:
         return self.problem.space.at(self.current.recommend())
 
+    def predict(self, config: Config) -> float | None:
+        """What the current state's table expects ``config`` to score, when the algorithm
+        keeps such estimates (None otherwise, or when it knows nothing of it yet)."""
+        predicted = getattr(self.current, "predicted", None)
+        if predicted is None:
+            return None
+        value = predicted(self.problem.space.flat(self._on_grid(config)))
+        return None if math.isnan(value) else float(value)
+
+    def exclude(self, config: Config) -> bool:
+        """Ask the current state's table never to explore ``config``; False when the
+        algorithm cannot (it may then propose it again)."""
+        exclude = getattr(self.current, "exclude", None)
+        if exclude is None:
+            return False
+        exclude(self.problem.space.flat(self._on_grid(config)))
+        return True
+
+    def estimates(self) -> list[tuple[Config, float, int]]:
+        """(configuration, expected objective, times measured) for every configuration the
+        current table has a value for, best first (empty when it keeps no estimates)."""
+        table = self.current
+        estimates = getattr(table, "estimates", None)
+        obs = getattr(table, "obs", None)
+        if estimates is None or obs is None:
+            return []
+        values = estimates()
+        known = np.flatnonzero(np.isfinite(values))
+        order = known[np.argsort(values[known], kind="stable")]
+        space = self.problem.space
+        return [(space.at(int(i)), float(values[i]), int(obs.n[i])) for i in order]
+
+    def _on_grid(self, config: Config) -> Config:
+        space = self.problem.space
+        return config if config in space else space.snap(config)
+
     def snapshot(self) -> dict[str, Any]:
         return {
             "tuner": self.name,

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from models.demo import FLOAT_DEMO_MODELS, ensure_demo_repository
+
+# Gateways started by the tests (in-process, and `iotgw serve` children, which inherit this)
+# keep the knobs they are given: a test of batching or reconfiguration must not have the online
+# tuner retune them underneath it. The tuner's own tests turn it on explicitly.
+os.environ.setdefault("IOTGW_TUNER__ENABLED", "false")
 
 
 @pytest.fixture(scope="session")

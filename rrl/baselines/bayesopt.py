@@ -45,10 +45,11 @@ class BayesOpt:
         self.default = problem.space.flat(problem.default)
         self.last_expected_improvement: float | None = None
         self.quiet = 0
+        self.excluded = np.zeros(problem.space.size, dtype=bool)  # vetoed by a safety layer
 
     def propose(self) -> int:
         for flat in self.initial:
-            if self.obs.n[flat] == 0:
+            if self.obs.n[flat] == 0 and not self.excluded[flat]:
                 return int(flat)
         if self.exploring:
             candidate = self._next()
@@ -58,7 +59,7 @@ class BayesOpt:
 
     def _next(self) -> int | None:
         measured = self.obs.measured
-        unmeasured = np.flatnonzero(self.obs.n == 0)
+        unmeasured = np.flatnonzero((self.obs.n == 0) & ~self.excluded)
         if unmeasured.size == 0 or self.obs.count >= self.settings.max_points:
             self.exploring = False
             return None
@@ -81,6 +82,23 @@ class BayesOpt:
     def recommend(self) -> int:
         best = self.obs.best()
         return self.default if best is None else best
+
+    def predicted(self, flat: int) -> float:
+        """The measured mean, else the GP's optimistic guess (exp of mean - 2 sd: a veto on
+        a prediction must not rest on the GP's uncertainty), else NaN before any fit."""
+        if self.obs.n[flat] > 0:
+            return float(self.obs.mean[flat])
+        if self.gp.model is None:
+            return float("nan")
+        mu, sd = self.gp.predict(self.coords[flat : flat + 1])
+        return float(np.exp(mu[0] - 2.0 * sd[0]))
+
+    def exclude(self, flat: int) -> None:
+        self.excluded[flat] = True
+
+    def estimates(self) -> np.ndarray:
+        """Measured means (NaN where unmeasured): BO's own values, for a safety layer."""
+        return self.obs.mean.copy()
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,163 @@
+"""The online tuner inside the gateway: one ``rrl.online.ModelAgent`` per tuned model, its state
+on ``/metrics`` and on ``/admin/tuner``.
+
+Each model's served (default) version is tuned over the grid ``rrl.space.ConfigSpace`` builds
+for this machine, capped by the model's own limits. An agent starts deciding only once its
+model has traffic (see ``rrl.online``), so an idle model keeps its configured knobs. An operator
+who sets a model's knobs by hand pauses its agent (``/admin/models/{m}/knobs``); it resumes with
+``PUT /admin/tuner/{m} {"paused": false}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+from typing import Any
+
+from gateway.errors import NotFound
+from gateway.metrics import GatewayMetrics
+from gateway.service import InferenceService
+from gateway.settings import TunerSettings
+from rrl.online import AgentSettings, Decision, ModelAgent
+from rrl.space import ConfigSpace
+
+log = logging.getLogger("gateway.tuning")
+
+
+class TuningService:
+    def __init__(
+        self, service: InferenceService, settings: TunerSettings, metrics: GatewayMetrics
+    ) -> None:
+        self.service = service
+        self.settings = settings
+        self.metrics = metrics
+        self.agents: dict[str, ModelAgent] = {}
+        self._versions: dict[str, str] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        """Start an agent for every ready model chosen by the settings (call once loaded)."""
+        s = self.settings
+        cores = _usable_cores()
+        wanted = s.models if s.models is not None else self.service.model_names()
+        for name in wanted:
+            try:
+                host = self.service.host(name)
+            except Exception as exc:  # unknown or unavailable: say so, tune the rest
+                log.warning("tuner: not tuning %s: %s", name, exc)
+                continue
+            if not host.ready:
+                log.warning("tuner: not tuning %s: version %d is not ready", name, host.version)
+                continue
+            space = ConfigSpace.for_machine(
+                cores,
+                max_batch_size=_floor_pow2(min(s.max_batch_size, host.limits.max_batch_size)),
+                max_timeout_ms=s.max_batch_timeout_ms,
+                max_concurrency=min(2 * cores, host.limits.max_concurrency),
+            )
+            agent = ModelAgent(
+                self.service,
+                name,
+                space=space,
+                slo_ms=host.config.slo_ms,
+                cores=cores,
+                settings=AgentSettings(
+                    algorithm=s.algorithm,
+                    objective=s.objective,
+                    interval_s=s.interval_s,
+                    max_interval_s=max(s.max_interval_s, s.interval_s),
+                    min_requests=s.min_requests,
+                    min_rebuild_gap_s=s.min_rebuild_gap_s,
+                    rebuild_duty=s.rebuild_duty,
+                    unsafe_violation_fraction=s.unsafe_violation_fraction,
+                ),
+                seed=s.seed,
+                listener=self._on_decision,
+            )
+            self.agents[name] = agent
+            self._versions[name] = str(host.version)
+            self._publish_config(agent)
+            self._tasks.append(asyncio.create_task(agent.run(), name=f"tuner-{name}"))
+        if self.agents:
+            log.info(
+                "tuner: %s (%s objective) on %d model(s), %d configurations each at most",
+                s.algorithm,
+                s.objective,
+                len(self.agents),
+                max(a.space.size for a in self.agents.values()),
+            )
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+
+    # -- control ------------------------------------------------------------------------------
+
+    def agent(self, model: str) -> ModelAgent:
+        agent = self.agents.get(model)
+        if agent is None:
+            raise NotFound(f"model {model!r} is not tuned; tuned: {sorted(self.agents)}")
+        return agent
+
+    def set_paused(self, model: str, paused: bool, *, why: str) -> None:
+        agent = self.agent(model)
+        if agent.paused != paused:
+            agent.paused = paused
+            log.info("tuner %s %s (%s)", model, "paused" if paused else "resumed", why)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "enabled": True,
+            "algorithm": self.settings.algorithm,
+            "objective": self.settings.objective,
+            "models": {
+                name: agent.snapshot(decisions=5, estimates=3)
+                for name, agent in sorted(self.agents.items())
+            },
+        }
+
+    # -- metrics -------------------------------------------------------------------------------
+
+    def _on_decision(self, decision: Decision, agent: ModelAgent) -> None:
+        m, labels = self.metrics, (agent.model, self._versions[agent.model])
+        m.tuner_decisions.labels(*labels, decision.kind).inc()
+        if decision.objective is not None:
+            m.tuner_objective.labels(*labels, "last").set(decision.objective)
+        best_estimate = agent.tuner.predict(agent.tuner.recommend())
+        if best_estimate is not None:
+            m.tuner_objective.labels(*labels, "best").set(best_estimate)
+        if agent.workload is not None:
+            m.tuner_workload.labels(*labels, "rate_level").set(agent.workload.rate_level)
+            m.tuner_workload.labels(*labels, "size_level").set(agent.workload.size_level)
+        m.tuner_workload.labels(*labels, "rate_per_s").set(agent.monitor.rate_per_s)
+        estimates = agent.tuner.estimates()
+        m.tuner_configurations.labels(*labels, "measured").set(sum(1 for e in estimates if e[2]))
+        m.tuner_configurations.labels(*labels, "estimated").set(len(estimates))
+        self._publish_config(agent)
+
+    def _publish_config(self, agent: ModelAgent) -> None:
+        labels = (agent.model, self._versions[agent.model])
+        configs = {"best": agent.tuner.recommend(), "current": agent.current}
+        for which, config in configs.items():
+            if config is None:
+                continue
+            for knob, value in config.knob_changes().items():
+                self.metrics.tuner_config.labels(*labels, which, knob).set(value)
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _floor_pow2(n: int) -> int:
+    return 2 ** int(math.log2(max(n, 1)))
