@@ -84,6 +84,17 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     m.add_argument(
         "--receive-maximum", type=int, help="most unacknowledged requests in flight (default 64)"
     )
+    t = p.add_argument_group("online tuner")
+    t.add_argument("--no-tuner", action="store_true", help="keep the configured knobs")
+    t.add_argument(
+        "--tuner",
+        choices=["rrl", "adaptive-rrl", "bo", "hill-climb", "aimd", "inflight"],
+        help="tuning algorithm (default rrl)",
+    )
+    t.add_argument(
+        "--tuner-objective", choices=["latency", "cost"], help="what it minimizes (latency)"
+    )
+    t.add_argument("--tune-models", help="comma-separated models to tune (default: all)")
     p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
@@ -130,7 +141,20 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.no_mqtt:
         mqtt["enabled"] = False
+    tuner = {
+        k: v
+        for k, v in {
+            "algorithm": args.tuner,
+            "objective": args.tuner_objective,
+            "models": args.tune_models.split(",") if args.tune_models else None,
+        }.items()
+        if v is not None
+    }
+    if args.no_tuner:
+        tuner["enabled"] = False
     out: dict[str, Any] = {"mqtt": mqtt} if mqtt else {}
+    if tuner:
+        out["tuner"] = tuner
     if http:
         out["http"] = http
     if serving:
