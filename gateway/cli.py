@@ -198,6 +198,7 @@ def _checkpoint_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     """Listed for --help only: ``main`` hands these commands to ``models.cli`` first."""
     sub.add_parser("quantize", help="import weights into a block-quantized checkpoint")
     sub.add_parser("inspect", help="summarize and verify a checkpoint")
+    sub.add_parser("train", help="ZeRO++-style training of the digits CNN (iotgw train --help)")
 
 
 def _tuning_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -220,6 +221,11 @@ def main(argv: list[str] | None = None) -> int:
         from models.cli import main as checkpoint_main
 
         return checkpoint_main(argv)
+    if argv[:1] == ["train"]:
+        # The ZeRO++/SimiGrad trainer (`iotgw train --help`): offline, TensorFlow only.
+        from models.train.cli import main as train_main
+
+        return train_main(argv[1:])
     if argv[:1] in (["profile"], ["tune"]):
         # The tuner's offline commands (`iotgw tune --help`): runtime sessions and a replayed
         # testbed, no gateway settings.
