@@ -568,6 +568,7 @@ def start_gateway(repo: Path, workdir: Path, timeout_s: float) -> tuple[ServerPr
         "--log-level",
         "INFO",
         "--no-mqtt",  # the HTTP path alone; no embedded broker to compete for the cores
+        "--no-tuner",  # the configurations compared are the ones set here
     )
     server = ServerProcess(argv, log_path=workdir / "gateway.log", env=_clean_env())
     try:

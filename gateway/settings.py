@@ -133,10 +133,10 @@ class TunerSettings(BaseModel):
     )
     min_requests: int = Field(10, ge=1, description="Requests an interval needs to count.")
     min_rebuild_gap_s: float = Field(
-        4.0, ge=0, description="Least time between two thread/concurrency changes of a model."
+        1.0, ge=0, description="Least time between two thread/concurrency changes of a model."
     )
     rebuild_duty: float = Field(
-        0.05, gt=0, le=1, description="Most of the time session rebuilds may take."
+        0.1, gt=0, le=1, description="Most of the time session rebuilds may take."
     )
     unsafe_violation_fraction: float = Field(
         0.5,

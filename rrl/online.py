@@ -69,8 +69,8 @@ class AgentSettings:
     settle_s: float = 0.2
     """Requests answered this soon after a change are left out of its measurement (they were
     mostly queued under the previous configuration)."""
-    min_rebuild_gap_s: float = 4.0
-    rebuild_duty: float = 0.05
+    min_rebuild_gap_s: float = 1.0
+    rebuild_duty: float = 0.1
     unsafe_violation_fraction: float = 0.5
     history: int = 200
     """Decisions kept for the HTTP endpoint."""
