@@ -35,7 +35,7 @@ from typing import Any
 from benchmarks.common import ServerProcess, format_table, machine_info, python_argv, write_results
 from benchmarks.http import HOST, _clean_env, _http, set_knobs
 
-NAME = "tuner"
+NAME = "tuner_e2e"  # the results file; the command is `iotgw bench tuner`
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,9 @@ def test_quick_run(tmp_path: Path) -> None:
         timeout=420,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["tuner.quick.json"]
-    doc = json.loads((tmp_path / "tuner.quick.json").read_text())
-    assert (doc["benchmark"], doc["quick"]) == ("tuner", True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tuner_e2e.quick.json"]
+    doc = json.loads((tmp_path / "tuner_e2e.quick.json").read_text())
+    assert (doc["benchmark"], doc["quick"]) == ("tuner_e2e", True)
     runs = {r["arm"]: r for r in doc["runs"]}
     assert set(runs) == {"static-default", "static-best-first", "bo", "rrl", "adaptive-rrl"}
     planned = {r["overall"]["requests"] for r in runs.values()}
