@@ -2,10 +2,16 @@
 replies on the MQTT 5 Response Topic (Correlation Data echoed) or on
 ``<prefix>/infer/<model>/res/<device>``. The wire contract is docs/mqtt.md.
 
-Delivery: QoS 1 with manual acknowledgement, so a request is acknowledged only after its reply
-was published. The broker therefore sends at most Receive Maximum unacknowledged requests at once
-(our in-flight bound), and redelivers what was not answered when the gateway reconnects to its
-persistent session.
+Delivery: QoS 1 with manual acknowledgement, so a request is acknowledged only after the broker
+acknowledged its reply. The broker therefore sends at most Receive Maximum unacknowledged
+requests at once (our in-flight bound), and redelivers what was not answered when the gateway
+reconnects to its persistent session.
+
+aiomqtt owns the connection's life (connect, subscribe, keepalive, disconnect, reconnect); the
+per-message path runs on paho's callbacks in the event loop thread, without aiomqtt's message
+queue and per-publish waits: a request is decoded and checked in the receive callback, one task
+awaits its inference, the reply is handed to paho at once, and the request is acknowledged from
+paho's PUBACK callback for that reply. Writes queued in one event-loop pass go out together.
 """
 
 from __future__ import annotations
@@ -17,18 +23,22 @@ import logging
 import random
 import socket
 import ssl
+import struct
+import threading
 import time
-from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Any
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import aiomqtt
+import paho.mqtt.client as paho
 from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
+from paho.mqtt.properties import Properties, VariableByteIntegers
 
 from gateway.codecs import oip
-from gateway.errors import BadRequest, GatewayError, PayloadTooLarge
+from gateway.errors import BadRequest, GatewayError, InternalError, PayloadTooLarge
 from gateway.service import InferenceService
 from gateway.settings import MqttSettings
 from gateway.types import InferenceRequest
@@ -39,6 +49,7 @@ TRANSPORT = "mqtt"
 BINARY_CONTENT_TYPE = "application/vnd.iotgw.oip+binary"
 JSON_CONTENT_TYPE = "application/json"
 _DEDUPE_ENTRIES = 20_000
+_ROUTE_CACHE_ENTRIES = 4096
 _SHARED_NOT_SUPPORTED = 0x9E
 
 
@@ -68,6 +79,59 @@ class _Route:
     v5: bool
 
 
+@dataclass(slots=True)
+class _Taken:
+    """A request taken from the broker whose acknowledgement waits for its reply's PUBACK."""
+
+    mid: int
+    qos: int
+    key: tuple[str, bytes] | None
+
+
+@dataclass(slots=True)
+class _Connection:
+    """One broker connection's data path: the paho client under aiomqtt and the requests
+    answered on it whose reply the broker has not acknowledged yet (by the reply's packet id)."""
+
+    client: paho.Client
+    awaiting_puback: dict[int, _Taken] = field(default_factory=dict)
+    alive: bool = True
+
+
+class _PackedProperties:
+    """MQTT 5 reply properties serialised once: paho only calls ``pack()`` on the properties of
+    a PUBLISH it sends, and building a paho ``Properties`` per reply costs tens of µs."""
+
+    __slots__ = ("_packed",)
+
+    def __init__(self, packed: bytes) -> None:
+        self._packed = packed
+
+    def pack(self) -> bytes:
+        return self._packed
+
+
+def _utf8(value: str | bytes) -> bytes:
+    data = value.encode() if isinstance(value, str) else value
+    return struct.pack("!H", len(data)) + data
+
+
+_REPLY_PROPERTY_PARTS: dict[tuple[bool, int], tuple[bytes, bytes]] = {}
+
+
+def reply_properties(binary: bool, status: int, correlation: bytes | None) -> _PackedProperties:
+    """Content Type, Correlation Data and the ``status`` user property of a reply, in the
+    byte order paho's ``Properties.pack`` would produce (identifier order)."""
+    parts = _REPLY_PROPERTY_PARTS.get((binary, status))
+    if parts is None:
+        content_type = BINARY_CONTENT_TYPE if binary else JSON_CONTENT_TYPE
+        parts = (b"\x03" + _utf8(content_type), b"\x26" + _utf8("status") + _utf8(str(status)))
+        _REPLY_PROPERTY_PARTS[(binary, status)] = parts
+    head, user = parts
+    body = head + (b"\x09" + _utf8(correlation) if correlation is not None else b"") + user
+    return _PackedProperties(VariableByteIntegers.encode(len(body)) + body)
+
+
 class MqttAdapter:
     """Owns one broker connection (re-established with backoff) and the request handlers."""
 
@@ -84,10 +148,23 @@ class MqttAdapter:
         self._address = address
         self._v5 = protocol == "5"
         self._prefix = settings.topic_prefix.rstrip("/")
-        self._slots = asyncio.Semaphore(settings.receive_maximum)
-        self._handlers: set[asyncio.Task[None]] = set()
+        self._head = f"{self._prefix}/infer/"
+        self._limit = settings.receive_maximum
+        self._reply_qos = settings.qos
+        # Requests taken and not finished (inference running, or reply not yet acknowledged);
+        # beyond Receive Maximum, arrivals wait in the backlog (a broker that does not enforce
+        # the limit, or QoS 0) unacknowledged.
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._backlog: deque[tuple[_Connection, paho.MQTTMessage]] = deque()
+        self._resume_scheduled = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._routes: dict[str, tuple[str, str] | None] = {}
         # (device, correlation or id) -> monotonic time first seen: redeliveries are answered once.
         self._seen: OrderedDict[tuple[str, bytes], float] = OrderedDict()
+        self._connection: _Connection | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.connected = asyncio.Event()
         self._stopping = asyncio.Event()
         self.subscribed_topic: str | None = None
@@ -98,10 +175,12 @@ class MqttAdapter:
 
     async def run(self) -> None:
         """Connect, serve, and reconnect with exponential backoff until ``shutdown``."""
+        self._loop = asyncio.get_running_loop()
         delay = self._settings.reconnect_min_s
         while not self._stopping.is_set():
             try:
-                async with self._client() as client:
+                client, connection = self._client()
+                async with client:
                     delay = self._settings.reconnect_min_s
                     await self._subscribe(client)
                     self.connected.set()
@@ -112,7 +191,7 @@ class MqttAdapter:
                         "5" if self._v5 else "3.1.1",
                         self.subscribed_topic,
                     )
-                    if await self._serve_until_stopped(client):
+                    if await self._serve_until_stopped(client, connection):
                         return
             except aiomqtt.MqttError as exc:
                 log.warning(
@@ -125,48 +204,57 @@ class MqttAdapter:
             except Exception:
                 # Anything else is a bug or a bad setting; HTTP keeps serving meanwhile.
                 log.exception("MQTT: adapter failed; retrying in %.1f s", delay)
+            finally:
+                await self._connection_closed()
             self.connected.clear()
             with contextlib.suppress(TimeoutError):  # jitter spreads replicas' reconnects
                 await asyncio.wait_for(self._stopping.wait(), delay * (0.5 + random.random()))
             delay = min(delay * 2, self._settings.reconnect_max_s)
 
-    async def _serve_until_stopped(self, client: aiomqtt.Client) -> bool:
-        """Read requests until the connection fails (raises) or ``shutdown`` (returns True after
+    async def _serve_until_stopped(self, client: aiomqtt.Client, connection: _Connection) -> bool:
+        """Serve until the connection fails (raises) or ``shutdown`` (returns True after
         answering every request already taken, so none waits for a redelivery)."""
-        reader = asyncio.create_task(self._read(client), name="mqtt-read")
+        # Requests arrive through the paho callbacks; aiomqtt's message stream stays empty and
+        # only tells us when the connection is gone.
+        watcher = asyncio.create_task(_until_disconnected(client), name="mqtt-watch")
         stopping = asyncio.create_task(self._stopping.wait())
         try:
-            await asyncio.wait({reader, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({watcher, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if self._stopping.is_set() and not watcher.done():
+                self._backlog.clear()  # not acknowledged: the next session gets them
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._idle.wait(), self._settings.drain_timeout_s)
+                return True
         finally:
             stopping.cancel()
-            if not reader.done():
-                reader.cancel()
+            if not watcher.done():
+                watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await reader  # re-raises the connection error, if that is why it ended
-        if self._handlers:
-            await asyncio.wait(set(self._handlers), timeout=self._settings.drain_timeout_s)
+                await watcher  # re-raises the connection error, if that is why it ended
         return True
 
-    async def _read(self, client: aiomqtt.Client) -> None:
-        async for message in client.messages:
-            # Backpressure: with Receive Maximum requests being handled, stop reading.
-            await self._slots.acquire()
-            task = asyncio.create_task(self._handle(client, message))
-            self._handlers.add(task)
-            task.add_done_callback(self._handler_done)
-        raise aiomqtt.MqttError("message stream ended")
+    async def _connection_closed(self) -> None:
+        """Forget the requests of a connection that is gone: the broker redelivers those not
+        acknowledged, and each must then be answered again rather than taken as a duplicate.
+        The inferences still running finish first, so that none of them can race its own
+        redelivery on the next connection."""
+        connection, self._connection = self._connection, None
+        if connection is None:
+            return
+        connection.alive = False
+        self._backlog.clear()
+        for taken in connection.awaiting_puback.values():
+            self._forget(taken.key)
+            self._finish()
+        connection.awaiting_puback.clear()
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=self._settings.drain_timeout_s)
 
     async def shutdown(self) -> None:
         """Stop taking requests, answer those taken, disconnect."""
         self._stopping.set()
 
-    def _handler_done(self, task: asyncio.Task[None]) -> None:
-        self._handlers.discard(task)
-        self._slots.release()
-        if not task.cancelled() and task.exception() is not None:
-            log.error("MQTT handler failed", exc_info=task.exception())
-
-    def _client(self) -> aiomqtt.Client:
+    def _client(self) -> tuple[aiomqtt.Client, _Connection]:
         s = self._settings
         properties: Properties | None = None
         if self._v5:
@@ -192,14 +280,25 @@ class MqttAdapter:
             keepalive=s.keepalive_s,
             tls_context=tls_context,
             tls_insecure=s.tls_insecure if self._address.tls else None,
+            # Replies in flight: one per request taken, and those are bounded by the limit.
             max_inflight_messages=max(20, s.receive_maximum),
             # Nagle's algorithm holds small QoS 1 packets back 40-90 ms: off.
             socket_options=((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),),
         )
+        inner: paho.Client = client._client
         # aiomqtt has no manual-ack option of its own; paho's is the documented way to ack a
         # QoS 1 message after it was processed rather than on receipt.
-        client._client.manual_ack_set(True)
-        return client
+        inner.manual_ack_set(True)
+        connection = _Connection(inner)
+        # Installed before connecting: a persistent session's backlog arrives right after the
+        # CONNACK, before aiomqtt hands the client over.
+        inner.on_message = self._on_message
+        inner.on_publish = self._puback_handler(connection, inner.on_publish)
+        inner.on_socket_register_write = self._coalesced_writes(
+            inner, inner.on_socket_register_write
+        )
+        self._connection = connection
+        return client, connection
 
     async def _subscribe(self, client: aiomqtt.Client) -> None:
         s = self._settings
@@ -223,17 +322,84 @@ class MqttAdapter:
             raise aiomqtt.MqttError(f"subscription to {plain} refused: {codes}")
         self.subscribed_topic = plain
 
+    # -- paho callbacks (event loop thread) ------------------------------------------------
+
+    def _on_message(
+        self, _client: paho.Client, _userdata: object, message: paho.MQTTMessage
+    ) -> None:
+        connection = self._connection
+        if connection is None or not connection.alive or self._stopping.is_set():
+            return  # not acknowledged: the broker redelivers it to the next session
+        if self._in_flight >= self._limit:
+            self._backlog.append((connection, message))
+            return
+        self._take(connection, message)
+
+    def _puback_handler(
+        self, connection: _Connection, aiomqtt_on_publish: Callable[..., None] | None
+    ) -> Callable[..., None]:
+        def on_publish(
+            client: paho.Client, userdata: object, mid: int, reason: Any, props: Any
+        ) -> None:
+            taken = connection.awaiting_puback.pop(mid, None)
+            if taken is None:
+                if aiomqtt_on_publish is not None:  # a publish of aiomqtt's own
+                    aiomqtt_on_publish(client, userdata, mid, reason, props)
+                return
+            self._acknowledge(connection, taken.mid, taken.qos)
+            self._finish()
+
+        return on_publish
+
+    def _coalesced_writes(
+        self, client: paho.Client, aiomqtt_register: Callable[..., None] | None
+    ) -> Callable[..., None]:
+        """paho asks for a write after every packet it queues; aiomqtt answers with a
+        thread-safe wake-up and an epoll writer each time. Here, on the loop thread, the first
+        request of an event-loop pass schedules one ``loop_write`` that sends everything queued
+        by then (replies and acks together); only a full socket buffer falls back to
+        aiomqtt's writer."""
+        loop = self._loop
+        assert loop is not None and aiomqtt_register is not None
+        loop_thread = threading.get_ident()
+        scheduled = False
+
+        def flush() -> None:
+            nonlocal scheduled
+            scheduled = False
+            try:
+                client.loop_write()
+            except Exception as exc:  # aiomqtt's writer reports a broken connection
+                log.debug("MQTT: write failed: %s", exc)
+            sock = client.socket()
+            if client.want_write() and sock is not None:
+                aiomqtt_register(client, None, sock)
+
+        def register(c: paho.Client, userdata: object, sock: Any) -> None:
+            nonlocal scheduled
+            if threading.get_ident() != loop_thread:
+                aiomqtt_register(c, userdata, sock)
+            elif not scheduled:
+                scheduled = True
+                loop.call_soon(flush)
+
+        return register
+
     # -- one request -----------------------------------------------------------------------
 
-    async def _handle(self, client: aiomqtt.Client, message: aiomqtt.Message) -> None:
-        started = time.monotonic()
+    def _take(self, connection: _Connection, message: paho.MQTTMessage) -> None:
+        """Decode and check a request in the receive callback; errors are answered at once,
+        a valid request gets one task that awaits its inference."""
+        self._in_flight += 1
+        self._idle.clear()
         route = self._route(message)
+        if route is None:  # not a request topic of ours: nothing to answer, only acknowledge
+            self._acknowledge(connection, message.mid, message.qos)
+            self._finish()
+            return
+        payload = bytes(message.payload)  # paho hands over bytes: no copy
         key: tuple[str, bytes] | None = None
-        published = False
         try:
-            if route is None:
-                return  # not a request topic of ours: nothing to answer, only acknowledge
-            payload = message.payload if isinstance(message.payload, bytes) else b""
             limit = self._settings.max_payload_bytes
             if len(payload) > limit:
                 raise PayloadTooLarge(
@@ -241,38 +407,124 @@ class MqttAdapter:
                 )
             request, fmt = self._decode(message, route, payload)
             key = self._dedupe_key(route, request.id)
-            if key is not None and self._is_duplicate(key, started):
+            if key is not None and self._is_duplicate(key, time.monotonic()):
                 log.debug("MQTT: duplicate of %s from %s ignored", key[1], route.device)
-                published = True  # answered (or being answered) by the first delivery
+                # Answered (or being answered) by the first delivery.
+                self._acknowledge(connection, message.mid, message.qos)
+                self._finish()
                 return
+        except Exception as exc:
+            if not isinstance(exc, GatewayError):  # a bug: still an answer, never silence
+                log.exception("MQTT: request from %s failed", route.device)
+                exc = InternalError(f"model {route.model}: {exc}")
+            # The id, when the payload could be read that far, lets MQTT 3.1.1 devices match
+            # the error to their request.
+            request_id = None if exc.status == 413 else _peek_id(payload)
+            self._reply(connection, message, route, None, *_error_reply(exc, request_id))
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._serve(connection, message, route, request, fmt, key)
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve(
+        self,
+        connection: _Connection,
+        message: paho.MQTTMessage,
+        route: _Route,
+        request: InferenceRequest,
+        fmt: oip.OutputFormat,
+        key: tuple[str, bytes] | None,
+    ) -> None:
+        try:
             response = await self._service.infer(request, transport=TRANSPORT)
             reply, json_len = oip.encode_response(response, fmt)
-            if json_len is None:
-                await self._publish(client, route, _with_status(reply), False, status=200)
-            else:
-                await self._publish(client, route, oip.frame(reply, json_len), True, status=200)
-            published = True
-        except GatewayError as exc:
-            if route is not None:
-                # The id, when the payload could be read that far, lets MQTT 3.1.1 devices
-                # match the error to their request.
-                request_id = None if exc.status == 413 else _peek_id(message.payload)
-                await self._publish_error(client, route, exc, request_id)
-                published = True
-        except aiomqtt.MqttError as exc:
+        except Exception as exc:
+            if not isinstance(exc, GatewayError):  # a bug: still an answer, never silence
+                log.exception("MQTT: request from %s failed", route.device)
+                exc = InternalError(f"model {route.model}: inference failed: {exc}")
+            self._reply(connection, message, route, key, *_error_reply(exc, request.id))
+            return
+        except BaseException:
+            # Cancelled: unanswered, so the redelivery must not be taken for a duplicate.
+            self._forget(key)
+            self._finish()
+            raise
+        if json_len is None:
+            self._reply(connection, message, route, key, _with_status(reply), False, 200)
+        else:
+            self._reply(connection, message, route, key, oip.frame(reply, json_len), True, 200)
+
+    def _reply(
+        self,
+        connection: _Connection,
+        message: paho.MQTTMessage,
+        route: _Route,
+        key: tuple[str, bytes] | None,
+        body: bytes,
+        binary: bool,
+        status: int,
+    ) -> None:
+        """Hand the reply to paho; the request is acknowledged once the broker has the reply
+        (its PUBACK at QoS 1; at QoS 0 the request's PUBACK follows the reply on the wire)."""
+        if not connection.alive:
+            self._forget(key)
+            self._finish()
+            return
+        properties = reply_properties(binary, status, route.correlation) if route.v5 else None
+        try:
+            info = connection.client.publish(
+                route.reply_topic,
+                body,
+                qos=self._reply_qos,
+                properties=cast(Properties | None, properties),
+            )
+        except ValueError as exc:  # e.g. a Response Topic with wildcards: never answerable
+            log.warning("MQTT: reply to %s cannot be published: %s", route.device, exc)
+            self._acknowledge(connection, message.mid, message.qos)
+            self._finish()
+            return
+        if info.rc != paho.MQTT_ERR_SUCCESS:
             log.warning(
                 "MQTT: reply to %s not published (%s); the broker will redeliver",
-                route.device if route else "?",
-                exc,
+                route.device,
+                paho.error_string(info.rc),
             )
-        finally:
-            if key is not None and not published:
-                self._seen.pop(key, None)  # let the redelivery be answered
-            if published or route is None:
-                self._ack(client, message)
+            self._forget(key)
+            self._finish()
+            return
+        if self._reply_qos == 0:
+            self._acknowledge(connection, message.mid, message.qos)
+            self._finish()
+        else:
+            connection.awaiting_puback[info.mid] = _Taken(message.mid, message.qos, key)
+
+    def _acknowledge(self, connection: _Connection, mid: int, qos: int) -> None:
+        if qos > 0 and connection.alive:
+            connection.client.ack(mid, qos)
+
+    def _finish(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self._idle.set()
+        if self._backlog and not self._resume_scheduled:
+            self._resume_scheduled = True
+            asyncio.get_running_loop().call_soon(self._resume)
+
+    def _resume(self) -> None:
+        self._resume_scheduled = False
+        while self._backlog and self._in_flight < self._limit:
+            connection, message = self._backlog.popleft()
+            if connection.alive and not self._stopping.is_set():
+                self._take(connection, message)
+
+    def _forget(self, key: tuple[str, bytes] | None) -> None:
+        if key is not None:
+            self._seen.pop(key, None)  # let the redelivery be answered
 
     def _decode(
-        self, message: aiomqtt.Message, route: _Route, payload: bytes
+        self, message: paho.MQTTMessage, route: _Route, payload: bytes
     ) -> tuple[InferenceRequest, oip.OutputFormat]:
         body, header_length = oip.unframe(payload)
         request, fmt = oip.decode_request(
@@ -292,49 +544,31 @@ class MqttAdapter:
             fmt = oip.OutputFormat(binary_all=True)
         return request, fmt
 
-    async def _publish(
-        self, client: aiomqtt.Client, route: _Route, body: bytes, binary: bool, *, status: int
-    ) -> None:
-        properties: Properties | None = None
-        if route.v5:
-            properties = Properties(PacketTypes.PUBLISH)
-            properties.ContentType = BINARY_CONTENT_TYPE if binary else JSON_CONTENT_TYPE
-            properties.UserProperty = [("status", str(status))]
-            if route.correlation is not None:
-                properties.CorrelationData = route.correlation
-        await client.publish(route.reply_topic, body, qos=self._settings.qos, properties=properties)
-
-    async def _publish_error(
-        self, client: aiomqtt.Client, route: _Route, exc: GatewayError, request_id: str | None
-    ) -> None:
-        doc: dict[str, Any] = {"status": exc.status, "reason": exc.reason, "error": exc.message}
-        if request_id is not None:
-            doc["id"] = request_id
-        if exc.retry_after is not None:
-            doc["retry_after_s"] = round(exc.retry_after, 3)
-        try:
-            await self._publish(client, route, json.dumps(doc).encode(), False, status=exc.status)
-        except aiomqtt.MqttError as pub_exc:
-            log.warning("MQTT: error reply to %s not published: %s", route.device, pub_exc)
-            raise
-
-    def _ack(self, client: aiomqtt.Client, message: aiomqtt.Message) -> None:
-        if message.qos > 0:
-            client._client.ack(message.mid, message.qos)
-
-    def _route(self, message: aiomqtt.Message) -> _Route | None:
-        topic = message.topic.value
-        head = f"{self._prefix}/infer/"
-        if not topic.startswith(head):
+    def _route(self, message: paho.MQTTMessage) -> _Route | None:
+        topic: str = message.topic
+        if topic in self._routes:
+            parsed = self._routes[topic]
+        else:
+            parsed = self._parse_topic(topic)
+            if len(self._routes) >= _ROUTE_CACHE_ENTRIES:
+                self._routes.clear()  # devices come and go: keep the cache bounded
+            self._routes[topic] = parsed
+        if parsed is None:
             return None
-        parts = topic[len(head) :].split("/")
-        if len(parts) != 3 or parts[1] != "req" or not parts[0] or not parts[2]:
-            return None
-        model, device = parts[0], parts[2]
-        response_topic = _property(message, "ResponseTopic")
-        correlation = _property(message, "CorrelationData")
+        model, device = parsed
+        props = message.properties
+        response_topic = getattr(props, "ResponseTopic", None) if props is not None else None
+        correlation = getattr(props, "CorrelationData", None) if props is not None else None
         reply = response_topic or f"{self._prefix}/infer/{model}/res/{device}"
         return _Route(model, device, reply, correlation, self._v5)
+
+    def _parse_topic(self, topic: str) -> tuple[str, str] | None:
+        if not topic.startswith(self._head):
+            return None
+        parts = topic[len(self._head) :].split("/")
+        if len(parts) != 3 or parts[1] != "req" or not parts[0] or not parts[2]:
+            return None
+        return parts[0], parts[2]
 
     @staticmethod
     def _dedupe_key(route: _Route, request_id: str | None) -> tuple[str, bytes] | None:
@@ -356,7 +590,22 @@ class MqttAdapter:
         return False
 
 
-def _property(message: aiomqtt.Message, name: str) -> Any:
+async def _until_disconnected(client: aiomqtt.Client) -> None:
+    async for _ in client.messages:
+        pass
+    raise aiomqtt.MqttError("message stream ended")
+
+
+def _error_reply(exc: GatewayError, request_id: str | None) -> tuple[bytes, bool, int]:
+    doc: dict[str, Any] = {"status": exc.status, "reason": exc.reason, "error": exc.message}
+    if request_id is not None:
+        doc["id"] = request_id
+    if exc.retry_after is not None:
+        doc["retry_after_s"] = round(exc.retry_after, 3)
+    return json.dumps(doc).encode(), False, exc.status
+
+
+def _property(message: paho.MQTTMessage, name: str) -> Any:
     props = message.properties
     return getattr(props, name, None) if props is not None else None
 

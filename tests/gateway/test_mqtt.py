@@ -218,3 +218,23 @@ async def test_embedded_broker_round_trip(
     want = reference.infer("sensor_mlp", inputs)["probabilities"]
     for r in (reply, binary):
         np.testing.assert_allclose(outputs_of(r)["probabilities"], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("binary", [True, False])
+@pytest.mark.parametrize("correlation", [b"k-1", b"", None])
+async def test_reply_properties_match_paho_serialisation(
+    binary: bool, correlation: bytes | None
+) -> None:
+    # Replies carry properties serialised once by the adapter; they must be byte for byte what
+    # paho's Properties would send.
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    from gateway.mqtt import BINARY_CONTENT_TYPE, JSON_CONTENT_TYPE, reply_properties
+
+    want = Properties(PacketTypes.PUBLISH)
+    want.ContentType = BINARY_CONTENT_TYPE if binary else JSON_CONTENT_TYPE
+    want.UserProperty = [("status", "503")]
+    if correlation is not None:
+        want.CorrelationData = correlation
+    assert reply_properties(binary, 503, correlation).pack() == want.pack()
