@@ -1,35 +1,58 @@
-"""``iotgw bench mqtt``: the gateway's MQTT path against a bare MQTT echo through the same broker.
+"""``iotgw bench mqtt``: the gateway's MQTT path against a bare MQTT echo through the same broker,
+and against the gateway's own HTTP path, side by side in one run.
 
-Side by side in one run, for QoS 0 and QoS 1, on the MLP (``sensor_mlp``):
+For QoS 0 and QoS 1, on the MLP (``sensor_mlp``), one binary-framed 1x32 FP32 request:
 
-- low load: one device, one request at a time; p50 and p99 of send -> reply at the device, for a
-  bare echo responder (publish -> responder -> reply, the limit) and for the gateway;
-- saturation: a closed loop of many requests in flight; answered requests/s, echo vs gateway;
-- the HTTP path at saturation for the same model and payload, for the MQTT / HTTP ratio.
+- **low load**: one device, one request at a time; p50/p95/p99 of send -> reply at the device,
+  for a bare echo responder (publish -> responder -> reply: the limit) and for the gateway,
+  interleaved in every round. Knobs ``batch_timeout_ms=0, max_batch_size=1``.
+- **saturation**: a closed loop driven by ``processes`` load-client processes, each with its own
+  connection and ``in_flight`` requests outstanding (a client sends its next request when the
+  reply to its last one arrives). Throughput = requests answered inside the timed window per
+  second; a request not answered within the timeout is lost and counted. Echo and gateway over
+  MQTT, and the gateway over HTTP with **the same number of processes and the same concurrency**
+  (aiohttp keep-alive connections, one per request in flight), knobs
+  ``batch_timeout_ms=1, max_batch_size=32`` for both paths. The MQTT / HTTP ratio is taken per
+  round (runs next to each other) and its median quoted.
 
-Mosquitto (``set_tcp_nodelay true``), the echo responder and the gateway are separate processes;
-the devices run in this process. Everything talks to 127.0.0.1 and stops by itself.
+The MQTT load clients use paho-mqtt's callback API directly (one client per process, MQTT 5,
+TCP_NODELAY): per request they cost the shared cores less than an asyncio client, so they do not
+cap the figure they measure. The HTTP load clients are aiohttp, as a device fleet or a typical
+caller would use. Both are spawned once and reused, and every window records the CPU the
+gateway, the broker, the echo, the clients and everything else on the machine used meanwhile
+(``cpu_cores``), so a run disturbed by other work shows it.
+
+Mosquitto (``set_tcp_nodelay true``), the echo responder, the gateway and the load clients are
+separate processes on 127.0.0.1; everything stops by itself (bounded in time and requests).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import itertools
 import json
+import multiprocessing
 import shutil
+import signal
 import socket
+import statistics
 import struct
 import sys
 import tempfile
 import time
 import urllib.request
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-import aiomqtt
 import numpy as np
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
@@ -40,14 +63,16 @@ from benchmarks.common import (
     fmt_repeated,
     format_table,
     free_port,
+    load_average,
+    machine_busy_seconds,
     machine_info,
     percentiles,
+    process_cpu_seconds,
     python_argv,
     write_results,
 )
 
 MODEL = "sensor_mlp"
-NODELAY = ((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),)
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
@@ -55,15 +80,34 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 class Plan:
     runs: int
     low_load_requests: int
+    low_load_warmup_s: float
     saturation_s: float
-    in_flight: int
-    warmup_requests: int
+    saturation_warmup_s: float
+    processes: int  # load-client processes, the same for MQTT and HTTP
+    in_flight: int  # requests outstanding per client process
+    timeout_s: float  # a request without a reply after this long is lost
 
 
 FULL = Plan(
-    runs=MIN_FULL_RUNS, low_load_requests=300, saturation_s=5.0, in_flight=32, warmup_requests=200
+    runs=MIN_FULL_RUNS,
+    low_load_requests=400,
+    low_load_warmup_s=0.5,
+    saturation_s=4.0,
+    saturation_warmup_s=1.0,
+    processes=2,
+    in_flight=16,
+    timeout_s=10.0,
 )
-QUICK = Plan(runs=1, low_load_requests=30, saturation_s=1.0, in_flight=8, warmup_requests=20)
+QUICK = Plan(
+    runs=1,
+    low_load_requests=30,
+    low_load_warmup_s=0.1,
+    saturation_s=0.8,
+    saturation_warmup_s=0.2,
+    processes=2,
+    in_flight=4,
+    timeout_s=10.0,
+)
 
 
 def request_payload(rng: np.random.Generator, rid: str) -> tuple[bytes, bytes, int]:
@@ -87,147 +131,277 @@ def request_payload(rng: np.random.Generator, rid: str) -> tuple[bytes, bytes, i
     return b"OIPB" + struct.pack("<I", len(header)) + body, body, len(header)
 
 
-# -- the bare echo responder (its own process) -------------------------------------------------
+# -- paho clients (load clients and the echo responder) -----------------------------------------
 
 
-async def _serve_echo(port: int) -> None:
-    async with aiomqtt.Client(
-        "127.0.0.1",
-        port,
-        identifier="bench-echo",
-        protocol=aiomqtt.ProtocolVersion.V5,
-        socket_options=NODELAY,
-    ) as client:
-        await client.subscribe("echo/req/+", qos=1)
-        print("echo ready", flush=True)
-        async for message in client.messages:
-            props = Properties(PacketTypes.PUBLISH)
-            props.CorrelationData = message.properties.CorrelationData  # type: ignore[union-attr]
-            await client.publish(
-                message.properties.ResponseTopic,  # type: ignore[union-attr]
-                message.payload,
-                qos=message.qos,
-                properties=props,
-            )
+def _connect(client_id: str, port: int, subscribe: str, qos: int) -> paho.Client:
+    """A connected, subscribed MQTT 5 paho client with Nagle off (driven by ``client.loop``)."""
+    client = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=paho.MQTTv5)
+    client.max_inflight_messages_set(65535)  # the closed loop bounds what is in flight
+    ready = {"connected": False, "subscribed": False}
+
+    def on_connect(c: paho.Client, _u: object, _f: object, rc: Any, _p: object) -> None:
+        if rc.is_failure:
+            raise ConnectionError(f"{client_id}: connection refused: {rc}")
+        ready["connected"] = True
+
+    def on_subscribe(c: paho.Client, _u: object, _m: int, codes: list[Any], _p: object) -> None:
+        if any(code.is_failure for code in codes):
+            raise ConnectionError(f"{client_id}: subscription to {subscribe} refused: {codes}")
+        ready["subscribed"] = True
+
+    client.on_connect = on_connect
+    client.on_subscribe = on_subscribe
+    client.connect("127.0.0.1", port, keepalive=60, clean_start=True)
+    sock = client.socket()
+    assert isinstance(sock, socket.socket)
+    # Nagle's algorithm holds small QoS 1 packets back 40-90 ms: off.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    deadline = time.monotonic() + 10
+    while not ready["connected"]:
+        _loop_or_raise(client, deadline)
+    client.subscribe(subscribe, qos=qos)
+    while not ready["subscribed"]:
+        _loop_or_raise(client, deadline)
+    return client
 
 
-# -- devices -----------------------------------------------------------------------------------
+def _loop_or_raise(client: paho.Client, deadline: float) -> None:
+    rc = client.loop(0.05)
+    if rc != paho.MQTT_ERR_SUCCESS:
+        raise ConnectionError(f"MQTT connection failed: {paho.error_string(rc)}")
+    if time.monotonic() > deadline:
+        raise TimeoutError("MQTT connection not ready in 10 s")
 
 
-class MqttDevice:
-    """One MQTT 5 device connection with many requests in flight, matched by Correlation Data."""
+def serve_echo(port: int) -> None:
+    """The bare echo (its own process): every request is published back on its Response Topic
+    with its Correlation Data, at its QoS, from the receive callback (no waiting on acks)."""
+    client = _connect("bench-echo", port, "echo/req/+", 1)
 
-    def __init__(self, client: aiomqtt.Client, name: str, request_topic: str, qos: int) -> None:
-        self.client = client
-        self.name = name
-        self.request_topic = request_topic
-        self.qos = qos
-        self.reply_topic = f"bench/res/{name}"
-        self._waiting: dict[bytes, asyncio.Future[float]] = {}
-        self._seq = 0
-
-    async def read(self) -> None:
-        async for message in self.client.messages:
-            key = message.properties.CorrelationData  # type: ignore[union-attr]
-            future = self._waiting.pop(key, None)
-            if future is not None and not future.done():
-                future.set_result(time.perf_counter())
-
-    async def call(self, payload: bytes, timeout_s: float = 10.0) -> float | None:
-        """Send one request; the latency in seconds, or None when no reply came (lost)."""
-        self._seq += 1
-        key = f"{self.name}-{self._seq}".encode()
+    def on_message(c: paho.Client, _u: object, message: paho.MQTTMessage) -> None:
         props = Properties(PacketTypes.PUBLISH)
-        props.ResponseTopic = self.reply_topic
+        props.CorrelationData = message.properties.CorrelationData  # type: ignore[union-attr]
+        c.publish(
+            message.properties.ResponseTopic,  # type: ignore[union-attr]
+            message.payload,
+            qos=message.qos,
+            properties=props,
+        )
+
+    client.on_message = on_message
+    print("echo ready", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    client.loop_forever()
+
+
+@dataclass(frozen=True, slots=True)
+class MqttJob:
+    """One load client's share of a closed-loop run over MQTT."""
+
+    port: int
+    topic: str  # request topic; the client id is appended as the device id
+    client_id: str
+    qos: int
+    payload: bytes
+    concurrency: int
+    duration_s: float
+    max_requests: int
+    warmup_s: float
+    timeout_s: float
+    start_at: float | None = None  # time.time() at which every client process starts timing
+    watch: tuple[tuple[str, int], ...] = ()  # (name, pid) whose CPU to read over the window
+
+
+@dataclass(slots=True)
+class _Phase:
+    record: bool
+    until: float
+    issued: int = 0
+    max_requests: int = 1 << 62
+
+
+def run_mqtt_load(job: MqttJob) -> dict[str, Any]:
+    """``job.concurrency`` requests always in flight from one paho client, for ``duration_s`` or
+    ``max_requests``, after a warm-up. Latency is send -> reply received, per request. A reply
+    with a status other than 200 is an error; a request without reply by the timeout is lost."""
+    clock = time.perf_counter
+    reply_topic = f"bench/res/{job.client_id}"
+    request_topic = f"{job.topic}/{job.client_id}"
+    client = _connect(job.client_id, job.port, reply_topic, job.qos)
+    sent: dict[bytes, tuple[float, bool]] = {}  # correlation -> (send time, recorded)
+    latencies: list[float] = []
+    errors: Counter[str] = Counter()
+    counts = {"ok": 0, "late": 0, "unexpected": 0}
+    seq = itertools.count()
+    phase = _Phase(record=False, until=0.0)
+
+    def send() -> None:
+        key = b"%d" % next(seq)
+        props = Properties(PacketTypes.PUBLISH)
+        props.ResponseTopic = reply_topic
         props.CorrelationData = key
-        future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
-        self._waiting[key] = future
-        sent = time.perf_counter()
-        await self.client.publish(self.request_topic, payload, qos=self.qos, properties=props)
-        try:
-            return await asyncio.wait_for(future, timeout_s) - sent
-        except TimeoutError:
-            self._waiting.pop(key, None)
-            return None
+        phase.issued += 1
+        sent[key] = (clock(), phase.record)
+        client.publish(request_topic, job.payload, qos=job.qos, properties=props)
+
+    def on_message(c: paho.Client, _u: object, message: paho.MQTTMessage) -> None:
+        now = clock()
+        props = message.properties
+        entry = sent.pop(props.CorrelationData, None)  # type: ignore[union-attr]
+        if entry is None:
+            counts["unexpected"] += 1  # a duplicate, or a reply to an earlier run
+            return
+        t0, recorded = entry
+        status = dict(getattr(props, "UserProperty", None) or ()).get("status", "200")
+        if status != "200":
+            errors[f"status {status}"] += 1
+        elif recorded and now <= phase.until:
+            counts["ok"] += 1
+            latencies.append(now - t0)
+        elif recorded:
+            counts["late"] += 1  # answered, but after the window closed
+        if now < phase.until and phase.issued < phase.max_requests:
+            send()  # closed loop: the next request as soon as this one is answered
+
+    def drive(until: float, drain_s: float) -> None:
+        """Keep ``concurrency`` requests in flight until ``until``, then wait for replies."""
+        phase.until, phase.issued = until, 0
+        for _ in range(min(job.concurrency, phase.max_requests)):
+            send()
+        while clock() < until and (sent or phase.issued < phase.max_requests):
+            client.loop(min(0.05, max(until - clock(), 0.0)))
+        drain_until = clock() + drain_s
+        while sent and clock() < drain_until:
+            client.loop(0.05)
+
+    client.on_message = on_message
+    try:
+        if job.warmup_s > 0:
+            drive(clock() + job.warmup_s, job.timeout_s)
+            sent.clear()  # a warm-up request never answered does not count
+        errors.clear()
+        counts["unexpected"] = 0
+        if job.start_at is not None:
+            time.sleep(max(0.0, job.start_at - time.time()))
+        phase.record, phase.max_requests = True, job.max_requests
+        cpu0 = _cpu_reading(job.watch)
+        start = clock()
+        drive(start + job.duration_s, 0.0)
+        end = clock()
+        cpu1 = _cpu_reading(job.watch)
+        drain_until = clock() + job.timeout_s
+        while sent and clock() < drain_until:
+            client.loop(0.05)
+        lost = sum(1 for _, recorded in sent.values() if recorded)
+    finally:
+        client.disconnect()
+    # Stopped by the request bound (low load): the window ends at the last answer.
+    elapsed = (end - start) if phase.issued >= job.max_requests else job.duration_s
+    return {
+        "issued": phase.issued,
+        "answered": counts["ok"],
+        "answered_after_window": counts["late"],
+        "lost": lost,
+        "errors": dict(errors),
+        "unexpected_replies": counts["unexpected"],
+        "elapsed_s": elapsed,
+        "rps": counts["ok"] / max(elapsed, 1e-9),
+        "latencies_s": latencies,
+        "cpu": _cpu_delta(cpu0, cpu1, end - start),
+    }
 
 
-async def _with_device(port: int, request_topic: str, qos: int, work: Any) -> Any:
-    name = f"bench-dev-{time.monotonic_ns()}"
-    async with aiomqtt.Client(
-        "127.0.0.1",
-        port,
-        identifier=name,
-        protocol=aiomqtt.ProtocolVersion.V5,
-        socket_options=NODELAY,
-        max_inflight_messages=1000,
-    ) as client:
-        dev = MqttDevice(client, name, request_topic, qos)
-        await client.subscribe(dev.reply_topic, qos=qos)
-        reader = asyncio.create_task(dev.read())
-        try:
-            return await work(dev)
-        finally:
-            reader.cancel()
+def _cpu_reading(watch: Sequence[tuple[str, int]]) -> dict[str, float | None]:
+    out: dict[str, float | None] = {name: process_cpu_seconds(pid) for name, pid in watch}
+    out["machine"] = machine_busy_seconds()
+    out["client"] = time.process_time()
+    return out
 
 
-async def low_load(
-    port: int, topic: str, qos: int, n: int, payloads: list[bytes]
-) -> dict[str, Any]:
-    async def work(dev: MqttDevice) -> list[float | None]:
-        return [await dev.call(payloads[i % len(payloads)]) for i in range(n)]
+def _cpu_delta(
+    a: dict[str, float | None], b: dict[str, float | None], wall_s: float
+) -> dict[str, float | None]:
+    """Cores used over the window by each watched process, this client, the whole machine."""
+    out: dict[str, float | None] = {}
+    for name, before in a.items():
+        after = b.get(name)
+        out[name] = None if before is None or after is None else (after - before) / wall_s
+    return out
 
-    lat = await _with_device(port, topic, qos, work)
-    ok = [x for x in lat if x is not None]
-    return {**percentiles(np.array(ok) * 1e3), "lost": len(lat) - len(ok)}
+
+# -- load-client processes ---------------------------------------------------------------------
 
 
-async def saturation(
-    port: int, topic: str, qos: int, seconds: float, in_flight: int, payloads: list[bytes]
-) -> dict[str, Any]:
-    async def work(dev: MqttDevice) -> dict[str, Any]:
-        done = lost = 0
-        end = time.perf_counter() + seconds
-
-        async def loop(i: int) -> None:
-            nonlocal done, lost
-            while time.perf_counter() < end:
-                if await dev.call(payloads[i % len(payloads)]) is None:
-                    lost += 1
+def _client_worker(conn: Connection) -> None:
+    """Body of a load-client process: run each job it is sent until it is sent None."""
+    with contextlib.suppress(KeyboardInterrupt):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        while True:
+            job = conn.recv()
+            if job is None:
+                return
+            try:
+                if isinstance(job, MqttJob):
+                    conn.send(run_mqtt_load(job))
                 else:
-                    done += 1
+                    from benchmarks.http import run_load  # the HTTP bench's aiohttp closed loop
 
-        start = time.perf_counter()
-        await asyncio.gather(*(loop(i) for i in range(in_flight)))
-        return {"rps": done / (time.perf_counter() - start), "answered": done, "lost": lost}
-
-    return await _with_device(port, topic, qos, work)
+                    conn.send(asyncio.run(run_load(job)))
+            except Exception as exc:
+                conn.send({"error": repr(exc)})
 
 
-async def http_saturation(
-    url: str, seconds: float, in_flight: int, bodies: list[tuple[bytes, int]]
-) -> dict[str, Any]:
-    done = failed = 0
-    end = time.perf_counter() + seconds
-    connector = aiohttp.TCPConnector(limit=in_flight)
-    async with aiohttp.ClientSession(connector=connector) as session:
+class LoadClients:
+    """Load-client processes, spawned once (nothing forked from a process holding threads) and
+    kept between runs; ``run`` hands one job to each of the first ``len(jobs)``."""
 
-        async def loop(i: int) -> None:
-            nonlocal done, failed
-            body, length = bodies[i % len(bodies)]
-            headers = {HEADER_LENGTH: str(length), "Content-Type": "application/octet-stream"}
-            while time.perf_counter() < end:
-                async with session.post(
-                    f"{url}/v2/models/{MODEL}/infer", data=body, headers=headers
-                ) as r:
-                    await r.read()
-                    if r.status == 200:
-                        done += 1
-                    else:
-                        failed += 1
+    def __init__(self, count: int) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._conns: list[Connection] = []
+        self._procs: list[Any] = []
+        for i in range(count):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_client_worker, args=(child,), name=f"bench-mqtt-client-{i}")
+            proc.daemon = True
+            proc.start()
+            child.close()
+            self._conns.append(parent)
+            self._procs.append(proc)
 
-        start = time.perf_counter()
-        await asyncio.gather(*(loop(i) for i in range(in_flight)))
-        return {"rps": done / (time.perf_counter() - start), "answered": done, "failed": failed}
+    def run(self, jobs: Sequence[Any], timeout_s: float) -> list[dict[str, Any]]:
+        assert 0 < len(jobs) <= len(self._conns)
+        for conn, job in zip(self._conns, jobs, strict=False):
+            conn.send(job)
+        out = []
+        deadline = time.monotonic() + timeout_s
+        for conn in self._conns[: len(jobs)]:
+            if not conn.poll(max(0.0, deadline - time.monotonic())):
+                raise TimeoutError(f"a load client gave no result within {timeout_s:g} s")
+            result = conn.recv()
+            if "error" in result:
+                raise RuntimeError(f"load client failed: {result['error']}")
+            out.append(result)
+        return out
+
+    def close(self) -> None:
+        for conn in self._conns:
+            with contextlib.suppress(OSError):
+                conn.send(None)
+        for proc in self._procs:
+            proc.join(5)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(5)
+        for conn in self._conns:
+            conn.close()
+        self._conns, self._procs = [], []
+
+    def __enter__(self) -> LoadClients:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -263,16 +437,48 @@ def _put_knobs(url: str, knobs: dict[str, Any]) -> None:
     urllib.request.urlopen(req, timeout=60).read()
 
 
+def _merge(results: Sequence[dict[str, Any]], rate_key: str) -> dict[str, Any]:
+    """One figure from the shares of several client processes timed over the same window."""
+    errors: Counter[str] = Counter()
+    for r in results:
+        errors.update(r["errors"])
+    first = results[0]
+    if "cpu" in first:
+        cpu = dict(first["cpu"])  # process and machine readings: one window, one reading
+    else:  # the HTTP bench's record
+        cpu = {"gateway": first["server_cpu_cores"], "machine": first["machine_busy_cores"]}
+    wall = [r.get("client_wall_s") or r["elapsed_s"] for r in results]
+    clients = [
+        r["cpu"]["client"] if "cpu" in r else r["client_cpu_s"] / w
+        for r, w in zip(results, wall, strict=True)
+    ]
+    cpu["clients"] = sum(c for c in clients if c is not None)
+    cpu.pop("client", None)
+    if cpu.get("machine") is not None:
+        ours = sum(v for k, v in cpu.items() if k != "machine" and v is not None)
+        cpu["others"] = max(0.0, cpu["machine"] - ours)
+    answered = sum(r["answered"] for r in results)
+    latencies = np.array([x for r in results for x in r["latencies_s"]]) * 1e3
+    return {
+        "rps": sum(r[rate_key] for r in results),
+        "answered": answered,
+        "answered_after_window": sum(r["answered_after_window"] for r in results),
+        "lost": sum(r["lost"] for r in results),
+        "errors": dict(errors),
+        "processes": len(results),
+        **percentiles(latencies),
+        "cpu_cores": {k: (None if v is None else round(v, 3)) for k, v in cpu.items()},
+    }
+
+
 def run(plan: Plan, out_dir: Path | None, quick: bool) -> Path:
+    from benchmarks.http import LoadJob
     from models.demo import ensure_demo_repository
 
-    rng = np.random.default_rng(0)
-    frames, bodies = [], []
-    for i in range(64):
-        frame, body, length = request_payload(rng, f"r{i}")
-        frames.append(frame)
-        bodies.append((body, length))
+    frame, body, header_length = request_payload(np.random.default_rng(0), "bench")
     runs: list[dict[str, Any]] = []
+    results: dict[str, list[dict[str, Any]]] = {}
+    machine = machine_info()
     with tempfile.TemporaryDirectory(prefix="iotgw-bench-mqtt-") as tmp:
         folder = Path(tmp)
         repo = ensure_demo_repository(folder / "repo")
@@ -300,86 +506,184 @@ def run(plan: Plan, out_dir: Path | None, quick: bool) -> Path:
             ),
             log_path=folder / "gateway.log",
         )
-        with broker, echo, gateway:
+        with broker, echo, gateway, LoadClients(plan.processes) as clients:
             echo.wait_for_log("echo ready", 30)
             gateway.wait_for_log("MQTT: connected", 180)
             url = f"http://127.0.0.1:{http_port}"
-            targets = {"echo": "echo/req/bench", "gateway": f"iotgw/infer/{MODEL}/req/bench"}
-            results: dict[str, dict[str, list[dict[str, Any]]]] = {}
+            targets = {
+                "echo": ("echo/req", echo.pid),
+                "gateway": (f"iotgw/infer/{MODEL}/req", gateway.pid),
+            }
+            names = itertools.count()
+            budget = plan.timeout_s * 3 + 120
 
-            async def measure() -> None:
+            def record(key: str, res: dict[str, Any], **fields: Any) -> None:
+                results.setdefault(key, []).append(res)
+                runs.append({**fields, **res})
+
+            def mqtt_jobs(target: str, qos: int, n: int, **kw: Any) -> list[MqttJob]:
+                topic, pid = targets[target]
+                return [
+                    MqttJob(
+                        port=port,
+                        topic=topic,
+                        client_id=f"bench-{target}-{next(names)}",
+                        qos=qos,
+                        payload=frame,
+                        timeout_s=plan.timeout_s,
+                        watch=((target, pid), ("broker", broker.pid)),
+                        **kw,
+                    )
+                    for _ in range(n)
+                ]
+
+            # Low load: no batching wait, one request at a time.
+            _put_knobs(url, {"batch_timeout_ms": 0, "max_batch_size": 1})
+            for r in range(plan.runs):
                 for qos in (0, 1):
-                    for topic in targets.values():
-                        await low_load(port, topic, qos, plan.warmup_requests, frames)
-                # Low load: no batching wait, one session, all threads on one request.
-                _put_knobs(url, {"batch_timeout_ms": 0, "max_batch_size": 1})
-                for r in range(plan.runs):
-                    for qos in (0, 1):
-                        for target, topic in targets.items():  # interleaved: same conditions
-                            res = await low_load(port, topic, qos, plan.low_load_requests, frames)
-                            results.setdefault(f"low/{target}/qos{qos}", {}).setdefault(
-                                "runs", []
-                            ).append(res)
-                            runs.append(
-                                {"phase": "low_load", "target": target, "qos": qos, "run": r, **res}
-                            )
-                # Saturation: batches fill up while a batch computes.
-                _put_knobs(url, {"batch_timeout_ms": 1, "max_batch_size": 32})
-                for r in range(plan.runs):
-                    for qos in (0, 1):
-                        for target, topic in targets.items():
-                            res = await saturation(
-                                port, topic, qos, plan.saturation_s, plan.in_flight, frames
-                            )
-                            results.setdefault(f"sat/{target}/qos{qos}", {}).setdefault(
-                                "runs", []
-                            ).append(res)
-                            runs.append(
-                                {
-                                    "phase": "saturation",
-                                    "target": target,
-                                    "qos": qos,
-                                    "run": r,
-                                    **res,
-                                }
-                            )
-                    res = await http_saturation(url, plan.saturation_s, plan.in_flight, bodies)
-                    results.setdefault("sat/http", {}).setdefault("runs", []).append(res)
-                    runs.append({"phase": "saturation", "target": "gateway-http", "run": r, **res})
+                    for target in targets:  # interleaved: the same conditions for both
+                        job = mqtt_jobs(
+                            target,
+                            qos,
+                            1,
+                            concurrency=1,
+                            duration_s=plan.timeout_s * 10,
+                            max_requests=plan.low_load_requests,
+                            warmup_s=plan.low_load_warmup_s,
+                        )
+                        res = _merge(clients.run(job, budget * 10), "rps")
+                        record(
+                            f"low/{target}/qos{qos}",
+                            res,
+                            phase="low_load",
+                            target=target,
+                            qos=qos,
+                            run=r,
+                        )
 
-            asyncio.run(measure())
+            # Saturation: batches fill up while a batch computes.
+            _put_knobs(url, {"batch_timeout_ms": 1, "max_batch_size": 32})
+            bound = 1_000_000
+            for r in range(plan.runs):
+                for qos in (0, 1):
+                    for target in targets:
+                        start_at = time.time() + plan.saturation_warmup_s + 1.0
+                        jobs = mqtt_jobs(
+                            target,
+                            qos,
+                            plan.processes,
+                            concurrency=plan.in_flight,
+                            duration_s=plan.saturation_s,
+                            max_requests=bound,
+                            warmup_s=plan.saturation_warmup_s,
+                            start_at=start_at,
+                        )
+                        res = _merge(clients.run(jobs, budget), "rps")
+                        record(
+                            f"sat/{target}/qos{qos}",
+                            res,
+                            phase="saturation",
+                            target=target,
+                            qos=qos,
+                            run=r,
+                        )
+                http_job = LoadJob(
+                    url=f"{url}/v2/models/{MODEL}/infer",
+                    body=body,
+                    header_length=header_length,
+                    rows_per_request=1,
+                    concurrency=plan.in_flight,
+                    duration_s=plan.saturation_s,
+                    max_requests=bound,
+                    warmup_s=plan.saturation_warmup_s,
+                    timeout_s=plan.timeout_s,
+                    start_at=time.time() + plan.saturation_warmup_s + 1.0,
+                    server_pid=gateway.pid,
+                    client="aiohttp",
+                )
+                res = _merge(clients.run([http_job] * plan.processes, budget), "rows_per_s")
+                record("sat/http", res, phase="saturation", target="gateway-http", run=r)
+    machine["load_average_at_end"] = load_average()
+    return _report(plan, quick, out_dir, machine, results, runs)
 
-    def rep(key: str, field: str) -> Repeated:
-        return Repeated.of(x[field] for x in results[key]["runs"])
 
+def _per_round(a: list[dict[str, Any]], b: list[dict[str, Any]], fn: Any) -> Repeated:
+    return Repeated.of(fn(x, y) for x, y in zip(a, b, strict=True))
+
+
+def _cpu_us_per_request(res: dict[str, Any], who: str) -> float | None:
+    cores = res["cpu_cores"].get(who)
+    return None if cores is None or not res["rps"] else cores / res["rps"] * 1e6
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _report(
+    plan: Plan,
+    quick: bool,
+    out_dir: Path | None,
+    machine: dict[str, Any],
+    results: dict[str, list[dict[str, Any]]],
+    runs: list[dict[str, Any]],
+) -> Path:
     summary: dict[str, Any] = {}
     rows = []
     for qos in (0, 1):
-        echo_p50, gw_p50 = rep(f"low/echo/qos{qos}", "p50"), rep(f"low/gateway/qos{qos}", "p50")
-        echo_p99, gw_p99 = rep(f"low/echo/qos{qos}", "p99"), rep(f"low/gateway/qos{qos}", "p99")
-        echo_rps, gw_rps = rep(f"sat/echo/qos{qos}", "rps"), rep(f"sat/gateway/qos{qos}", "rps")
-        summary[f"qos{qos}_p50_overhead_ms"] = round(gw_p50.median - echo_p50.median, 3)
-        summary[f"qos{qos}_p99_overhead_ms"] = round(gw_p99.median - echo_p99.median, 3)
-        summary[f"qos{qos}_gateway_vs_echo_throughput_ratio"] = round(
-            gw_rps.median / echo_rps.median, 4
-        )
+        low_e, low_g = results[f"low/echo/qos{qos}"], results[f"low/gateway/qos{qos}"]
+        sat_e, sat_g = results[f"sat/echo/qos{qos}"], results[f"sat/gateway/qos{qos}"]
+        p50 = _per_round(low_g, low_e, lambda g, e: g["p50"] - e["p50"])
+        p99 = _per_round(low_g, low_e, lambda g, e: g["p99"] - e["p99"])
+        ratio = _per_round(sat_g, sat_e, lambda g, e: g["rps"] / e["rps"])
+        summary[f"qos{qos}_p50_overhead_ms"] = round(p50.median, 3)
+        summary[f"qos{qos}_p99_overhead_ms"] = round(p99.median, 3)
+        summary[f"qos{qos}_gateway_vs_echo_throughput_ratio"] = round(ratio.median, 4)
+        summary[f"mqtt_qos{qos}_rps"] = round(Repeated.of(x["rps"] for x in sat_g).median, 1)
+        summary[f"echo_qos{qos}_rps"] = round(Repeated.of(x["rps"] for x in sat_e).median, 1)
         rows.append(
-            [
-                f"QoS {qos}",
-                fmt_repeated(echo_p50),
-                fmt_repeated(gw_p50),
-                fmt_repeated(echo_p99),
-                fmt_repeated(gw_p99),
-                fmt_repeated(echo_rps),
-                fmt_repeated(gw_rps),
+            [f"QoS {qos}"]
+            + [
+                fmt_repeated(Repeated.of(x[field] for x in part))
+                for field, part in (
+                    ("p50", low_e),
+                    ("p50", low_g),
+                    ("p99", low_e),
+                    ("p99", low_g),
+                    ("rps", sat_e),
+                    ("rps", sat_g),
+                )
             ]
         )
-    http_rps = rep("sat/http", "rps")
-    mqtt_rps = rep("sat/gateway/qos1", "rps")
-    summary["mqtt_vs_http_throughput_ratio"] = round(mqtt_rps.median / http_rps.median, 4)
+    http = results["sat/http"]
+    for qos in (0, 1):
+        ratio = _per_round(results[f"sat/gateway/qos{qos}"], http, lambda m, h: m["rps"] / h["rps"])
+        key = "mqtt_vs_http_throughput_ratio" if qos == 1 else "mqtt_qos0_vs_http_throughput_ratio"
+        summary[key] = round(ratio.median, 4)
+    http_rps = Repeated.of(x["rps"] for x in http)
     summary["http_rps"] = round(http_rps.median, 1)
-    summary["mqtt_qos1_rps"] = round(mqtt_rps.median, 1)
+    # What the gateway process spends per answered request on each path (its CPU over the
+    # window / answered per second): other load on the machine moves this much less than rates.
+    summary["gateway_cpu_us_per_request_mqtt_qos1"] = _round(
+        _median([_cpu_us_per_request(x, "gateway") for x in results["sat/gateway/qos1"]]), 1
+    )
+    summary["gateway_cpu_us_per_request_http"] = _round(
+        _median([_cpu_us_per_request(x, "gateway") for x in http]), 1
+    )
+    summary["broker_cpu_us_per_request_mqtt_qos1"] = _round(
+        _median([_cpu_us_per_request(x, "broker") for x in results["sat/gateway/qos1"]]), 1
+    )
+    sat_runs = [r for r in runs if r["phase"] == "saturation"]
+    summary["others_cpu_cores_during_saturation"] = _round(
+        _median([r["cpu_cores"].get("others") for r in sat_runs]), 2
+    )
     summary["lost"] = sum(int(r.get("lost", 0)) for r in runs)
+    summary["errors"] = sum(sum(r.get("errors", {}).values()) for r in runs)
     summary["runs_per_figure"] = plan.runs
     print(
         format_table(
@@ -396,23 +700,47 @@ def run(plan: Plan, out_dir: Path | None, quick: bool) -> Path:
         )
     )
     print(
-        f"HTTP (binary) req/s at saturation: {fmt_repeated(http_rps)}; "
-        f"MQTT QoS 1 / HTTP = {summary['mqtt_vs_http_throughput_ratio']}"
+        f"HTTP (binary, aiohttp) req/s at saturation: {fmt_repeated(http_rps)}; "
+        f"MQTT QoS 1 / HTTP = {summary['mqtt_vs_http_throughput_ratio']} "
+        f"(QoS 0: {summary['mqtt_qos0_vs_http_throughput_ratio']}), "
+        f"{plan.processes} client processes x {plan.in_flight} in flight each"
     )
+    print(
+        "gateway CPU per request: MQTT QoS 1 "
+        f"{summary['gateway_cpu_us_per_request_mqtt_qos1']} us, HTTP "
+        f"{summary['gateway_cpu_us_per_request_http']} us; broker "
+        f"{summary['broker_cpu_us_per_request_mqtt_qos1']} us; other work on the machine used "
+        f"{summary['others_cpu_cores_during_saturation']} cores (median over saturation windows)"
+    )
+    print(f"lost requests: {summary['lost']}, error replies: {summary['errors']}")
     path = write_results(
         "mqtt",
         quick=quick,
         out_dir=out_dir,
-        machine=machine_info(),
+        machine=machine,
         summary=summary,
         runs=runs,
         config={
             "model": MODEL,
-            "payload": "binary frame, 1x32 FP32",
+            "payload": "binary frame, 1x32 FP32 (the same JSON header and tensor over HTTP)",
             "plan": plan.__dict__,
             "broker": "mosquitto, set_tcp_nodelay true",
+            "gateway": "iotgw serve --broker (MQTT 5, QoS of the run), --receive-maximum 256",
             "low_load_knobs": {"batch_timeout_ms": 0, "max_batch_size": 1},
             "saturation_knobs": {"batch_timeout_ms": 1, "max_batch_size": 32},
+            "method": (
+                "Low load: one paho client process, one request at a time, echo and gateway "
+                "interleaved per round; overheads are per-round gateway minus echo, median. "
+                f"Saturation: {plan.processes} load-client processes with {plan.in_flight} "
+                "requests in flight each (closed loop, started together after a warm-up), the "
+                "same for every target: MQTT via one paho-mqtt MQTT 5 client per process "
+                "(TCP_NODELAY), HTTP via one aiohttp session per process with as many "
+                "keep-alive connections as requests in flight. Throughput = requests answered "
+                "with status 200 inside the window / window; unanswered after the timeout = "
+                "lost. Ratios per round (runs next to each other), median over rounds. "
+                "cpu_cores: cores used over each window by the server processes, the clients, "
+                "and the rest of the machine (others)."
+            ),
         },
     )
     print(f"results: {path}")
@@ -431,7 +759,7 @@ def _cli(argv: list[str] | None = None) -> int:
     p.add_argument("--serve-echo", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve_echo:
-        asyncio.run(_serve_echo(args.serve_echo))
+        serve_echo(args.serve_echo)
         return 0
     return main(quick=args.quick, out_dir=args.out)
 
