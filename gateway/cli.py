@@ -89,7 +89,7 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     t.add_argument(
         "--tuner",
         choices=["rrl", "adaptive-rrl", "bo", "hill-climb", "aimd", "inflight"],
-        help="tuning algorithm (default rrl)",
+        help="tuning algorithm (default adaptive-rrl)",
     )
     t.add_argument(
         "--tuner-objective", choices=["latency", "cost"], help="what it minimizes (latency)"

@@ -117,7 +117,7 @@ class TunerSettings(BaseModel):
         True, description="Run the online tuner: it retunes each model's knobs under load."
     )
     algorithm: Literal["rrl", "adaptive-rrl", "bo", "hill-climb", "aimd", "inflight"] = Field(
-        "rrl", description="Tuning algorithm (rrl/README.md)."
+        "adaptive-rrl", description="Tuning algorithm (rrl/README.md)."
     )
     objective: Literal["latency", "cost"] = Field(
         "latency",

@@ -56,7 +56,7 @@ ONLINE_TUNERS = ("rrl", "adaptive-rrl", "bo", "hill-climb", "aimd", "inflight", 
 
 @dataclass(frozen=True)
 class AgentSettings:
-    algorithm: str = "rrl"
+    algorithm: str = "adaptive-rrl"
     objective: str = "latency"
     interval_s: float = 2.0
     """Shortest decision interval."""

@@ -61,14 +61,17 @@ async def poisson_load(
 ) -> dict[int, int]:
     """Open-loop Poisson arrivals of single-row requests; returns the count per HTTP status."""
     statuses: dict[int, int] = {}
+    reasons: list[str] = []
     rng = np.random.default_rng(seed)
     pending: set[asyncio.Task[None]] = set()
     async with aiohttp.ClientSession() as http:
 
         async def one() -> None:
             async with http.post(f"{url}/v2/models/sensor_mlp/infer", json=BODY) as r:
-                await r.read()
+                body = await r.read()
                 statuses[r.status] = statuses.get(r.status, 0) + 1
+                if r.status != 200:
+                    reasons.append(body.decode(errors="replace"))
 
         end = time.monotonic() + seconds
         while time.monotonic() < end:
@@ -77,6 +80,7 @@ async def poisson_load(
             task.add_done_callback(pending.discard)
             await asyncio.sleep(float(rng.exponential(1.0 / rate_per_s)))
         await asyncio.gather(*pending)
+    assert not reasons, reasons[:5]
     return statuses
 
 
@@ -126,7 +130,7 @@ async def test_agent_retunes_a_serving_gateway_and_no_request_fails(
     # Estimates are best first; none beats the best measured configuration's value (region
     # estimates are weighted means of measured values).
     assert state["estimates"][0]["objective"] == pytest.approx(state["best_estimate"], rel=1e-3)
-    assert overview["models"]["sensor_mlp"]["algorithm"] == "rrl"
+    assert overview["models"]["sensor_mlp"]["algorithm"] == "adaptive-rrl"  # the default
     assert 'iotgw_tuner_decisions_total{kind="explore",model="sensor_mlp",version="1"}' in metrics
     assert 'iotgw_tuner_config{knob="max_batch_size",model="sensor_mlp"' in metrics
     assert 'iotgw_tuner_workload{field="rate_level",model="sensor_mlp",version="1"}' in metrics
@@ -186,7 +190,7 @@ def _agent(gw: Gateway, space: ConfigSpace, **settings: Any) -> ModelAgent:
         space=space,
         slo_ms=100.0,
         cores=2,
-        settings=AgentSettings(**settings),
+        settings=AgentSettings(**{"algorithm": "rrl", **settings}),
     )
     agent.current = space.at(0)
     agent.workload = WorkloadState(5)
@@ -200,8 +204,8 @@ async def test_a_proposal_estimated_to_break_the_slo_is_vetoed(
     async with gateway(mlp_repo, tmp_path, enabled=False) as gw:
         agent = _agent(gw, BATCHES)
         small, large = BATCHES.at(0), BATCHES.at(7)  # batch 1 and batch 128
-        # Under the previous workload (state 5), batch 128 broke the SLO badly (p95 3x the SLO, all late), and
-        # its region (batch 32..128) inherits that estimate.
+        # Under the previous workload (state 5), batch 128 broke the SLO badly (p95 3x the SLO,
+        # all late), and its region (batch 32..128) inherits that estimate.
         agent.tuner.observe(small, measurement(10.0))
         agent.tuner.observe(large, measurement(300.0, violations=100))
         agent.workload = WorkloadState(6)
