@@ -104,10 +104,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{trainer.accuracy(served, 'val'):.4f} test {trainer.accuracy(served, 'test'):.4f}"
     )
     zero3, zeropp = trainer.traffic()
-    print(
-        f"bytes per step across nodes: ZeRO-3 {zero3.inter_bytes:,}, ZeRO++ "
-        f"{zeropp.inter_bytes:,} (ratio {zeropp.inter_bytes / zero3.inter_bytes:.3f})"
-    )
+    for where, a, b in (
+        ("across nodes", zero3.inter_bytes, zeropp.inter_bytes),
+        ("on all links", zero3.total_bytes, zeropp.total_bytes),
+    ):
+        ratio = f" (ratio {b / a:.3f})" if a else ""
+        print(f"bytes per step {where}: ZeRO-3 {a:,}, ZeRO++ {b:,}{ratio}")
     if args.state is not None:
         trainer.save_state(args.state)
         print(f"saved state to {args.state}")

@@ -1,0 +1,33 @@
+"""The quick report runs end to end and writes every summary key, the table and the plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gateway.cli import main as iotgw
+
+SUMMARY_KEYS = {
+    "acc_fp32",
+    "acc_int8",
+    "acc_int4",
+    "acc_int2",
+    "acc_ptq_int4",
+    "acc_ptq_int2",
+    "simigrad_acc",
+    "fixed_small_acc",
+    "simigrad_mean_batch_ratio",
+    "traffic_ratio",
+}
+
+
+def test_quick_report(tmp_path: Path) -> None:
+    assert iotgw(["train", "--report", "--quick", "--results-dir", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "train.quick.json").read_text())
+    assert doc["benchmark"] == "train" and doc["quick"] is True
+    assert set(doc["summary"]) >= SUMMARY_KEYS
+    for key in SUMMARY_KEYS - {"simigrad_mean_batch_ratio", "traffic_ratio"}:
+        assert 0.0 <= doc["summary"][key] <= 1.0
+    assert 0.0 < doc["summary"]["traffic_ratio"] < 1.0
+    assert (tmp_path / "train.quick.md").read_text().count("|") > 20
+    assert len(list(tmp_path.glob("train.quick_*.png"))) == 4
