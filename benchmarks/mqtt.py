@@ -11,7 +11,8 @@ For QoS 0 and QoS 1, on the MLP (``sensor_mlp``), one binary-framed 1x32 FP32 re
   reply to its last one arrives). Throughput = requests answered inside the timed window per
   second; a request not answered within the timeout is lost and counted. Echo and gateway over
   MQTT, and the gateway over HTTP with **the same number of processes and the same concurrency**
-  (aiohttp keep-alive connections, one per request in flight), knobs
+  (aiohttp keep-alive connections, one per request in flight; also the HTTP bench's raw client,
+  the HTTP path's best case), knobs
   ``batch_timeout_ms=1, max_batch_size=32`` for both paths. The MQTT / HTTP ratio is taken per
   round (runs next to each other) and its median quoted.
 
@@ -33,6 +34,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import math
 import multiprocessing
 import shutil
 import signal
@@ -200,7 +202,7 @@ class MqttJob:
     """One load client's share of a closed-loop run over MQTT."""
 
     port: int
-    topic: str  # request topic; the client id is appended as the device id
+    topics: tuple[str, ...]  # request topics, used in turn; the client id is the device id
     client_id: str
     qos: int
     payload: bytes
@@ -227,23 +229,25 @@ def run_mqtt_load(job: MqttJob) -> dict[str, Any]:
     with a status other than 200 is an error; a request without reply by the timeout is lost."""
     clock = time.perf_counter
     reply_topic = f"bench/res/{job.client_id}"
-    request_topic = f"{job.topic}/{job.client_id}"
+    request_topics = [f"{topic}/{job.client_id}" for topic in job.topics]
     client = _connect(job.client_id, job.port, reply_topic, job.qos)
-    sent: dict[bytes, tuple[float, bool]] = {}  # correlation -> (send time, recorded)
-    latencies: list[float] = []
+    sent: dict[bytes, tuple[float, bool, int]] = {}  # correlation -> (sent, recorded, topic)
+    latencies: list[list[float]] = [[] for _ in job.topics]
     errors: Counter[str] = Counter()
     counts = {"ok": 0, "late": 0, "unexpected": 0}
     seq = itertools.count()
     phase = _Phase(record=False, until=0.0)
 
     def send() -> None:
-        key = b"%d" % next(seq)
+        n = next(seq)
+        key = b"%d" % n
+        which = n % len(request_topics)  # several topics: alternated request by request
         props = Properties(PacketTypes.PUBLISH)
         props.ResponseTopic = reply_topic
         props.CorrelationData = key
         phase.issued += 1
-        sent[key] = (clock(), phase.record)
-        client.publish(request_topic, job.payload, qos=job.qos, properties=props)
+        sent[key] = (clock(), phase.record, which)
+        client.publish(request_topics[which], job.payload, qos=job.qos, properties=props)
 
     def on_message(c: paho.Client, _u: object, message: paho.MQTTMessage) -> None:
         now = clock()
@@ -252,13 +256,13 @@ def run_mqtt_load(job: MqttJob) -> dict[str, Any]:
         if entry is None:
             counts["unexpected"] += 1  # a duplicate, or a reply to an earlier run
             return
-        t0, recorded = entry
+        t0, recorded, which = entry
         status = dict(getattr(props, "UserProperty", None) or ()).get("status", "200")
         if status != "200":
             errors[f"status {status}"] += 1
         elif recorded and now <= phase.until:
             counts["ok"] += 1
-            latencies.append(now - t0)
+            latencies[which].append(now - t0)
         elif recorded:
             counts["late"] += 1  # answered, but after the window closed
         if now < phase.until and phase.issued < phase.max_requests:
@@ -293,7 +297,9 @@ def run_mqtt_load(job: MqttJob) -> dict[str, Any]:
         drain_until = clock() + job.timeout_s
         while sent and clock() < drain_until:
             client.loop(0.05)
-        lost = sum(1 for _, recorded in sent.values() if recorded)
+        lost_by_topic = [0] * len(job.topics)
+        for _, recorded, which in sent.values():
+            lost_by_topic[which] += recorded
     finally:
         client.disconnect()
     # Stopped by the request bound (low load): the window ends at the last answer.
@@ -302,12 +308,14 @@ def run_mqtt_load(job: MqttJob) -> dict[str, Any]:
         "issued": phase.issued,
         "answered": counts["ok"],
         "answered_after_window": counts["late"],
-        "lost": lost,
+        "lost": sum(lost_by_topic),
+        "lost_by_topic": lost_by_topic,
         "errors": dict(errors),
         "unexpected_replies": counts["unexpected"],
         "elapsed_s": elapsed,
         "rps": counts["ok"] / max(elapsed, 1e-9),
-        "latencies_s": latencies,
+        "latencies_s": [x for part in latencies for x in part],
+        "latencies_by_topic_s": latencies,
         "cpu": _cpu_delta(cpu0, cpu1, end - start),
     }
 
@@ -501,6 +509,7 @@ def run(plan: Plan, out_dir: Path | None, quick: bool) -> Path:
                 "bench-gateway",
                 "--receive-maximum",
                 "256",
+                "--no-tuner",  # the gateway's fixed configuration is what is compared
                 "--cache-dir",
                 str(folder),
             ),
@@ -526,7 +535,7 @@ def run(plan: Plan, out_dir: Path | None, quick: bool) -> Path:
                 return [
                     MqttJob(
                         port=port,
-                        topic=topic,
+                        topics=(topic,),
                         client_id=f"bench-{target}-{next(names)}",
                         qos=qos,
                         payload=frame,
@@ -537,21 +546,33 @@ def run(plan: Plan, out_dir: Path | None, quick: bool) -> Path:
                     for _ in range(n)
                 ]
 
-            # Low load: no batching wait, one request at a time.
+            # Low load: no batching wait, one request at a time, echo and gateway in turn
+            # request by request, so that whatever else the machine does meanwhile falls on
+            # both alike.
             _put_knobs(url, {"batch_timeout_ms": 0, "max_batch_size": 1})
             for r in range(plan.runs):
                 for qos in (0, 1):
-                    for target in targets:  # interleaved: the same conditions for both
-                        job = mqtt_jobs(
-                            target,
-                            qos,
-                            1,
-                            concurrency=1,
-                            duration_s=plan.timeout_s * 10,
-                            max_requests=plan.low_load_requests,
-                            warmup_s=plan.low_load_warmup_s,
-                        )
-                        res = _merge(clients.run(job, budget * 10), "rps")
+                    job = MqttJob(
+                        port=port,
+                        topics=tuple(topic for topic, _ in targets.values()),
+                        client_id=f"bench-low-{next(names)}",
+                        qos=qos,
+                        payload=frame,
+                        concurrency=1,
+                        duration_s=plan.timeout_s * 10,
+                        max_requests=plan.low_load_requests * len(targets),
+                        warmup_s=plan.low_load_warmup_s,
+                        timeout_s=plan.timeout_s,
+                    )
+                    (out,) = clients.run([job], budget * 10)
+                    for i, target in enumerate(targets):
+                        lat = out["latencies_by_topic_s"][i]
+                        res = {
+                            "answered": len(lat),
+                            "lost": out["lost_by_topic"][i],
+                            "errors": out["errors"],  # the pair's (none expected)
+                            **percentiles(np.array(lat) * 1e3),
+                        }
                         record(
                             f"low/{target}/qos{qos}",
                             res,
@@ -587,22 +608,26 @@ def run(plan: Plan, out_dir: Path | None, quick: bool) -> Path:
                             qos=qos,
                             run=r,
                         )
-                http_job = LoadJob(
-                    url=f"{url}/v2/models/{MODEL}/infer",
-                    body=body,
-                    header_length=header_length,
-                    rows_per_request=1,
-                    concurrency=plan.in_flight,
-                    duration_s=plan.saturation_s,
-                    max_requests=bound,
-                    warmup_s=plan.saturation_warmup_s,
-                    timeout_s=plan.timeout_s,
-                    start_at=time.time() + plan.saturation_warmup_s + 1.0,
-                    server_pid=gateway.pid,
-                    client="aiohttp",
-                )
-                res = _merge(clients.run([http_job] * plan.processes, budget), "rows_per_s")
-                record("sat/http", res, phase="saturation", target="gateway-http", run=r)
+                # HTTP with the same processes and concurrency: aiohttp keep-alive (the
+                # headline), and the HTTP bench's minimal raw client, which costs the shared
+                # cores less per request than any MQTT client here (the HTTP path's best case).
+                for client, key in (("aiohttp", "gateway-http"), ("raw", "gateway-http-raw")):
+                    http_job = LoadJob(
+                        url=f"{url}/v2/models/{MODEL}/infer",
+                        body=body,
+                        header_length=header_length,
+                        rows_per_request=1,
+                        concurrency=plan.in_flight,
+                        duration_s=plan.saturation_s,
+                        max_requests=bound,
+                        warmup_s=plan.saturation_warmup_s,
+                        timeout_s=plan.timeout_s,
+                        start_at=time.time() + plan.saturation_warmup_s + 1.0,
+                        server_pid=gateway.pid,
+                        client=client,
+                    )
+                    res = _merge(clients.run([http_job] * plan.processes, budget), "rows_per_s")
+                    record(f"sat/{key}", res, phase="saturation", target=key, run=r)
     machine["load_average_at_end"] = load_average()
     return _report(plan, quick, out_dir, machine, results, runs)
 
@@ -660,13 +685,18 @@ def _report(
                 )
             ]
         )
-    http = results["sat/http"]
+    http = results["sat/gateway-http"]
     for qos in (0, 1):
         ratio = _per_round(results[f"sat/gateway/qos{qos}"], http, lambda m, h: m["rps"] / h["rps"])
         key = "mqtt_vs_http_throughput_ratio" if qos == 1 else "mqtt_qos0_vs_http_throughput_ratio"
         summary[key] = round(ratio.median, 4)
     http_rps = Repeated.of(x["rps"] for x in http)
     summary["http_rps"] = round(http_rps.median, 1)
+    raw = results["sat/gateway-http-raw"]
+    summary["http_raw_client_rps"] = round(Repeated.of(x["rps"] for x in raw).median, 1)
+    summary["mqtt_vs_http_raw_client_throughput_ratio"] = round(
+        _per_round(results["sat/gateway/qos1"], raw, lambda m, h: m["rps"] / h["rps"]).median, 4
+    )
     # What the gateway process spends per answered request on each path (its CPU over the
     # window / answered per second): other load on the machine moves this much less than rates.
     summary["gateway_cpu_us_per_request_mqtt_qos1"] = _round(
@@ -675,6 +705,20 @@ def _report(
     summary["gateway_cpu_us_per_request_http"] = _round(
         _median([_cpu_us_per_request(x, "gateway") for x in http]), 1
     )
+    summary["gateway_cpu_per_request_mqtt_qos1_vs_http"] = _round(
+        _median(
+            [
+                (_cpu_us_per_request(m, "gateway") or math.nan)
+                / (_cpu_us_per_request(h, "gateway") or math.nan)
+                for m, h in zip(results["sat/gateway/qos1"], http, strict=True)
+            ]
+        ),
+        3,
+    )
+    for name, part in (("mqtt_qos1", results["sat/gateway/qos1"]), ("http", http)):
+        summary[f"clients_cpu_us_per_request_{name}"] = _round(
+            _median([_cpu_us_per_request(x, "clients") for x in part]), 1
+        )
     summary["broker_cpu_us_per_request_mqtt_qos1"] = _round(
         _median([_cpu_us_per_request(x, "broker") for x in results["sat/gateway/qos1"]]), 1
     )
@@ -706,6 +750,10 @@ def _report(
         f"{plan.processes} client processes x {plan.in_flight} in flight each"
     )
     print(
+        f"HTTP with the raw client: {summary['http_raw_client_rps']} req/s; MQTT QoS 1 / HTTP "
+        f"(raw client) = {summary['mqtt_vs_http_raw_client_throughput_ratio']}"
+    )
+    print(
         "gateway CPU per request: MQTT QoS 1 "
         f"{summary['gateway_cpu_us_per_request_mqtt_qos1']} us, HTTP "
         f"{summary['gateway_cpu_us_per_request_http']} us; broker "
@@ -735,7 +783,9 @@ def _report(
                 "requests in flight each (closed loop, started together after a warm-up), the "
                 "same for every target: MQTT via one paho-mqtt MQTT 5 client per process "
                 "(TCP_NODELAY), HTTP via one aiohttp session per process with as many "
-                "keep-alive connections as requests in flight. Throughput = requests answered "
+                "keep-alive connections as requests in flight (headline), and again with the "
+                "HTTP bench's raw asyncio client (the HTTP path's best case). Throughput = "
+                "requests answered "
                 "with status 200 inside the window / window; unanswered after the timeout = "
                 "lost. Ratios per round (runs next to each other), median over rounds. "
                 "cpu_cores: cores used over each window by the server processes, the clients, "
