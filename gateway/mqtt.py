@@ -51,6 +51,7 @@ JSON_CONTENT_TYPE = "application/json"
 _DEDUPE_ENTRIES = 20_000
 _ROUTE_CACHE_ENTRIES = 4096
 _SHARED_NOT_SUPPORTED = 0x9E
+_TCP_CORK: int | None = getattr(socket, "TCP_CORK", None)  # Linux
 
 
 @dataclass(frozen=True, slots=True)
@@ -367,10 +368,21 @@ class MqttAdapter:
         def flush() -> None:
             nonlocal scheduled
             scheduled = False
+            sock = client.socket()
+            # paho sends packet by packet, and with Nagle off each send is a segment the
+            # broker wakes up for: corked, a batch's replies (or acks) leave as few segments.
+            cork = _TCP_CORK is not None and isinstance(sock, socket.socket)
+            cork = cork and len(getattr(client, "_out_packet", ())) > 1
             try:
+                if cork:
+                    sock.setsockopt(socket.IPPROTO_TCP, _TCP_CORK, 1)  # type: ignore[union-attr]
                 client.loop_write()
             except Exception as exc:  # aiomqtt's writer reports a broken connection
                 log.debug("MQTT: write failed: %s", exc)
+            finally:
+                if cork:
+                    with contextlib.suppress(OSError):
+                        sock.setsockopt(socket.IPPROTO_TCP, _TCP_CORK, 0)  # type: ignore[union-attr]
             sock = client.socket()
             if client.want_write() and sock is not None:
                 aiomqtt_register(client, None, sock)
