@@ -6,6 +6,11 @@ Next to each fp32 model sit its block-quantized versions, ``<model>_int8`` and `
 (and ``_tf`` twins): one checkpoint file each (``models.checkpoint``), the same weights quantized
 with qwZ's rule in blocks of 32 along each kernel's input dimension, served by both runtimes
 straight from the codes.
+``digits_cnn`` (and its ``_tf``, ``_int8``, ``_int4`` variants) is not generated: it is the model
+``iotgw train`` trained on scikit-learn's digits (``models.train.demo_weights``), whose committed
+checkpoints are copied as they are (int8, int4: the trainer's own codes and scales, no PTQ) or
+exported for both runtimes (fp32). The files' SHA-256 are part of the recipe, so retrained
+weights make a cached repository stale.
 The repository follows ``models.repository``'s layout and carries a ``MANIFEST.json`` (written
 last) with every file's SHA-256, which is how a finished build is recognised.
 """
@@ -21,11 +26,13 @@ from pathlib import Path
 from typing import Literal
 
 from models.atomic_dir import build_once
-from models.checkpoint import save_checkpoint
+from models.checkpoint import load_checkpoint, save_checkpoint
 from models.export_onnx import export_onnx
 from models.repository import CONFIG_FILE, BatchingDefaults, ModelConfig, read_config
-from models.zoo import SENSOR_FUSION, SENSOR_MLP, VISION_CNN, ModelSpec, init_weights
-from models.zoo_checkpoint import uniform_policy, zoo_checkpoint
+from models.train.data import DIGITS_CNN
+from models.train.demo_weights import TRAINED_FILES, WEIGHTS_DIR
+from models.zoo import SENSOR_FUSION, SENSOR_MLP, VISION_CNN, ModelSpec, Weights, init_weights
+from models.zoo_checkpoint import dequantized_weights, uniform_policy, zoo_checkpoint, zoo_params
 
 MANIFEST = "MANIFEST.json"
 FORMAT = 1
@@ -48,6 +55,9 @@ class DemoModel:
     slo_ms: float
     batching: BatchingDefaults
     bits: int | None = None  # a block-quantized checkpoint at this width; None: fp32 export
+    # A trained checkpoint in models/train/weights and its SHA-256 (in the recipe); None: the
+    # weights are generated from the spec's seed.
+    trained: tuple[str, str] | None = None
 
     def config(self) -> ModelConfig:
         return ModelConfig(
@@ -69,10 +79,18 @@ def _both(
     bits: int | None = None,
 ) -> tuple[DemoModel, DemoModel]:
     name = spec.name if bits is None else f"{spec.name}_int{bits}"
+    file = TRAINED_FILES.get((spec.name, bits))
+    trained = None if file is None else (file, _sha256(WEIGHTS_DIR / file))
     return (
-        DemoModel(name, spec, "onnxruntime", max_batch_size, slo_ms, batching, bits),
-        DemoModel(f"{name}_tf", spec, "tensorflow", max_batch_size, slo_ms, batching, bits),
+        DemoModel(name, spec, "onnxruntime", max_batch_size, slo_ms, batching, bits, trained),
+        DemoModel(
+            f"{name}_tf", spec, "tensorflow", max_batch_size, slo_ms, batching, bits, trained
+        ),
     )
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 # Small models batch wide with a short wait (the per-call overhead dominates); the CNN batches
@@ -81,6 +99,7 @@ _SERVING = (
     (SENSOR_MLP, 128, 100.0, BatchingDefaults(max_batch_size=32, batch_timeout_ms=1.0)),
     (VISION_CNN, 128, 250.0, BatchingDefaults(max_batch_size=16, batch_timeout_ms=2.0)),
     (SENSOR_FUSION, 128, 100.0, BatchingDefaults(max_batch_size=32, batch_timeout_ms=1.0)),
+    (DIGITS_CNN, 128, 100.0, BatchingDefaults(max_batch_size=32, batch_timeout_ms=1.0)),
 )
 # The fp32 models, exported as ONNX files and SavedModels.
 FLOAT_DEMO_MODELS: tuple[DemoModel, ...] = tuple(m for s in _SERVING for m in _both(*s))
@@ -128,23 +147,41 @@ def write_model_version(model: DemoModel, directory: Path) -> Path:
     """One ``<model>/<version>`` folder: the exported model and its ``config.toml``."""
     directory.mkdir(parents=True, exist_ok=True)
     config = model.config()
-    weights = init_weights(model.spec)
     target = directory / config.path
-    if model.bits is not None:
+    if model.trained is not None and model.bits is not None:
+        # The trainer's own codes and scales, copied as they are: no PTQ.
+        target.write_bytes((WEIGHTS_DIR / model.trained[0]).read_bytes())
+    elif model.bits is not None:
         policy = uniform_policy(model.bits, QUANT_BLOCK_SIZE)
-        save_checkpoint(zoo_checkpoint(model.spec, weights, policy), target)
+        save_checkpoint(zoo_checkpoint(model.spec, _weights(model), policy), target)
     elif model.runtime == "onnxruntime":
-        export_onnx(model.spec, weights, target)
+        export_onnx(model.spec, _weights(model), target)
     else:
         # Deferred: importing TensorFlow costs seconds, and only building needs it.
         from models.export_tf import export_savedmodel
 
-        export_savedmodel(model.spec, weights, target)
+        export_savedmodel(model.spec, _weights(model), target)
     cfg_path = directory / CONFIG_FILE
     cfg_path.write_text(config_toml(config), encoding="utf-8")
     if read_config(cfg_path) != config:  # the hand-written TOML must round-trip exactly
         raise AssertionError(f"{cfg_path} does not read back as the intended configuration")
     return directory
+
+
+def _weights(model: DemoModel) -> Weights:
+    """Float weights: the trained fp32 checkpoint's, or generated from the spec's seed."""
+    if model.trained is None:
+        return init_weights(model.spec)
+    source = WEIGHTS_DIR / model.trained[0]
+    spec, params = zoo_params(load_checkpoint(source), source)
+    if (spec.inputs, spec.layers, spec.output, spec.softmax) != (
+        model.spec.inputs,
+        model.spec.layers,
+        model.spec.output,
+        model.spec.softmax,
+    ):
+        raise AssertionError(f"{source} does not hold the demo's {model.spec.name!r} architecture")
+    return dequantized_weights(spec, params)
 
 
 def config_toml(config: ModelConfig) -> str:
