@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -52,11 +53,11 @@ class TuningService:
             if not host.ready:
                 log.warning("tuner: not tuning %s: version %d is not ready", name, host.version)
                 continue
-            space = ConfigSpace.for_machine(
+            space = _space(
                 cores,
-                max_batch_size=_floor_pow2(min(s.max_batch_size, host.limits.max_batch_size)),
-                max_timeout_ms=s.max_batch_timeout_ms,
-                max_concurrency=min(2 * cores, host.limits.max_concurrency),
+                _floor_pow2(min(s.max_batch_size, host.limits.max_batch_size)),
+                s.max_batch_timeout_ms,
+                min(2 * cores, host.limits.max_concurrency),
             )
             agent = ModelAgent(
                 self.service,
@@ -150,6 +151,18 @@ class TuningService:
                 continue
             for knob, value in config.knob_changes().items():
                 self.metrics.tuner_config.labels(*labels, which, knob).set(value)
+
+
+@functools.cache
+def _space(cores: int, max_batch: int, max_timeout_ms: float, max_concurrency: int) -> ConfigSpace:
+    """One grid object per distinct grid: its distance matrix (a few MB on the full grid) is
+    then computed once and shared by every model tuned over it."""
+    return ConfigSpace.for_machine(
+        cores,
+        max_batch_size=max_batch,
+        max_timeout_ms=max_timeout_ms,
+        max_concurrency=max_concurrency,
+    )
 
 
 def _usable_cores() -> int:
