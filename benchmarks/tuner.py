@@ -60,10 +60,10 @@ class Plan:
 FULL = Plan(
     "vision_cnn",
     (
-        Phase("trickle", 16.0, 60.0),
-        Phase("burst", 256.0, 60.0),
-        Phase("sustained-high", 128.0, 90.0),
-        Phase("trickle-again", 16.0, 30.0),
+        Phase("trickle", 16.0, 45.0),
+        Phase("burst", 256.0, 45.0),
+        Phase("sustained-high", 128.0, 75.0),
+        Phase("trickle-again", 16.0, 20.0),
     ),
 )
 QUICK = Plan(
