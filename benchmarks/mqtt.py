@@ -512,6 +512,7 @@ def run(plan: Plan, out_dir: Path | None, quick: bool) -> Path:
                 "--no-tuner",  # the gateway's fixed configuration is what is compared
                 "--cache-dir",
                 str(folder),
+                "--no-tuner",  # the knobs compared are the ones set here, not the tuner's
             ),
             log_path=folder / "gateway.log",
         )
@@ -773,7 +774,9 @@ def _report(
             "payload": "binary frame, 1x32 FP32 (the same JSON header and tensor over HTTP)",
             "plan": plan.__dict__,
             "broker": "mosquitto, set_tcp_nodelay true",
-            "gateway": "iotgw serve --broker (MQTT 5, QoS of the run), --receive-maximum 256",
+            "gateway": (
+                "iotgw serve --broker (MQTT 5, QoS of the run), --receive-maximum 256, --no-tuner"
+            ),
             "low_load_knobs": {"batch_timeout_ms": 0, "max_batch_size": 1},
             "saturation_knobs": {"batch_timeout_ms": 1, "max_batch_size": 32},
             "method": (
