@@ -99,7 +99,6 @@ _SERVING = (
     (SENSOR_MLP, 128, 100.0, BatchingDefaults(max_batch_size=32, batch_timeout_ms=1.0)),
     (VISION_CNN, 128, 250.0, BatchingDefaults(max_batch_size=16, batch_timeout_ms=2.0)),
     (SENSOR_FUSION, 128, 100.0, BatchingDefaults(max_batch_size=32, batch_timeout_ms=1.0)),
-    (DIGITS_CNN, 128, 100.0, BatchingDefaults(max_batch_size=32, batch_timeout_ms=1.0)),
 )
 # The fp32 models, exported as ONNX files and SavedModels.
 FLOAT_DEMO_MODELS: tuple[DemoModel, ...] = tuple(m for s in _SERVING for m in _both(*s))
@@ -107,7 +106,13 @@ FLOAT_DEMO_MODELS: tuple[DemoModel, ...] = tuple(m for s in _SERVING for m in _b
 QUANTIZED_DEMO_MODELS: tuple[DemoModel, ...] = tuple(
     m for s in _SERVING for bits in QUANT_BITS for m in _both(*s, bits=bits)
 )
-DEMO_MODELS: tuple[DemoModel, ...] = FLOAT_DEMO_MODELS + QUANTIZED_DEMO_MODELS
+# Models trained by ``iotgw train`` (not generated from a seed): digits_cnn in fp32 and its
+# ZeRO++-trained int8 and int4 checkpoints, each for both runtimes.
+_TRAINED = ((DIGITS_CNN, 128, 100.0, BatchingDefaults(max_batch_size=32, batch_timeout_ms=1.0)),)
+TRAINED_DEMO_MODELS: tuple[DemoModel, ...] = tuple(
+    m for s in _TRAINED for bits in (None, *QUANT_BITS) for m in _both(*s, bits=bits)
+)
+DEMO_MODELS: tuple[DemoModel, ...] = FLOAT_DEMO_MODELS + QUANTIZED_DEMO_MODELS + TRAINED_DEMO_MODELS
 
 
 def default_demo_root(environ: Mapping[str, str] = os.environ) -> Path:
@@ -153,14 +158,14 @@ def write_model_version(model: DemoModel, directory: Path) -> Path:
         target.write_bytes((WEIGHTS_DIR / model.trained[0]).read_bytes())
     elif model.bits is not None:
         policy = uniform_policy(model.bits, QUANT_BLOCK_SIZE)
-        save_checkpoint(zoo_checkpoint(model.spec, _weights(model), policy), target)
+        save_checkpoint(zoo_checkpoint(model.spec, model_weights(model), policy), target)
     elif model.runtime == "onnxruntime":
-        export_onnx(model.spec, _weights(model), target)
+        export_onnx(model.spec, model_weights(model), target)
     else:
         # Deferred: importing TensorFlow costs seconds, and only building needs it.
         from models.export_tf import export_savedmodel
 
-        export_savedmodel(model.spec, _weights(model), target)
+        export_savedmodel(model.spec, model_weights(model), target)
     cfg_path = directory / CONFIG_FILE
     cfg_path.write_text(config_toml(config), encoding="utf-8")
     if read_config(cfg_path) != config:  # the hand-written TOML must round-trip exactly
@@ -168,7 +173,7 @@ def write_model_version(model: DemoModel, directory: Path) -> Path:
     return directory
 
 
-def _weights(model: DemoModel) -> Weights:
+def model_weights(model: DemoModel) -> Weights:
     """Float weights: the trained fp32 checkpoint's, or generated from the spec's seed."""
     if model.trained is None:
         return init_weights(model.spec)
