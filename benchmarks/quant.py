@@ -4,9 +4,9 @@ For a model with large fully connected layers (``fc_large``: 1024 -> 4096 -> 409
 25M weights) and for the demo CNN (``vision_cnn``), side by side in one run, the same weights as
 an fp32, an int8 and an int4 checkpoint (qwZ blocks of 128 along each kernel's input), each
 served by ONNX Runtime (MatMulNBits with ``accuracy_level=4`` for fully connected layers,
-blocked DequantizeLinear for convolutions) and by TensorFlow (int8 codes dequantized in the
-graph). The fp32 baseline goes through the same checkpoint path with float tensors, so the
-graphs differ only in how the weights are held.
+blocked DequantizeLinear for convolutions) and by TensorFlow (codes dequantized in the graph:
+two per byte at 4 bits, one at 8). The fp32 baseline goes through the same checkpoint path with
+float tensors, so the graphs differ only in how the weights are held.
 
 - **Latency** at batch 1, 8 and 32, one intra-op thread: per round, every configuration in
   turn, the median of back-to-back calls; 5 rounds (median, min, max). The int/fp32 ratio is

@@ -1,9 +1,11 @@
-"""A zoo checkpoint as a TensorFlow v1 graph whose variables hold the codes as int8.
+"""A zoo checkpoint as a TensorFlow v1 graph whose variables hold the codes, not floats.
 
-Quantized kernels stay int8 codes (one per weight, each row padded with zero codes to whole
-blocks) plus float32 scales in memory; the graph dequantizes them on every run: cast, reshape to
-``[rows, blocks, block_size]``, multiply by the scales, drop the padding. Two things keep the
-transient float copies small:
+Quantized kernels stay codes plus float32 scales in memory: int8 codes, one per byte, at 6 and 8
+bits; at 2, 3 and 4 bits two per byte (``_paired``), so that an int4 model holds half a byte per
+weight as it does on ONNX Runtime. The graph dequantizes them on every run: unpack, cast,
+multiply by the scales, drop the padding (each row is padded with zero codes to whole blocks).
+The result is ``fp32(q * d)``, exactly what ``BlockQuantized.dequantize`` gives. Two things keep
+the transient float copies small:
 
 - variables are filled by feeding their values once at load (an initializer fed from a
   placeholder), never from constants in the graph: Grappler folds constant subgraphs, and
@@ -15,8 +17,9 @@ transient float copies small:
 
 The chunk size trades the float transient (which TensorFlow's CPU allocator partly keeps
 between runs) against graph size (every chunk is a few more ops, and ops are not cheap in a
-session). Measured on a 25M-weight int4 MLP (fp32: 101 MB held): 53 MB held with chunks of 256K
-elements, 34 MB with 1M (plus 8.6 MB at the peak of a run), against 25 MB of int8 codes.
+session). Measured on a 25M-weight MLP with int8 codes (fp32: 101 MB held): 53 MB held with
+chunks of 256K elements, 34 MB with 1M (plus 8.6 MB at the peak of a run), against 25 MB of
+codes.
 
 Importing this module imports TensorFlow; ``models.backends.tf_backend`` imports it lazily.
 """
@@ -39,6 +42,8 @@ from models.zoo_checkpoint import LayerParams, QuantParams
 
 # Largest float32 transient of one dequantized chunk of a kernel, in elements (4 MiB).
 CHUNK_ELEMENTS = 1 << 20
+# Codes of at most this many bits are held two per byte.
+NIBBLE_BITS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,19 +109,53 @@ def _padded_codes(data: BlockQuantized) -> np.ndarray:
     return padded
 
 
-def _dequantize(codes: tf.Tensor, scales: tf.Tensor, block_size: int, length: int) -> tf.Tensor:
-    """float32 ``[rows, length]`` from int8 ``[rows, blocks * block_size]`` codes."""
-    rows = tf.shape(codes)[0]
-    blocks = scales.shape[1]
-    values = tf.reshape(tf.cast(codes, tf.float32), [rows, blocks, block_size])
-    values = tf.reshape(values * scales[:, :, tf.newaxis], [rows, blocks * block_size])
-    return values if blocks * block_size == length else values[:, :length]
+def _paired(codes: np.ndarray, axis: int) -> np.ndarray:
+    """Codes of at most 4 bits, two per byte: output row ``r`` (along ``axis``) in the low
+    nibble, row ``r + half`` in the high one, both two's complement; an odd row count gets a
+    zero row. ``[.., rows, ..]`` int8 -> ``[.., ceil(rows / 2), ..]`` uint8.
+
+    Pairs are whole output rows so that nothing has to be put back together at run time: the
+    two halves of a chunk make two products (half of the filters or output units each), where
+    pairing neighbouring codes would need an element-wise interleave per run."""
+    rows = codes.shape[axis]
+    half = -(-rows // 2)
+    if rows % 2:
+        pad = [(0, 0)] * codes.ndim
+        pad[axis] = (0, 1)
+        codes = np.pad(codes, pad)
+    low, high = np.split(codes.astype(np.uint8), 2, axis=axis)
+    assert low.shape[axis] == half
+    return np.ascontiguousarray((low & 0x0F) | (high << 4))
 
 
-def _chunks(data: BlockQuantized, chunk_elements: int) -> list[tuple[int, int]]:
-    """Row ranges of at most ``chunk_elements`` padded codes each (at least one row)."""
-    rows = data.codes.shape[0]
-    per_chunk = max(1, chunk_elements // (data.blocks_per_row * data.block_size))
+def _paired_scales(scales: np.ndarray, axis: int) -> np.ndarray:
+    """``d / 16`` for every row of ``_paired`` codes (zero-padded the same way). Dividing by a
+    power of two is exact here (every qwZ scale is a normal float far above 2^-122), so
+    ``fp32(16 q * (d / 16)) == fp32(q * d)``: one rounding of the same real product."""
+    rows = scales.shape[axis]
+    if rows % 2:
+        pad = [(0, 0)] * scales.ndim
+        pad[axis] = (0, 1)
+        scales = np.pad(scales, pad)
+    return np.ascontiguousarray(scales / np.float32(16))
+
+
+def _unpaired(held: tf.Tensor, axis: int) -> tf.Tensor:
+    """``16 q`` as float32 from (a slice of) ``_paired`` codes: the low rows, then the high
+    rows, along ``axis``.
+
+    Only a multiplication and a mask, both on uint8 and both fast in TF (its shifts check the
+    shift amount of every element and cost about ten times as much): ``b * 16`` wraps to the
+    low nibble moved up, ``b & 0xF0`` keeps the high one; read as int8, each is ``16 q``. The
+    two halves are whole rows, so joining them is a copy of contiguous runs of int8."""
+    low = tf.bitcast(held * tf.constant(16, tf.uint8), tf.int8)
+    high = tf.bitcast(tf.bitwise.bitwise_and(held, tf.constant(0xF0, tf.uint8)), tf.int8)
+    return tf.cast(tf.concat([low, high], axis=axis), tf.float32)
+
+
+def _chunks(rows: int, row_elements: int, chunk_elements: int) -> list[tuple[int, int]]:
+    """Row ranges of at most ``chunk_elements`` elements each (at least one row)."""
+    per_chunk = max(1, chunk_elements // row_elements)
     return [(r, min(r + per_chunk, rows)) for r in range(0, rows, per_chunk)]
 
 
@@ -126,14 +165,23 @@ def _quantized_dense(
     """``x @ W.T + b``, with the codes held input-major (``[blocks * size, out]``): a plain
     matmul on them is several times faster in TF than ``transpose_b`` at batch 8 and more
     (measured on [1024, 4096] at batch 8: 6 ms against 66 ms). Chunks are runs of whole blocks
-    along the input; their partial products add up."""
+    along the input; their partial products add up. Codes of at most 4 bits are paired along
+    the output (``_paired``); unpaired, a chunk's columns are the outputs in order, plus one
+    zero column when their number is odd."""
     data = p.kernel.data  # [out, in], blocks along in
     out_features, length = data.codes.shape
     size, blocks = data.block_size, data.blocks_per_row
-    codes = variables(f"l{index}_codes", _padded_codes(data).T)  # [blocks * size, out]
-    scales = variables(f"l{index}_scales", data.scales.T)  # [blocks, out]
-    per_chunk = max(1, chunk_elements // (size * out_features))
-    bounds = [(b, min(b + per_chunk, blocks)) for b in range(0, blocks, per_chunk)]
+    codes = _padded_codes(data).T  # [blocks * size, out]
+    scales = data.scales.T[:, None, :]  # [blocks, 1, out]
+    nibbles = data.bits <= NIBBLE_BITS
+    if nibbles:
+        held = variables(f"l{index}_codes", _paired(codes, axis=1))
+        factors = variables(f"l{index}_scales", _paired_scales(scales, axis=2))
+    else:
+        held = variables(f"l{index}_codes", codes)
+        factors = variables(f"l{index}_scales", np.ascontiguousarray(scales))
+    columns = factors.shape[2]
+    bounds = _chunks(blocks, size * columns, chunk_elements)
 
     def apply(x: tf.Tensor) -> tf.Tensor:
         total: tf.Tensor | None = None
@@ -141,14 +189,16 @@ def _quantized_dense(
         for first, last in bounds:
             begin, end = first * size, min(last * size, length)
             with tf.control_dependencies([after]):
-                w = tf.cast(codes[first * size : last * size], tf.float32)
-                w = tf.reshape(w, [last - first, size, out_features]) * scales[first:last, None, :]
-                w = tf.reshape(w, [(last - first) * size, out_features])[: end - begin]
+                chunk = held[first * size : last * size]
+                w = _unpaired(chunk, axis=1) if nibbles else tf.cast(chunk, tf.float32)
+                w = tf.reshape(w, [last - first, size, columns]) * factors[first:last]
+                w = tf.reshape(w, [(last - first) * size, columns])
+                w = w if end - begin == (last - first) * size else w[: end - begin]
             part = tf.matmul(x[:, begin:end], w)
             total = part if total is None else total + part
             after = total
         assert total is not None
-        return total + bias
+        return (total if columns == out_features else total[:, :out_features]) + bias
 
     return apply
 
@@ -161,26 +211,49 @@ def _quantized_conv(
     variables: _Variables,
     chunk_elements: int,
 ) -> LayerFn:
+    """A convolution in chunks of filters, each dequantized just before its product. Codes of
+    at most 4 bits are paired along the filters (``_paired``): a chunk of ``n`` pairs makes
+    ``n`` filters of the first half and the same ``n`` of the second half."""
     data = p.kernel.data  # [O, I*kh*kw]
+    filters, length = data.codes.shape
+    size, blocks = data.block_size, data.blocks_per_row
     _, in_ch, kh, kw = p.kernel.shape
-    codes = variables(f"l{index}_codes", _padded_codes(data))
-    scales = variables(f"l{index}_scales", data.scales)
-    bounds = _chunks(data, chunk_elements)
+    nibbles = data.bits <= NIBBLE_BITS
+    if nibbles:
+        held = variables(f"l{index}_codes", _paired(_padded_codes(data), axis=0))
+        factors = variables(f"l{index}_scales", _paired_scales(data.scales, axis=0))
+    else:
+        held = variables(f"l{index}_codes", _padded_codes(data))
+        factors = variables(f"l{index}_scales", data.scales)
+    rows = held.shape[0]  # filters, or pairs of them
+    bounds = _chunks(rows, blocks * size * (2 if nibbles else 1), chunk_elements)
     padding = layer.padding.upper()
 
     def apply(x: tf.Tensor) -> tf.Tensor:
-        parts = []
+        firsts: list[tf.Tensor] = []  # output channels in order (the low nibbles' when paired)
+        seconds: list[tf.Tensor] = []  # the high nibbles' output channels
         after: tf.Tensor = x
         for begin, end in bounds:
+            n = end - begin
             with tf.control_dependencies([after]):
-                flat = _dequantize(
-                    codes[begin:end], scales[begin:end], data.block_size, data.row_length
-                )
-                kernel = tf.reshape(flat, [end - begin, in_ch, kh, kw])
-                kernel = tf.transpose(kernel, [2, 3, 1, 0])  # OIHW -> HWIO
+                chunk = held[begin:end]
+                if nibbles:
+                    w = _unpaired(chunk, axis=0)  # [2n, blocks * size]
+                    d = tf.concat([factors[begin:end], factors[rows + begin : rows + end]], 0)
+                else:
+                    w, d = tf.cast(chunk, tf.float32), factors[begin:end]
+                count = 2 * n if nibbles else n
+                w = tf.reshape(tf.reshape(w, [count, blocks, size]) * d[:, :, None], [count, -1])
+                w = w if blocks * size == length else w[:, :length]
+                kernel = tf.transpose(tf.reshape(w, [count, in_ch, kh, kw]), [2, 3, 1, 0])
             after = tf.nn.conv2d(x, kernel, strides=layer.stride, padding=padding)
-            parts.append(after)
+            if nibbles and len(bounds) > 1:
+                firsts.append(after[..., :n])
+                seconds.append(after[..., n:])
+            else:
+                firsts.append(after)
+        parts = firsts + seconds
         y = parts[0] if len(parts) == 1 else tf.concat(parts, axis=-1)
-        return tf.nn.bias_add(y, bias)
+        return tf.nn.bias_add(y if y.shape[-1] == filters else y[..., :filters], bias)
 
     return apply

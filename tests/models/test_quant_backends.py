@@ -21,7 +21,9 @@ from models.zoo import (
     SENSOR_FUSION,
     SENSOR_MLP,
     VISION_CNN,
+    Conv2D,
     Dense,
+    Flatten,
     Input,
     ModelSpec,
     init_weights,
@@ -200,30 +202,118 @@ def test_a_damaged_checkpoint_is_a_load_error_naming_the_tensor(
         load_runtime(version, Threads(1, 1))
 
 
-def test_tensorflow_graph_holds_int8_codes() -> None:
-    """The TF graph's variables are the int8 codes and float32 scales; nothing float32 the size
-    of a kernel is a variable or a constant (Grappler would fold a constant's dequantization)."""
+@pytest.mark.parametrize(("bits", "code_dtype"), [(4, "uint8"), (3, "uint8"), (8, "int8")])
+def test_tensorflow_graph_holds_the_codes(bits: int, code_dtype: str) -> None:
+    """The TF graph's variables are the codes (two per byte up to 4 bits) and float32 scales;
+    nothing float32 the size of a kernel is a variable or a constant (Grappler would fold a
+    constant's dequantization)."""
     import tensorflow as tf
 
     from models.quant_tf import build_graph
 
     spec = VISION_CNN
-    checkpoint = zoo_checkpoint(spec, init_weights(spec), uniform_policy(4, 32))
+    checkpoint = zoo_checkpoint(spec, init_weights(spec), uniform_policy(bits, 32))
     _, params = zoo_params(checkpoint, Path("in-memory"))
     graph = tf.Graph()
     with graph.as_default():
         built = build_graph(spec, params)
         variables = tf.compat.v1.global_variables()
-    codes = [v for v in variables if v.dtype.base_dtype == tf.int8]
+    codes = [v for v in variables if v.dtype.base_dtype == tf.as_dtype(code_dtype)]
     assert len(codes) == 9  # 7 convolutions, 2 dense layers
     largest = max(int(np.prod(v.shape)) for v in codes)
-    assert largest == 256 * 256 * 9  # layers.8: [256, 2304] codes, 72 whole blocks of 32
+    # layers.8: [256, 2304] codes, 72 whole blocks of 32
+    assert largest == 256 * 256 * 9 // (2 if code_dtype == "uint8" else 1)
     floats = [v for v in variables if v.dtype.base_dtype == tf.float32]
-    assert max(int(np.prod(v.shape)) for v in floats) <= largest // 32  # scales and biases
+    assert max(int(np.prod(v.shape)) for v in floats) <= 256 * 256 * 9 // 32  # scales, biases
     consts = [op for op in graph.get_operations() if op.type == "Const"]
     assert max(_elements(op) for op in consts) <= 64  # shapes, axes, scalars
     fed = sorted(str(a.dtype) for a in built.init_feed.values())
-    assert fed.count("int8") == 9 and set(fed) == {"int8", "float32"}
+    assert fed.count(code_dtype) == 9 and set(fed) == {code_dtype, "float32"}
+
+
+@pytest.mark.parametrize(("bits", "rows"), [(2, 6), (3, 5), (4, 7), (4, 16)])
+def test_tensorflow_paired_codes_dequantize_exactly(bits: int, rows: int) -> None:
+    """Codes held two per byte come back as exactly ``fp32(q * d)``, every code value in both
+    nibbles, an odd row count included, scales from tiny to large."""
+    import tensorflow as tf
+
+    from models.quant_tf import _paired, _paired_scales, _unpaired
+
+    half = 1 << (bits - 1)
+    rng = np.random.default_rng(rows)
+    for axis, shape in ((0, (rows, 48)), (1, (48, rows))):
+        codes = rng.integers(-half, half, shape).astype(np.int8)
+        codes.flat[: 2 * half] = np.arange(-half, half)  # every value in the first rows
+        scale_shape = (rows, 1) if axis == 0 else (1, rows)
+        scales = (rng.choice([6e-8, 1e-3, 0.37, 8000.0], scale_shape) / half).astype(np.float32)
+        held = _paired(codes, axis)
+        assert held.dtype == np.uint8 and held.shape[axis] == (rows + 1) // 2
+        got = _unpaired(tf.constant(held), axis).numpy() * _paired_scales(scales, axis)
+        expected = codes.astype(np.float32) * scales  # fp32(q * d)
+        np.testing.assert_array_equal(np.take(got, range(rows), axis), expected)
+
+
+def test_tensorflow_unpacked_forward_matches_the_reference() -> None:
+    """A conv and a dense layer at 4 bits, rows not a whole number of blocks (padding dropped),
+    dequantized in several chunks: the NumPy reference forward of the dequantized weights."""
+    import tensorflow as tf
+
+    from models.quant_tf import build_graph
+
+    spec = ModelSpec(
+        name="nibbles",
+        inputs=(Input("image", (4, 4, 5)),),
+        layers=(Conv2D(3, 3, activation="linear"), Flatten(), Dense(7, "linear")),
+        seed=3,
+    )
+    weights = init_weights(spec)
+    rng = np.random.default_rng(0)
+    checkpoint = zoo_checkpoint(spec, weights, uniform_policy(4, 16))
+    _, params = zoo_params(checkpoint, Path("in-memory"))
+    feed = {"image": rng.standard_normal((3, 4, 4, 5)).astype(np.float32)}
+    reference = reference_forward(spec, dequantized_weights(spec, params), feed)
+    graph = tf.Graph()
+    with graph.as_default():
+        built = build_graph(spec, params, chunk_elements=32)  # several chunks per kernel
+        with tf.compat.v1.Session(graph=graph) as session:
+            session.run(built.init_op, feed_dict=built.init_feed)
+            got = session.run(built.output, {built.inputs["image"]: feed["image"]})
+    np.testing.assert_allclose(got, reference, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bits", [4, 8, 3])
+def test_onnxruntime_session_keeps_conv_codes_quantized(bits: int, tmp_path: Path) -> None:
+    """After ONNX Runtime's own graph optimizations (as the backend configures the session),
+    the CNN's convolution kernels are still INT4/INT8 codes dequantized at run time: no float
+    initializer anywhere near a kernel's size (ORT could fold a dequantization into one)."""
+    import onnx
+    import onnxruntime as ort
+
+    from models.backends.onnx_backend import session_options
+    from models.checkpoint_graphs import onnx_model
+
+    spec = VISION_CNN
+    checkpoint = zoo_checkpoint(spec, init_weights(spec), uniform_policy(bits, 128))
+    source = tmp_path / "model.onnx"
+    source.write_bytes(onnx_model(checkpoint, tmp_path, 4).SerializeToString())
+    options = session_options(Threads(1, 1), checkpoint=True)
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(str(tmp_path / "optimized.onnx"))
+    sizes = {
+        init.name: (init.data_type, int(np.prod(init.dims))) for init in optimized.graph.initializer
+    }
+    weights = sum(int(np.prod(p.kernel.shape)) for p in init_weights(spec) if p is not None)
+    # Float initializers are biases and one scale per block of 128: a fraction of a percent.
+    floats = sum(size for t, size in sizes.values() if t == onnx.TensorProto.FLOAT)
+    assert floats < weights // 64, floats
+    smallest_conv = 32 * 3 * 9  # layers.0: [32, 3, 3, 3]
+    code_type = onnx.TensorProto.INT4 if bits <= 4 else onnx.TensorProto.INT8
+    codes = [n for n, (t, size) in sizes.items() if t == code_type and size >= smallest_conv]
+    # one per convolution; at 3 bits the two dense layers too (MatMulNBits takes 2, 4, 8)
+    assert len(codes) == (9 if bits == 3 else 7)
+    assert any(n.op_type == "DequantizeLinear" for n in optimized.graph.node)
 
 
 def _elements(const: object) -> int:
@@ -287,6 +377,6 @@ def test_weights_stay_quantized_in_process_memory(tmp_path: Path) -> None:
         assert 0.9 * fp32_bytes < held[f"{runtime}/fp32"] < 1.6 * fp32_bytes, held
     # int4 in MatMulNBits: 0.5 byte per weight plus scales and packing extras (~0.15 of fp32).
     assert held["onnxruntime/int4"] < 0.2 * held["onnxruntime/fp32"], held
-    # int4 as int8 codes in TF variables: 0.25 of fp32, plus the 4 MiB float chunk being
-    # dequantized, which TF's allocator keeps between runs (measured: about 0.5 in all).
+    # int4 in TF variables, two codes per byte: 0.125 of fp32, plus the 4 MiB float chunk being
+    # dequantized, which TF's allocator keeps between runs (measured: about 0.4 in all).
     assert held["tensorflow/int4"] < 0.65 * held["tensorflow/fp32"], held
