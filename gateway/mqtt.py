@@ -99,6 +99,120 @@ class _Connection:
     alive: bool = True
 
 
+class RequestProperties:
+    """The properties of an incoming request, as attributes named like paho's ``Properties``
+    (absent when the request did not carry them)."""
+
+    __slots__ = (
+        "ContentType",
+        "CorrelationData",
+        "MessageExpiryInterval",
+        "PayloadFormatIndicator",
+        "ResponseTopic",
+        "SubscriptionIdentifier",
+        "UserProperty",
+    )
+    ContentType: str
+    CorrelationData: bytes
+    MessageExpiryInterval: int
+    PayloadFormatIndicator: int
+    ResponseTopic: str
+    SubscriptionIdentifier: list[int]
+    UserProperty: list[tuple[str, str]]
+
+
+@dataclass(slots=True)
+class ReceivedPublish:
+    """An incoming PUBLISH with the fields the adapter reads from paho's ``MQTTMessage``."""
+
+    topic: str
+    payload: bytes
+    qos: int
+    mid: int
+    properties: RequestProperties
+
+
+Message = paho.MQTTMessage | ReceivedPublish
+
+
+def parse_publish(header: int, data: bytes) -> ReceivedPublish | None:
+    """An MQTT 5 PUBLISH (fixed header byte, then the rest of the packet), or None when it is
+    not a plain QoS 0/1 request this parser knows (paho's decoder then takes it)."""
+    qos = (header >> 1) & 0x03
+    if qos == 2:
+        return None
+    (topic_len,) = _U16.unpack_from(data, 0)
+    pos = 2 + topic_len
+    if topic_len == 0:
+        return None  # a topic alias: paho resolves those
+    topic = data[2:pos].decode()
+    mid = 0
+    if qos:
+        (mid,) = _U16.unpack_from(data, pos)
+        pos += 2
+    length, pos = _varint(data, pos)
+    end = pos + length
+    if end > len(data):
+        raise ValueError("properties run past the packet")
+    props = RequestProperties()
+    while pos < end:
+        ident = data[pos]
+        pos += 1
+        if ident in (3, 8, 9):  # Content Type, Response Topic (UTF-8), Correlation Data
+            (n,) = _U16.unpack_from(data, pos)
+            value = data[pos + 2 : pos + 2 + n]
+            pos += 2 + n
+            if ident == 9:
+                props.CorrelationData = value
+            elif ident == 8:
+                props.ResponseTopic = value.decode()
+            else:
+                props.ContentType = value.decode()
+        elif ident == 2:  # Message Expiry Interval
+            (props.MessageExpiryInterval,) = _U32.unpack_from(data, pos)
+            pos += 4
+        elif ident == 1:  # Payload Format Indicator
+            props.PayloadFormatIndicator = data[pos]
+            pos += 1
+        elif ident == 38:  # User Property (a string pair; may repeat)
+            (n,) = _U16.unpack_from(data, pos)
+            key = data[pos + 2 : pos + 2 + n].decode()
+            pos += 2 + n
+            (n,) = _U16.unpack_from(data, pos)
+            value_text = data[pos + 2 : pos + 2 + n].decode()
+            pos += 2 + n
+            pairs = getattr(props, "UserProperty", None) or []
+            pairs.append((key, value_text))
+            props.UserProperty = pairs
+        elif ident == 11:  # Subscription Identifier (may repeat)
+            number, pos = _varint(data, pos)
+            ids = getattr(props, "SubscriptionIdentifier", None) or []
+            ids.append(number)
+            props.SubscriptionIdentifier = ids
+        else:
+            return None
+    if pos != end:
+        raise ValueError("properties overrun their length")
+    return ReceivedPublish(topic, data[end:], qos, mid, props)
+
+
+_U16 = struct.Struct("!H")
+_U32 = struct.Struct("!I")
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    """An MQTT Variable Byte Integer at ``pos``: (value, position after it)."""
+    value = shift = 0
+    for _ in range(4):
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+    raise ValueError("malformed variable byte integer")
+
+
 class _PackedProperties:
     """MQTT 5 reply properties serialised once: paho only calls ``pack()`` on the properties of
     a PUBLISH it sends, and building a paho ``Properties`` per reply costs tens of µs."""
@@ -158,7 +272,7 @@ class MqttAdapter:
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        self._backlog: deque[tuple[_Connection, paho.MQTTMessage]] = deque()
+        self._backlog: deque[tuple[_Connection, Message]] = deque()
         self._resume_scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._routes: dict[str, tuple[str, str] | None] = {}
@@ -294,6 +408,9 @@ class MqttAdapter:
         # Installed before connecting: a persistent session's backlog arrives right after the
         # CONNACK, before aiomqtt hands the client over.
         inner.on_message = self._on_message
+        if self._v5:
+            # An instance attribute: paho's packet dispatch calls ``self._handle_publish()``.
+            inner._handle_publish = self._publish_reader(inner)  # type: ignore[method-assign]
         inner.on_publish = self._puback_handler(connection, inner.on_publish)
         inner.on_socket_register_write = self._coalesced_writes(
             inner, inner.on_socket_register_write
@@ -325,9 +442,7 @@ class MqttAdapter:
 
     # -- paho callbacks (event loop thread) ------------------------------------------------
 
-    def _on_message(
-        self, _client: paho.Client, _userdata: object, message: paho.MQTTMessage
-    ) -> None:
+    def _on_message(self, _client: paho.Client, _userdata: object, message: Message) -> None:
         connection = self._connection
         if connection is None or not connection.alive or self._stopping.is_set():
             return  # not acknowledged: the broker redelivers it to the next session
@@ -335,6 +450,26 @@ class MqttAdapter:
             self._backlog.append((connection, message))
             return
         self._take(connection, message)
+
+    def _publish_reader(self, client: paho.Client) -> Callable[[], paho.MQTTErrorCode]:
+        """paho decodes an incoming MQTT 5 PUBLISH's properties through ``Properties`` objects
+        (tens of µs per request) and wraps it in an ``MQTTMessage`` with a lock; requests are
+        decoded here instead into a plain record. Anything unusual (QoS 2, a topic alias, a
+        property a request does not carry, a malformed packet) goes to paho's own code."""
+        paho_reader = client._handle_publish
+
+        def handle_publish() -> paho.MQTTErrorCode:
+            packet = client._in_packet
+            try:
+                message = parse_publish(packet["command"], bytes(packet["packet"]))
+            except (ValueError, IndexError, struct.error, UnicodeDecodeError):
+                message = None
+            if message is None:
+                return paho_reader()
+            self._on_message(client, None, message)
+            return paho.MQTT_ERR_SUCCESS
+
+        return handle_publish
 
     def _puback_handler(
         self, connection: _Connection, aiomqtt_on_publish: Callable[..., None] | None
@@ -399,7 +534,7 @@ class MqttAdapter:
 
     # -- one request -----------------------------------------------------------------------
 
-    def _take(self, connection: _Connection, message: paho.MQTTMessage) -> None:
+    def _take(self, connection: _Connection, message: Message) -> None:
         """Decode and check a request in the receive callback; errors are answered at once,
         a valid request gets one task that awaits its inference."""
         self._in_flight += 1
@@ -443,7 +578,7 @@ class MqttAdapter:
     async def _serve(
         self,
         connection: _Connection,
-        message: paho.MQTTMessage,
+        message: Message,
         route: _Route,
         request: InferenceRequest,
         fmt: oip.OutputFormat,
@@ -471,7 +606,7 @@ class MqttAdapter:
     def _reply(
         self,
         connection: _Connection,
-        message: paho.MQTTMessage,
+        message: Message,
         route: _Route,
         key: tuple[str, bytes] | None,
         body: bytes,
@@ -536,7 +671,7 @@ class MqttAdapter:
             self._seen.pop(key, None)  # let the redelivery be answered
 
     def _decode(
-        self, message: paho.MQTTMessage, route: _Route, payload: bytes
+        self, message: Message, route: _Route, payload: bytes
     ) -> tuple[InferenceRequest, oip.OutputFormat]:
         body, header_length = oip.unframe(payload)
         request, fmt = oip.decode_request(
@@ -556,7 +691,7 @@ class MqttAdapter:
             fmt = oip.OutputFormat(binary_all=True)
         return request, fmt
 
-    def _route(self, message: paho.MQTTMessage) -> _Route | None:
+    def _route(self, message: Message) -> _Route | None:
         topic: str = message.topic
         if topic in self._routes:
             parsed = self._routes[topic]
@@ -617,7 +752,7 @@ def _error_reply(exc: GatewayError, request_id: str | None) -> tuple[bytes, bool
     return json.dumps(doc).encode(), False, exc.status
 
 
-def _property(message: paho.MQTTMessage, name: str) -> Any:
+def _property(message: Message, name: str) -> Any:
     props = message.properties
     return getattr(props, name, None) if props is not None else None
 

@@ -238,3 +238,50 @@ async def test_reply_properties_match_paho_serialisation(
     if correlation is not None:
         want.CorrelationData = correlation
     assert reply_properties(binary, 503, correlation).pack() == want.pack()
+
+
+async def test_request_publish_parser_agrees_with_paho() -> None:
+    # The adapter decodes incoming MQTT 5 requests itself; field for field it must read what
+    # paho's decoder reads, and hand anything it does not know back to paho (None).
+    import struct
+
+    from paho.mqtt import _packet
+    from paho.mqtt.enums import MQTTProtocolVersion
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    from gateway.mqtt import parse_publish
+
+    def publish(qos: int, props: Properties | None, topic: str = "iotgw/infer/m/req/d") -> bytes:
+        t = topic.encode()
+        mid = struct.pack("!H", 4242) if qos else b""
+        packed = props.pack() if props is not None else b"\x00"
+        return struct.pack("!H", len(t)) + t + mid + packed + b"OIPB\x01\x02payload"
+
+    full = Properties(PacketTypes.PUBLISH)
+    full.ResponseTopic = "replies/d"
+    full.CorrelationData = b"\x00corr\xff"
+    full.MessageExpiryInterval = 30
+    full.ContentType = "application/json"
+    full.PayloadFormatIndicator = 0
+    full.UserProperty = [("a", "1"), ("b", "2")]
+    minimal = Properties(PacketTypes.PUBLISH)
+    minimal.CorrelationData = b"k"
+    for qos in (0, 1):
+        for props in (full, minimal, None):
+            header = 0x30 | (qos << 1)
+            data = publish(qos, props)
+            want = _packet.decode_publish(header, bytearray(data), MQTTProtocolVersion.MQTTv5)
+            got = parse_publish(header, data)
+            assert got is not None
+            assert got.topic == want.topic.decode() and got.payload == want.payload
+            assert got.qos == want.qos and got.mid == want.mid
+            for name in ("ResponseTopic", "CorrelationData", "MessageExpiryInterval"):
+                assert getattr(got.properties, name, None) == getattr(want.properties, name, None)
+            for name in ("ContentType", "PayloadFormatIndicator", "UserProperty"):
+                assert getattr(got.properties, name, None) == getattr(want.properties, name, None)
+    alias = Properties(PacketTypes.PUBLISH)
+    alias.TopicAlias = 3
+    assert parse_publish(0x32, publish(1, alias)) is None  # a property requests do not carry
+    assert parse_publish(0x34, publish(2, minimal)) is None  # QoS 2
+    assert parse_publish(0x32, publish(1, alias, topic="")) is None  # topic by alias only
