@@ -508,7 +508,10 @@ def _merge(results: Sequence[dict[str, Any]], rate_key: str) -> dict[str, Any]:
         "rps": sum(r[rate_key] for r in results),
         "answered": answered,
         "answered_after_window": sum(r["answered_after_window"] for r in results),
-        "lost": sum(r["lost"] for r in results),
+        # The HTTP bench counts a reply with an error status as lost too; here, as on MQTT,
+        # lost means no answer at all, and error replies are counted apart.
+        "lost": sum(r["lost"] for r in results)
+        - sum(n for kind, n in errors.items() if kind.startswith("HTTP ")),
         "errors": dict(errors),
         "processes": len(results),
         **percentiles(latencies),
