@@ -54,7 +54,7 @@ class Plan:
     timeout_s: float = 10.0
     """A request without a reply after this long is lost."""
     arms: tuple[str, ...] = ("static-default", "static-best-first", "bo", "rrl", "adaptive-rrl")
-    tuner_interval_s: float = 2.0
+    tuner_interval_s: float = 0.5  # the gateway's default
 
 
 FULL = Plan(
@@ -75,7 +75,6 @@ QUICK = Plan(
         Phase("trickle-again", 16.0, 2.0),
     ),
     devices=8,
-    tuner_interval_s=0.5,
 )
 ONLINE = ("bo", "rrl", "adaptive-rrl")
 DEFAULT_ALGORITHM = "adaptive-rrl"  # what `iotgw serve` runs unless told otherwise

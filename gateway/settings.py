@@ -127,11 +127,11 @@ class TunerSettings(BaseModel):
     models: list[str] | None = Field(
         None, description="Models to tune (default: every served model, once it has traffic)."
     )
-    interval_s: float = Field(2.0, gt=0, description="Shortest decision interval.")
+    interval_s: float = Field(0.5, gt=0, description="Shortest decision interval.")
     max_interval_s: float = Field(
         10.0, gt=0, description="Longest wait for min_requests before an interval is idle."
     )
-    min_requests: int = Field(10, ge=1, description="Requests an interval needs to count.")
+    min_requests: int = Field(40, ge=1, description="Requests an interval needs to count.")
     min_rebuild_gap_s: float = Field(
         1.0, ge=0, description="Least time between two thread/concurrency changes of a model."
     )
