@@ -53,7 +53,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -553,7 +553,16 @@ def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("IOTGW_")}
 
 
-def start_gateway(repo: Path, workdir: Path, timeout_s: float) -> tuple[ServerProcess, str]:
+def start_gateway(
+    repo: Path,
+    workdir: Path,
+    timeout_s: float,
+    *,
+    tuner_args: Sequence[str] = ("--no-tuner",),  # the configurations compared are set here
+    env: Mapping[str, str] | None = None,
+    log_name: str = "gateway.log",
+) -> tuple[ServerProcess, str]:
+    """``iotgw serve`` over HTTP only (no broker to compete for the cores), ready to serve."""
     argv = python_argv(
         "gateway.cli",
         "serve",
@@ -567,10 +576,10 @@ def start_gateway(repo: Path, workdir: Path, timeout_s: float) -> tuple[ServerPr
         str(workdir / "cache"),
         "--log-level",
         "INFO",
-        "--no-mqtt",  # the HTTP path alone; no embedded broker to compete for the cores
-        "--no-tuner",  # the configurations compared are the ones set here
+        "--no-mqtt",
+        *tuner_args,
     )
-    server = ServerProcess(argv, log_path=workdir / "gateway.log", env=_clean_env())
+    server = ServerProcess(argv, log_path=workdir / log_name, env={**_clean_env(), **(env or {})})
     try:
         port = int(server.wait_for_log(r"HTTP listening on http://[^:]+:(\d+)", timeout_s)[1])
         base = f"http://{HOST}:{port}"

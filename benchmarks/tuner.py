@@ -32,8 +32,9 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
 
+from benchmarks import http as http_bench
 from benchmarks.common import ServerProcess, format_table, machine_info, python_argv, write_results
-from benchmarks.http import HOST, _clean_env, _http, set_knobs
+from benchmarks.http import _clean_env, _http, set_knobs
 
 NAME = "tuner_e2e"  # the results file; the command is `iotgw bench tuner`
 
@@ -118,45 +119,14 @@ def start_gateway(
     repo: Path, workdir: Path, arm: str, plan: Plan, timeout_s: float = 120.0
 ) -> tuple[ServerProcess, str]:
     tuner = ["--tuner", arm, "--tune-models", plan.model] if arm in ONLINE else ["--no-tuner"]
-    argv = python_argv(
-        "gateway.cli",
-        "serve",
-        "--host",
-        HOST,
-        "--http-port",
-        "0",
-        "--model-repo",
-        str(repo),
-        "--cache-dir",
-        str(workdir / "cache"),
-        "--log-level",
-        "INFO",
-        "--no-mqtt",
-        *tuner,
+    return http_bench.start_gateway(
+        repo,
+        workdir,
+        timeout_s,
+        tuner_args=tuner,
+        env={"IOTGW_TUNER__INTERVAL_S": str(plan.tuner_interval_s)},
+        log_name=f"gateway-{arm}.log",
     )
-    env = _clean_env()
-    env["IOTGW_TUNER__INTERVAL_S"] = str(plan.tuner_interval_s)
-    server = ServerProcess(argv, log_path=workdir / f"gateway-{arm}.log", env=env)
-    try:
-        port = int(server.wait_for_log(r"HTTP listening on http://[^:]+:(\d+)", timeout_s)[1])
-        base = f"http://{HOST}:{port}"
-        deadline = time.monotonic() + timeout_s
-        while _ready(base) is not True:
-            if server.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the gateway did not get ready:\n{server.log_text()[-4000:]}")
-            time.sleep(0.1)
-    except BaseException:
-        server.stop()
-        raise
-    return server, base
-
-
-def _ready(base: str) -> bool:
-    try:
-        status, _ = _http("GET", f"{base}/v2/health/ready", timeout_s=5)
-    except OSError:
-        return False
-    return status == 200
 
 
 def run_sim(base: str, plan: Plan, slo_ms: float, out: Path) -> dict[str, Any]:
