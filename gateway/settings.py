@@ -145,6 +145,20 @@ class TunerSettings(BaseModel):
         description="A configuration expected (or seen) to score worse than p95 at the SLO with "
         "this fraction of requests violating is vetoed (or left at once).",
     )
+    explore_regret: float = Field(
+        4.0,
+        gt=1,
+        description="A configuration expected to score more than this many times the best "
+        "known one is not explored.",
+    )
+    profiles: bool = Field(
+        True,
+        description="Warm-start each workload state from the model's profile (iotgw profile) "
+        "when one matches the model's name, runtime and this machine's cores.",
+    )
+    profiles_dir: Path | None = Field(
+        None, description="Where profiles are read (default: the bundled rrl/profiles)."
+    )
     max_batch_size: int = Field(128, ge=1, description="Largest batch size the tuner tries.")
     max_batch_timeout_ms: float = Field(
         8.0, ge=1, description="Longest batch timeout the tuner tries."

@@ -16,14 +16,19 @@ import functools
 import logging
 import math
 import os
+from collections.abc import Callable
 from typing import Any
 
 from gateway.errors import NotFound
 from gateway.metrics import GatewayMetrics
 from gateway.service import InferenceService
 from gateway.settings import TunerSettings
+from rrl.objective import Objective
 from rrl.online import AgentSettings, Decision, ModelAgent
+from rrl.priors import Priors, load_profile_priors
+from rrl.profile import PROFILES_DIR
 from rrl.space import ConfigSpace
+from rrl.workload import MonitorSettings
 
 log = logging.getLogger("gateway.tuning")
 
@@ -74,9 +79,13 @@ class TuningService:
                     min_rebuild_gap_s=s.min_rebuild_gap_s,
                     rebuild_duty=s.rebuild_duty,
                     unsafe_violation_fraction=s.unsafe_violation_fraction,
+                    explore_regret=s.explore_regret,
                 ),
                 seed=s.seed,
                 listener=self._on_decision,
+                priors=self._priors_of(name, host.config.runtime, cores, space)
+                if s.profiles
+                else None,
             )
             self.agents[name] = agent
             self._versions[name] = str(host.version)
@@ -90,6 +99,22 @@ class TuningService:
                 len(self.agents),
                 max(a.space.size for a in self.agents.values()),
             )
+
+    def _priors_of(
+        self, model: str, runtime: str, cores: int, space: ConfigSpace
+    ) -> Callable[[Objective], Priors]:
+        """Loads the model's profile priors when the agent starts (in a worker thread)."""
+        profiles_dir = self.settings.profiles_dir or PROFILES_DIR
+        monitor = MonitorSettings()  # the agents' own (AgentSettings' default)
+        return functools.partial(
+            load_profile_priors,
+            profiles_dir,
+            model,
+            runtime=runtime,
+            cores=cores,
+            space=space,
+            monitor=monitor,
+        )
 
     async def stop(self) -> None:
         for task in self._tasks:

@@ -167,6 +167,9 @@ class AdaptiveRRL:
     def warm_start_from(self, other: AdaptiveRRL) -> None:
         self.regions.warm_start_from(other.regions)
 
+    def warm_start_prior(self, values: np.ndarray) -> None:
+        self.regions.warm_start_prior(values)
+
     def describe(self) -> dict[str, Any]:
         return {
             **self.regions.describe(),

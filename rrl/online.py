@@ -14,18 +14,23 @@ Safety and pacing, the rules between the tuner and the gateway:
 
 - **veto**: a proposal the tuner's own estimates (region estimate, warm-start prior, or the GP's
   optimistic bound for BO) say will break the SLO badly, i.e. score worse than ``p95 = SLO with
-  unsafe_violation_fraction of the requests violating``, is not run; the tuner is asked never to
+  unsafe_violation_fraction of the requests violating``, or cost more than ``explore_regret``
+  times the best known configuration's estimate, is not run; the tuner is asked never to
   explore it, and the best known configuration runs instead;
 - **back off**: a configuration that was run and measured that badly is left at once: the next
   interval runs the best known configuration (and exploration resumes after it);
 - **pacing**: a change of threads or concurrency rebuilds sessions, which costs CPU and a latency
   blip; rebuilds are spaced at least ``min_rebuild_gap_s`` apart and so that rebuilding takes at
   most ``rebuild_duty`` of the time (the last rebuild's duration / duty). A proposal that needs a
-  rebuild too soon waits: the current configuration is measured again meanwhile (a replicate,
-  which the tuner uses to estimate noise);
+  rebuild too soon waits: meanwhile the best configuration the tuner knows among those that
+  keep the current threads and concurrency runs (request-level knobs only, no rebuild), or the
+  current one again when it knows none better (a replicate, which the tuner uses to estimate
+  noise);
 - **idle**: an interval without ``min_requests`` requests teaches nothing and changes nothing;
   an interval in which the workload state changed is discarded (it mixes two workloads), and
-  the tuner switches to the new state's table (warm-started from the nearest known one).
+  the tuner switches to the new state's table (warm-started from the profile's prior for that
+  state when the gateway has a matching profile, ``rrl.priors``, else from the nearest known
+  state's table).
 
 Every decision is logged, kept in a bounded history, and passed to a listener (the gateway turns
 them into Prometheus metrics). Nothing here imports the gateway.
@@ -43,7 +48,8 @@ from typing import Any
 
 from rrl.control import ModelControl, apply_config, current_config, measure
 from rrl.measurement import Measurement
-from rrl.objective import make_objective
+from rrl.objective import Objective, make_objective
+from rrl.priors import Priors
 from rrl.space import Config, ConfigSpace
 from rrl.tuner import PerWorkload, TuningProblem
 from rrl.tuners import build_tuner
@@ -74,6 +80,9 @@ class AgentSettings:
     min_rebuild_gap_s: float = 1.0
     rebuild_duty: float = 0.1
     unsafe_violation_fraction: float = 0.5
+    explore_regret: float = 4.0
+    """A proposal expected to score more than this many times the best known configuration's
+    estimate is not explored (bounds what exploration may cost the devices)."""
     history: int = 200
     """Decisions kept for the HTTP endpoint."""
     monitor: MonitorSettings = field(default_factory=MonitorSettings)
@@ -135,6 +144,7 @@ class ModelAgent:
         seed: int = 0,
         listener: Listener | None = None,
         cpu_clock: Callable[[], float] = time.process_time,
+        priors: Callable[[Objective], Priors] | None = None,
     ) -> None:
         self.control = control
         self.model = model
@@ -159,6 +169,8 @@ class ModelAgent:
         self._backoff = False
         self._idle = False
         self._last_tick = time.monotonic()
+        self._priors = priors
+        self.prior_states = 0
         self._snapshot: dict[str, Any] = self._build_snapshot()
 
     # -- the loop ----------------------------------------------------------------------------
@@ -166,6 +178,12 @@ class ModelAgent:
     async def run(self) -> None:
         """Decide, apply, measure, learn; forever (until cancelled). One failing interval is
         logged and the loop goes on: the agent must never take the gateway down with it."""
+        if self._priors is not None:
+            try:
+                priors = await asyncio.to_thread(self._priors, self.objective)
+                self.prior_states = self.tuner.set_priors(priors)
+            except Exception:  # a broken profile costs the warm start, not the agent
+                log.exception("tuner %s: profile priors not loaded", self.model)
         self.current = current_config(self.control, self.model, self.space)
         self._last_tick = time.monotonic()
         self._snapshot = self._build_snapshot()
@@ -274,13 +292,38 @@ class ModelAgent:
         proposal = self.tuner.propose()
         kind = "exploit" if proposal == best else "explore"
         predicted = self.tuner.predict(proposal)
-        if proposal != best and predicted is not None and predicted > self._unsafe_value(proposal):
+        if proposal != best and predicted is not None and predicted > self._explore_limit(best):
             self.tuner.exclude(proposal)
             return best, "veto", f"{proposal} expected to score {predicted:.1f}"
         if _needs_rebuild(self.current, proposal) and not self._rebuild_allowed():
             wait = self._next_rebuild_at() - time.monotonic()
-            return self.current, "hold", f"{proposal} waits {wait:.1f}s for the rebuild pace"
+            meanwhile = self._best_without_rebuild()
+            return meanwhile, "hold", f"{proposal} waits {wait:.1f}s for the rebuild pace"
         return proposal, kind, ""
+
+    def _explore_limit(self, best: Config) -> float:
+        """The worst expected score a proposal may have to be run: the safety limit, and at most
+        ``explore_regret`` times what the best known configuration is expected to score."""
+        limit = self._unsafe_value(best)
+        best_value = self.tuner.predict(best)
+        if best_value is not None and best_value > 0:
+            limit = min(limit, self.settings.explore_regret * best_value)
+        return limit
+
+    def _best_without_rebuild(self) -> Config:
+        """Among the configurations with the current threads and concurrency (request-level
+        knobs only, so no rebuild), the one the tuner expects to score best; the current one
+        when it expects none to beat it."""
+        assert self.current is not None
+        current = self.current
+        same_sessions = [c for c in self.space if not _needs_rebuild(current, c)]
+        expected = [(self.tuner.predict(c), c) for c in same_sessions]
+        known = [(v, c) for v, c in expected if v is not None]
+        if not known:
+            return current
+        value, config = min(known, key=lambda vc: vc[0])
+        now = self.tuner.predict(current)
+        return config if now is None or value < now else current
 
     async def _apply(self, config: Config) -> tuple[bool, Config]:
         assert self.current is not None
@@ -422,6 +465,7 @@ class ModelAgent:
             "best_estimate": self.tuner.predict(best),
             "tuner": self.tuner.snapshot(),
             "decision_counts": dict(self.counts),
+            "prior_states": self.prior_states,
             "last_rebuild_s": round(self.last_rebuild_s, 4),
             "estimates": [
                 {"config": c.knob_changes(), "objective": round(v, 4), "measured": n}

@@ -176,6 +176,14 @@ class RRL:
             self.prior = estimates
             self.prior_best = other.recommend()
 
+    def warm_start_prior(self, values: np.ndarray) -> None:
+        """Start from prior estimates of this state (one per configuration, NaN where
+        unknown), e.g. an offline profile's: its best is measured first, the regions are
+        explored in its order and a safety layer reads it through ``predicted``."""
+        if np.isfinite(values).any():
+            self.prior = np.asarray(values, dtype=float).copy()
+            self.prior_best = int(np.nanargmin(self.prior))
+
     def describe(self) -> dict[str, Any]:
         q_hat = self.estimates()
         return {

@@ -98,6 +98,7 @@ class PerWorkload:
         self._warm_start = warm_start
         self._rng = np.random.default_rng(problem.seed)
         self._tables: dict[WorkloadState, StateTuner] = {}
+        self._priors: dict[WorkloadState, np.ndarray] = {}
         self.state = WorkloadState(0, 0)
         self.current: StateTuner = self._new_table(self.state)
 
@@ -168,12 +169,28 @@ class PerWorkload:
             **self.current.describe(),
         }
 
+    def set_priors(self, priors: dict[WorkloadState, np.ndarray]) -> int:
+        """Prior estimates per workload state (e.g. ``rrl.priors.profile_priors``: what an
+        offline profile measured), one value per flat configuration, NaN where unknown. A state
+        first seen after this starts from its own prior when there is one. Returns how many
+        states the algorithm can use them for (0 when it keeps no estimates)."""
+        probe = self._factory(self.problem, np.random.default_rng(0))
+        if not hasattr(probe, "warm_start_prior"):
+            return 0
+        self._priors = {s: np.asarray(v, dtype=float) for s, v in priors.items()}
+        return len(self._priors)
+
     def _new_table(self, state: WorkloadState) -> StateTuner:
-        known = [s for s in self._tables if s != state]
         table = self._factory(self.problem, self._rng)
-        if self._warm_start and known and hasattr(table, "warm_start_from"):
-            nearest = min(known, key=lambda s: (s.distance(state), s))
-            table.warm_start_from(self._tables[nearest])
+        prior = self._priors.get(state)
+        if prior is not None and hasattr(table, "warm_start_prior"):
+            # Measured offline for this very state: a better start than a neighbour's table.
+            table.warm_start_prior(prior)
+        else:
+            known = [s for s in self._tables if s != state]
+            if self._warm_start and known and hasattr(table, "warm_start_from"):
+                nearest = min(known, key=lambda s: (s.distance(state), s))
+                table.warm_start_from(self._tables[nearest])
         self._tables[state] = table
         return table
 

@@ -248,14 +248,25 @@ async def test_thread_changes_are_paced(mlp_repo: Path, tmp_path: Path) -> None:
         assert gw.service.knobs("sensor_mlp").concurrency == target.concurrency
         assert agent.last_rebuild_s > 0
         # For a minute, every proposal that needs another rebuild waits; the rest may run.
+        # While one waits, the best known configuration with the same sessions runs (request-
+        # level knobs only): the current one until a better one of those is known.
         kinds = set()
+        held = []
+        sessions = (target.concurrency, 1, 1)
         for _ in range(30):
             config, kind, _reason = agent.choose()
             kinds.add(kind)
+            assert (
+                config.concurrency,
+                config.intra_op_threads,
+                config.inter_op_threads,
+            ) == sessions
             if kind == "hold":
-                assert config == target
-            else:
-                assert (config.concurrency, config.intra_op_threads) == (target.concurrency, 1)
-                assert config.inter_op_threads == 1
+                held.append(config)
+                same = [c for c in space if (c.concurrency, c.intra_op_threads, 1) == sessions]
+                known = [v for c in same if (v := agent.tuner.predict(c)) is not None]
+                assert agent.tuner.predict(config) == min(known)
             agent.learn(config, measurement(5.0 + config.max_batch_size), kind, "", False)
+            agent.current = config
         assert "hold" in kinds
+        assert held[-1].max_batch_size == 1  # the best measured (5 + batch size) of its sessions

@@ -1,0 +1,138 @@
+"""Profile priors: the loads of a profile become workload states the online tuner starts from,
+only when the profile matches what is served; exploration stays within a bounded regret."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rrl.objective import LatencyObjective
+from rrl.priors import load_profile_priors, profile_priors
+from rrl.space import ConfigSpace
+from rrl.testbed import ProfileTable, Testbed
+from rrl.tuners import build_tuner
+from rrl.workload import MonitorSettings, WorkloadState
+from tests.rrl.helpers import problem
+from tests.rrl.test_online import BATCHES, _agent, gateway, measurement
+from tests.rrl.test_testbed import RATES, SPACE, _doc
+
+OBJECTIVE = LatencyObjective(slo_ms=100.0)
+MONITOR = MonitorSettings(base_rate_per_s=1.0)
+STATES = [WorkloadState(4), WorkloadState(6), WorkloadState(8)]  # 16, 64 and 256 requests/s
+
+
+def _write(path: Path, **changes: object) -> Path:
+    path.write_text(json.dumps({**_doc(), **changes}))
+    return path
+
+
+def test_each_profiled_load_is_a_workload_state_of_the_monitor(tmp_path: Path) -> None:
+    table = ProfileTable.load(_write(tmp_path / "toy.json"))
+    priors = profile_priors(table, OBJECTIVE, SPACE, MONITOR)
+    assert list(priors) == STATES  # log2 of 16, 64 and 256 requests/s over a 1/s base
+    testbed = Testbed(table, OBJECTIVE, seed=0)
+    for load, state in enumerate(STATES):
+        np.testing.assert_array_equal(priors[state], testbed.truth(load))
+    # A finer serving grid: the configurations the profile did not measure have no prior.
+    wider = ConfigSpace((1, 2, 4, 8), (0.0, 1.0), (1, 2), (1,), (1,))
+    values = profile_priors(table, OBJECTIVE, wider, MONITOR)[STATES[0]]
+    for config in wider:
+        value = values[wider.flat(config)]
+        if config in SPACE:
+            assert value == testbed.truth(0)[SPACE.flat(config)]
+        else:
+            assert np.isnan(value)
+
+
+def test_a_profile_is_used_only_where_it_matches_what_is_served(tmp_path: Path) -> None:
+    _write(tmp_path / "toy.json", runtime="onnxruntime", cores=2)
+    (tmp_path / "broken.json").write_text('{"model": "broken", "cells": [')
+
+    def priors(model: str, runtime: str = "onnxruntime", cores: int = 2) -> int:
+        found = load_profile_priors(
+            tmp_path,
+            model,
+            OBJECTIVE,
+            runtime=runtime,
+            cores=cores,
+            space=SPACE,
+            monitor=MONITOR,
+        )
+        return len(found)
+
+    assert priors("toy") == len(RATES)
+    assert priors("toy", runtime="tensorflow") == 0  # profiled on another runtime
+    assert priors("toy", cores=16) == 0  # ... or on another machine
+    assert priors("unprofiled") == 0
+    assert priors("broken") == 0  # a broken file costs the warm start, nothing else
+
+
+def test_a_new_state_starts_from_its_own_prior() -> None:
+    tuner = build_tuner("rrl", problem(space=SPACE))
+    prior = np.linspace(50.0, 10.0, SPACE.size)  # the last configuration is the best
+    prior[3] = np.nan
+    assert tuner.set_priors({WorkloadState(6): prior}) == 1
+    tuner.set_workload(WorkloadState(6))
+    assert tuner.propose() == SPACE.at(SPACE.size - 1)  # the prior's best is measured first
+    assert tuner.recommend() == SPACE.at(SPACE.size - 1)
+    assert tuner.predict(SPACE.at(0)) == pytest.approx(50.0)
+    assert tuner.predict(SPACE.at(3)) is None  # not profiled: nothing known
+    # Measured values override the prior, and their regions override it around them.
+    tuner.observe(SPACE.at(0), measurement(20.0))
+    assert tuner.predict(SPACE.at(0)) == pytest.approx(20.0)
+    # A state without a prior still starts from the nearest known table.
+    tuner.set_workload(WorkloadState(9))
+    assert tuner.propose() == SPACE.at(0)
+    # Tuners that keep no estimates cannot use priors, and say so.
+    assert build_tuner("bo", problem(space=SPACE)).set_priors({WorkloadState(6): prior}) == 0
+
+
+async def test_exploration_stays_within_the_regret_bound(mlp_repo: Path, tmp_path: Path) -> None:
+    async with gateway(mlp_repo, tmp_path, enabled=False) as gw:
+        agent = _agent(gw, BATCHES, explore_regret=4.0)
+        # The profile: batch 2 best (11 ms), batch 16 a safe but poor 50 ms (the safety limit,
+        # p95 at the SLO with half the requests late, is 200), the rest in between or worse.
+        prior = np.array([12.0, 11.0, 15.0, 20.0, 50.0, 60.0, 80.0, 100.0])
+        agent.tuner.set_priors({WorkloadState(6): prior})
+        agent.workload = WorkloadState(6)
+        agent.tuner.set_workload(agent.workload)
+        config, kind, _ = agent.choose()
+        assert (config, kind) == (BATCHES.at(1), "exploit")  # the prior's best first
+        agent.learn(config, measurement(11.0), kind, "", False)
+        # Batch 16 centres the next region, but 50 > 4 x 11: not worth what it may cost.
+        config, kind, reason = agent.choose()
+        assert (config, kind) == (BATCHES.at(1), "veto")
+        assert "batch=16" in reason
+        # With a looser bound it would be explored.
+        loose = _agent(gw, BATCHES, explore_regret=5.0)
+        loose.tuner.set_priors({WorkloadState(6): prior})
+        loose.workload = WorkloadState(6)
+        loose.tuner.set_workload(loose.workload)
+        loose.learn(BATCHES.at(1), measurement(11.0), "exploit", "", False)
+        assert loose.choose()[:2] == (BATCHES.at(4), "explore")
+
+
+async def test_the_gateway_warm_starts_its_agents_from_a_matching_profile(
+    mlp_repo: Path, tmp_path: Path
+) -> None:
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    cores = len(os.sched_getaffinity(0))
+    _write(profiles / "sensor_mlp.json", model="sensor_mlp", runtime="onnxruntime", cores=cores)
+    async with gateway(mlp_repo, tmp_path, profiles_dir=profiles) as gw:
+        assert gw.tuning is not None
+        agent = gw.tuning.agents["sensor_mlp"]
+        for _ in range(100):
+            if agent.prior_states:
+                break
+            await asyncio.sleep(0.05)
+        assert agent.prior_states == len(RATES)
+    async with gateway(mlp_repo, tmp_path, profiles_dir=profiles, profiles=False) as gw:
+        assert gw.tuning is not None
+        await asyncio.sleep(0.5)
+        assert gw.tuning.agents["sensor_mlp"].prior_states == 0
