@@ -27,7 +27,7 @@ import json
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
@@ -290,7 +290,7 @@ def run(plan: Plan, out_dir: Path | None, keep: Path | None = None) -> Path:
     summary = headline(arms)
     path = write_results(
         NAME,
-        quick=plan is QUICK,
+        quick=plan.phases == QUICK.phases,
         out_dir=out_dir,
         machine=machine,
         summary=summary,
@@ -341,8 +341,19 @@ def _cli(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="seconds, to check it still works")
     p.add_argument("--out", type=Path, help="results directory (default benchmarks/results)")
     p.add_argument("--keep", type=Path, help="keep logs and simulator outputs in this folder")
+    p.add_argument(
+        "--arms",
+        help=f"comma-separated subset of the arms (default all: {','.join(FULL.arms)})",
+    )
     args = p.parse_args(argv)
-    run(QUICK if args.quick else FULL, args.out, args.keep)
+    plan = QUICK if args.quick else FULL
+    if args.arms:
+        arms = tuple(a.strip() for a in args.arms.split(",") if a.strip())
+        unknown = sorted(set(arms) - set(FULL.arms))
+        if unknown:
+            p.error(f"unknown arms {unknown}; known: {', '.join(FULL.arms)}")
+        plan = replace(plan, arms=arms)
+    run(plan, args.out, args.keep)
     return 0
 
 

@@ -1,18 +1,24 @@
 """Running estimate of how long a batch of a given size takes to compute.
 
-Kept per power-of-two size bucket as an exponentially weighted mean, because compute time grows
-with batch size but not linearly (fixed per-call overhead dominates small batches).
+Kept per power-of-two size bucket, because compute time grows with batch size but not linearly
+(fixed per-call overhead dominates small batches). Each bucket predicts the median of its last
+``window`` batches: admission control refuses requests on this figure, so one batch slowed by
+something else (a session rebuild next to it, another process on the cores) must not refuse
+requests that would have made their deadline, as an average that one outlier sets would.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
+from statistics import median
 
 
 class ServiceTimeEstimate:
-    def __init__(self, *, alpha: float = 0.2) -> None:
-        self._alpha = alpha
-        self._by_bucket: dict[int, float] = {}
+    def __init__(self, *, window: int = 15) -> None:
+        self._window = window
+        self._recent: dict[int, deque[float]] = {}
+        self._by_bucket: dict[int, float] = {}  # each bucket's median, updated on observe
 
     @staticmethod
     def _bucket(rows: int) -> int:
@@ -20,8 +26,11 @@ class ServiceTimeEstimate:
 
     def observe(self, rows: int, seconds: float) -> None:
         b = self._bucket(rows)
-        prev = self._by_bucket.get(b)
-        self._by_bucket[b] = seconds if prev is None else prev + self._alpha * (seconds - prev)
+        recent = self._recent.get(b)
+        if recent is None:
+            recent = self._recent[b] = deque(maxlen=self._window)
+        recent.append(seconds)
+        self._by_bucket[b] = median(recent)
 
     def predict(self, rows: int) -> float | None:
         """Seconds for one batch of ``rows``; None before anything was measured."""

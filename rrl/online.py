@@ -21,7 +21,8 @@ Safety and pacing, the rules between the tuner and the gateway:
   interval runs the best known configuration (and exploration resumes after it);
 - **pacing**: a change of threads or concurrency rebuilds sessions, which costs CPU and a latency
   blip; rebuilds are spaced at least ``min_rebuild_gap_s`` apart and so that rebuilding takes at
-  most ``rebuild_duty`` of the time (the last rebuild's duration / duty). A proposal that needs a
+  most ``rebuild_duty`` of the time (the last rebuild's duration / duty), except to leave a
+  configuration measured beyond the safety limit for one expected within it. A proposal that needs a
   rebuild too soon waits: meanwhile the best configuration the tuner knows among those that
   keep the current threads and concurrency runs (request-level knobs only, no rebuild), or the
   current one again when it knows none better (a replicate, which the tuner uses to estimate
@@ -167,6 +168,7 @@ class ModelAgent:
         self._listener = listener
         self._cpu_clock = cpu_clock
         self._backoff = False
+        self._last_measured: tuple[Config, float] | None = None
         self._idle = False
         self._last_tick = time.monotonic()
         self._priors = priors
@@ -265,6 +267,7 @@ class ModelAgent:
         Runs on the event loop (an observation is cheap), so the history and the snapshot are
         only ever changed there."""
         value = self.objective(config, measurement)
+        self._last_measured = (config, value)
         self.tuner.observe(config, measurement)
         self._backoff = value > self._unsafe_value(config) and config != self.tuner.recommend()
         if self._backoff:
@@ -295,11 +298,25 @@ class ModelAgent:
         if proposal != best and predicted is not None and predicted > self._explore_limit(best):
             self.tuner.exclude(proposal)
             return best, "veto", f"{proposal} expected to score {predicted:.1f}"
-        if _needs_rebuild(self.current, proposal) and not self._rebuild_allowed():
+        # Leaving a configuration measured beyond the safety limit for one expected within it
+        # is not paced: waiting costs the devices more than a rebuild.
+        urgent = (
+            self._current_is_unsafe()
+            and predicted is not None
+            and predicted <= self._unsafe_value(proposal)
+        )
+        if _needs_rebuild(self.current, proposal) and not urgent and not self._rebuild_allowed():
             wait = self._next_rebuild_at() - time.monotonic()
             meanwhile = self._best_without_rebuild()
             return meanwhile, "hold", f"{proposal} waits {wait:.1f}s for the rebuild pace"
         return proposal, kind, ""
+
+    def _current_is_unsafe(self) -> bool:
+        """Whether the configuration running now was last measured beyond the safety limit."""
+        last = self._last_measured
+        return (
+            last is not None and last[0] == self.current and last[1] > self._unsafe_value(last[0])
+        )
 
     def _explore_limit(self, best: Config) -> float:
         """The worst expected score a proposal may have to be run: the safety limit, and at most

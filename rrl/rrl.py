@@ -69,6 +69,7 @@ class RRL:
         self.excluded = np.zeros(problem.space.size, dtype=bool)  # vetoed by a safety layer
         self.prior: np.ndarray | None = None  # warm start: the nearest state's estimates
         self.prior_best: int | None = None  # ... and its best measured configuration
+        self.prior_exact = False  # the prior was measured in this very state (a profile)
 
     # -- the region update -----------------------------------------------------------------
 
@@ -111,8 +112,10 @@ class RRL:
         return "regions" if not self._covered.all() else "exploit"
 
     def propose(self) -> int:
-        if self.obs.count == 0 and self.prior_best is not None:
-            return self.prior_best  # warm start: the nearest state's best first
+        if self.prior_best is not None and self.obs.n[self.prior_best] == 0:
+            # Warm start: the prior's best first (whatever else ran meanwhile, e.g. while a
+            # safety layer held it back).
+            return self.prior_best
         uncovered = ~self._covered
         if uncovered.any():
             return self._next_region(uncovered)
@@ -148,12 +151,17 @@ class RRL:
         self._covered |= self.distances[flat] <= self.settings.radius + 1e-9
 
     def predicted(self, flat: int) -> float:
-        """What this table expects of ``flat`` before running it: the measured mean or region
-        estimate, else the warm-start prior, else NaN (nothing known)."""
+        """What this table expects of ``flat`` before running it: the measured mean; else the
+        region estimate and then the warm-start prior, or, when the prior was measured in this
+        very state (a profile), the prior first: a direct measurement of ``flat`` says more than
+        an estimate from its neighbours; NaN when nothing is known."""
+        if self.obs.n[flat] > 0:
+            return float(self.obs.mean[flat])
+        prior = np.nan if self.prior is None else float(self.prior[flat])
+        if self.prior_exact and not np.isnan(prior):
+            return prior
         value = float(self.estimates()[flat])
-        if np.isnan(value) and self.prior is not None:
-            value = float(self.prior[flat])
-        return value
+        return prior if np.isnan(value) else value
 
     def exclude(self, flat: int) -> None:
         """Never propose ``flat`` for exploration (a safety layer judged it too risky, or it
@@ -183,6 +191,7 @@ class RRL:
         if np.isfinite(values).any():
             self.prior = np.asarray(values, dtype=float).copy()
             self.prior_best = int(np.nanargmin(self.prior))
+            self.prior_exact = True
 
     def describe(self) -> dict[str, Any]:
         q_hat = self.estimates()
