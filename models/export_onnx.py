@@ -2,11 +2,13 @@
 
 A layer's parameters may also be quantized (``models.zoo_checkpoint.QuantParams``): fully
 connected layers then run as ``com.microsoft.MatMulNBits`` and the others dequantize their codes
-in the graph (``models.quant_onnx``), so ONNX Runtime serves a checkpoint's codes directly.
+in the graph or, optionally, run convolutions as im2col and MatMulNBits (``models.quant_onnx``),
+so ONNX Runtime serves a checkpoint's codes directly.
 
 Inputs keep the model-boundary layout (NHWC images) so that the ONNX and TensorFlow versions of a
-model take identical tensors; the graph transposes to NCHW for ONNX's Conv/MaxPool and back to
-NHWC before flattening, so the Dense weights mean the same in both exports. The output is a
+model take identical tensors; the graph transposes to NCHW for ONNX's Conv/MaxPool, keeps NHWC
+for the im2col convolutions and transposes back to NHWC before flattening (only where the layout
+changes), so the Dense weights mean the same in both exports. The output is a
 deterministic function of (spec, weights): the same inputs always give the same bytes.
 """
 
@@ -46,15 +48,18 @@ def build_onnx(
     weights: Sequence[LayerParams],
     *,
     accuracy_level: int = quant_onnx.DEFAULT_ACCURACY_LEVEL,
+    conv_im2col: quant_onnx.ConvIm2col = quant_onnx.DEFAULT_CONV_IM2COL,
 ) -> onnx.ModelProto:
     """The model as an in-memory ONNX proto (checked). ``accuracy_level`` is MatMulNBits's, for
-    quantized fully connected layers (4: int8 activations; 0: fp32)."""
+    quantized layers (4: int8 activations; 0: fp32). ``conv_im2col``: which quantized
+    convolutions run as im2col and MatMulNBits (``quant_onnx.conv_im2col_chosen``) instead of
+    dequantizing their kernels for a ``Conv``."""
     g = GraphBuilder()
     if len(spec.inputs) == 1:
         x = spec.inputs[0].name
     else:
         x = g.node("Concat", [i.name for i in spec.inputs], "concat", axis=-1)
-    nchw = False  # layout of the current tensor when it is a feature map
+    layout = "nhwc"  # of the current tensor when it is a feature map
     shape = spec_input_shape(spec)
     last = len(spec.layers) - 1
     for i, (layer, p, out_shape) in enumerate(
@@ -62,36 +67,58 @@ def build_onnx(
     ):
         # The last layer writes the graph output directly unless a softmax follows it.
         out = spec.output if i == last and not spec.softmax else f"l{i}"
-        if isinstance(layer, Conv2D | MaxPool2D) and not nchw:
-            x = g.node("Transpose", [x], f"l{i}_nchw", perm=[0, 3, 1, 2])
-            nchw = True
         match layer:
             case Dense():
                 x = _dense(g, i, x, p, out, layer.activation, accuracy_level)
             case Conv2D(kernel=k, stride=s, padding=padding):
-                pads = [0, 0, 0, 0]
+                pads = (0, 0, 0, 0)
                 if padding == "same":
                     top, bottom = same_pads(shape[0], k, s)
                     left, right = same_pads(shape[1], k, s)
-                    pads = [top, left, bottom, right]
-                w = _conv_kernel(g, i, p)
-                b = g.const(f"l{i}_bias", _bias(p))
-                x = _activated(
-                    g,
-                    "Conv",
-                    [x, w, b],
-                    out,
-                    layer.activation,
-                    kernel_shape=[k, k],
-                    strides=[s, s],
-                    pads=pads,
-                )
+                    pads = (top, left, bottom, right)
+                if isinstance(p, QuantParams) and quant_onnx.conv_im2col_chosen(
+                    conv_im2col, p.kernel.data, out_shape
+                ):
+                    x = _to_layout(g, i, x, layout, "nhwc")
+                    layout = "nhwc"
+                    pre = out if layer.activation == "linear" else f"{out}_pre"
+                    x = quant_onnx.conv_matmul_nbits(
+                        g,
+                        f"l{i}",
+                        x,
+                        p.kernel.data,
+                        p.bias,
+                        kernel=(k, k),
+                        stride=s,
+                        pads=pads,
+                        out_hw=(out_shape[0], out_shape[1]),
+                        out=pre,
+                        accuracy_level=accuracy_level,
+                    )
+                    if layer.activation != "linear":
+                        x = g.node("Relu", [x], out)
+                else:
+                    x = _to_layout(g, i, x, layout, "nchw")
+                    layout = "nchw"
+                    w = _conv_kernel(g, i, p)
+                    b = g.const(f"l{i}_bias", _bias(p))
+                    x = _activated(
+                        g,
+                        "Conv",
+                        [x, w, b],
+                        out,
+                        layer.activation,
+                        kernel_shape=[k, k],
+                        strides=[s, s],
+                        pads=list(pads),
+                    )
             case MaxPool2D(pool=pool):
+                x = _to_layout(g, i, x, layout, "nchw")
+                layout = "nchw"
                 x = g.node("MaxPool", [x], out, kernel_shape=[pool, pool], strides=[layer.step] * 2)
             case Flatten():
-                if nchw:
-                    x = g.node("Transpose", [x], f"l{i}_nhwc", perm=[0, 2, 3, 1])
-                    nchw = False
+                x = _to_layout(g, i, x, layout, "nhwc")
+                layout = "nhwc"
                 x = g.node("Flatten", [x], out, axis=1)
         shape = out_shape
     if spec.softmax:
@@ -124,6 +151,13 @@ def build_onnx(
     )
     onnx.checker.check_model(model, full_check=True)
     return model
+
+
+def _to_layout(g: GraphBuilder, i: int, x: str, layout: str, wanted: str) -> str:
+    if layout == wanted:
+        return x
+    perm = [0, 3, 1, 2] if wanted == "nchw" else [0, 2, 3, 1]
+    return g.node("Transpose", [x], f"l{i}_{wanted}", perm=perm)
 
 
 def _bias(p: LayerParams) -> np.ndarray:

@@ -10,6 +10,9 @@ Two ways, chosen per weight:
   padded with the zero point. ``accuracy_level=4`` lets it quantize activations to int8 per
   block and use integer dot products: the fast path, with about 0.5% relative error from the
   activations (0 computes in fp32).
+- Convolutions, optionally (``conv_im2col_chosen``), as im2col from standard ops (Pad, Slice,
+  Concat, Reshape on NHWC tensors) feeding the same ``MatMulNBits``: the codes stay packed, but
+  the patches cost a copy of K values per output position.
 - Blocked dequantization for everything else (convolutions, 3- and 6-bit): INT4 codes when
   they fit in 4 bits (ONNX INT4, opset 21), INT8 otherwise, one block per row with its scale,
   dequantized by ``DequantizeLinear`` on every run into a transient fp32 tensor. ONNX Runtime
@@ -22,6 +25,7 @@ Two ways, chosen per weight:
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import numpy as np
 from onnx import TensorProto, helper
@@ -34,6 +38,11 @@ QUANT_OPSET = 21  # blocked DequantizeLinear and INT4 tensors
 QUANT_IR_VERSION = 10  # INT4 needs IR 10
 MATMUL_NBITS = (2, 4, 8)
 DEFAULT_ACCURACY_LEVEL = 4
+# Which quantized convolutions run as im2col + MatMulNBits: none, those with few output positions
+# per filter (where batch 1 gains), or all that fit. See ``conv_im2col_chosen``.
+ConvIm2col = Literal["never", "small", "always"]
+DEFAULT_CONV_IM2COL: ConvIm2col = "never"
+SMALL_POSITIONS_PER_FILTER = 2
 
 
 def matmul_nbits_fits(data: BlockQuantized) -> bool:
@@ -76,6 +85,82 @@ def matmul_nbits(
         block_size=data.block_size,
         accuracy_level=accuracy_level,
     )
+
+
+def conv_im2col_chosen(
+    choice: ConvIm2col, data: BlockQuantized, out_shape: tuple[int, ...]
+) -> bool:
+    """Whether a quantized convolution with output ``[Ho, Wo, O]`` runs as im2col and
+    ``MatMulNBits`` (else its kernel is dequantized for a ``Conv``).
+
+    Measured on ``vision_cnn`` (int4, blocks of 128, one intra-op thread, an AVX2 core without
+    VNNI), per layer against the dequantizing path: im2col costs grow with output positions x K
+    and the dequantization with O x K, and MatMulNBits is about as fast as ONNX Runtime's fp32
+    GEMM here. At batch 1, im2col wins where ``Ho*Wo <= 2 O`` (16x16 and 8x8 maps: 0.9-0.6 of
+    the time) and loses on 32x32 maps (1.2-1.4x); at batch 8 and 32 it loses everywhere. Over
+    the whole model "small" gave int4 1.37x fp32 at batch 1 (dequantizing: 1.6x), but 1.55x and
+    2.3x at batch 8 and 32 (1.35x, 1.4x), and more resident memory (0.265 of fp32 against
+    0.214: ONNX Runtime's packed MatMulNBits weights hold more than the INT4 codes). Hence
+    "never" by default.
+    """
+    if choice == "never" or not matmul_nbits_fits(data):
+        return False
+    return choice == "always" or out_shape[0] * out_shape[1] <= (
+        SMALL_POSITIONS_PER_FILTER * out_shape[2]
+    )
+
+
+def conv_matmul_nbits(
+    g: GraphBuilder,
+    name: str,
+    x: str,
+    data: BlockQuantized,
+    bias: np.ndarray | None,
+    *,
+    kernel: tuple[int, int],
+    stride: int,
+    pads: tuple[int, int, int, int],
+    out_hw: tuple[int, int],
+    out: str,
+    accuracy_level: int,
+) -> str:
+    """A 2-D convolution of the NHWC ``x`` as im2col and ``MatMulNBits``: NHWC ``out``.
+
+    ``data`` is the kernel ``[O, I, kh, kw]`` flattened to ``[O, K]``, ``K = I*kh*kw`` in
+    ``(i, kh, kw)`` order, blocks along ``K``. The patches are built in that order from
+    standard ops: the padded input gets a last axis of 1 (``[N, Hp, Wp, I, 1]``), one strided
+    ``Slice`` per kernel tap gives ``[N, Ho, Wo, I, 1]``, ``Concat`` along the last axis
+    ``[N, Ho, Wo, I, kh*kw]`` and a ``Reshape`` ``[N, Ho, Wo, K]``, which ``MatMulNBits``
+    multiplies by the packed codes: ``[N, Ho, Wo, O]``, bias included. ``pads`` are (top,
+    left, bottom, right). A 1x1 kernel at stride 1 without padding needs no patches.
+    """
+    kh, kw = kernel
+    ho, wo = out_hw
+    k = data.codes.shape[1]
+    if (kh, kw, stride) == (1, 1, 1) and not any(pads):
+        return matmul_nbits(g, name, x, data, bias, out, accuracy_level)
+    if any(pads):
+        top, left, bottom, right = pads
+        widths = np.array([0, top, left, 0, 0, bottom, right, 0], np.int64)
+        x = g.node("Pad", [x, g.const(f"{name}_pads", widths)], f"{name}_padded")
+    taps = g.node(
+        "Unsqueeze", [x, g.const(f"{name}_tap_axis", np.array([4], np.int64))], f"{name}_taps"
+    )
+    axes = g.const(f"{name}_slice_axes", np.array([1, 2], np.int64))
+    steps = g.const(f"{name}_slice_steps", np.array([stride, stride], np.int64))
+    shifted = []
+    for dy in range(kh):
+        for dx in range(kw):
+            tap = f"{name}_tap{dy}{dx}"
+            starts = g.const(f"{tap}_starts", np.array([dy, dx], np.int64))
+            ends = np.array([dy + (ho - 1) * stride + 1, dx + (wo - 1) * stride + 1], np.int64)
+            shifted.append(
+                g.node("Slice", [taps, starts, g.const(f"{tap}_ends", ends), axes, steps], tap)
+            )
+    patches = g.node("Concat", shifted, f"{name}_patches", axis=4)
+    shape = g.const(f"{name}_patch_shape", np.array([0, ho, wo, k], np.int64))
+    rows = g.node("Reshape", [patches, shape], f"{name}_im2col")
+    return matmul_nbits(g, name, rows, data, bias, out, accuracy_level)
 
 
 def dequantized(g: GraphBuilder, name: str, data: BlockQuantized) -> str:
