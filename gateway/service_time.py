@@ -1,24 +1,24 @@
 """Running estimate of how long a batch of a given size takes to compute.
 
 Kept per power-of-two size bucket, because compute time grows with batch size but not linearly
-(fixed per-call overhead dominates small batches). Each bucket predicts the median of its last
-``window`` batches: admission control refuses requests on this figure, so one batch slowed by
-something else (a session rebuild next to it, another process on the cores) must not refuse
-requests that would have made their deadline, as an average that one outlier sets would.
+(fixed per-call overhead dominates small batches). Each bucket predicts the fastest of its last
+``window`` batches: admission control refuses a request when even that pace cannot meet its
+deadline, so batches slowed by something else (a session's first calls, a rebuild next to them,
+another process on the cores) do not refuse requests that would have made it, as an average
+that a few outliers set would. A lasting slowdown shows once it is the whole window.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from statistics import median
 
 
 class ServiceTimeEstimate:
     def __init__(self, *, window: int = 15) -> None:
         self._window = window
         self._recent: dict[int, deque[float]] = {}
-        self._by_bucket: dict[int, float] = {}  # each bucket's median, updated on observe
+        self._by_bucket: dict[int, float] = {}  # each bucket's fastest, updated on observe
 
     @staticmethod
     def _bucket(rows: int) -> int:
@@ -30,7 +30,7 @@ class ServiceTimeEstimate:
         if recent is None:
             recent = self._recent[b] = deque(maxlen=self._window)
         recent.append(seconds)
-        self._by_bucket[b] = median(recent)
+        self._by_bucket[b] = min(recent)
 
     def predict(self, rows: int) -> float | None:
         """Seconds for one batch of ``rows``; None before anything was measured."""

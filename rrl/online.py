@@ -21,8 +21,9 @@ Safety and pacing, the rules between the tuner and the gateway:
   interval runs the best known configuration (and exploration resumes after it);
 - **pacing**: a change of threads or concurrency rebuilds sessions, which costs CPU and a latency
   blip; rebuilds are spaced at least ``min_rebuild_gap_s`` apart and so that rebuilding takes at
-  most ``rebuild_duty`` of the time (the last rebuild's duration / duty), except to leave a
-  configuration measured beyond the safety limit for one expected within it. A proposal that needs a
+  most ``rebuild_duty`` of the time (the last rebuild's duration / duty), except for the first
+  configuration of a new workload state and to leave a configuration that violates the SLO
+  (``violating_fraction``) for one expected to meet it. A proposal that needs a
   rebuild too soon waits: meanwhile the best configuration the tuner knows among those that
   keep the current threads and concurrency runs (request-level knobs only, no rebuild), or the
   current one again when it knows none better (a replicate, which the tuner uses to estimate
@@ -81,6 +82,9 @@ class AgentSettings:
     min_rebuild_gap_s: float = 1.0
     rebuild_duty: float = 0.1
     unsafe_violation_fraction: float = 0.5
+    violating_fraction: float = 0.1
+    """A configuration measured worse than p95 at the SLO with this fraction violating is left
+    for one expected to meet the SLO without waiting for the rebuild pace."""
     explore_regret: float = 4.0
     """A proposal expected to score more than this many times the best known configuration's
     estimate is not explored (bounds what exploration may cost the devices)."""
@@ -169,6 +173,7 @@ class ModelAgent:
         self._cpu_clock = cpu_clock
         self._backoff = False
         self._last_measured: tuple[Config, float] | None = None
+        self._fresh_state = False  # no measurement yet in the current workload state
         self._idle = False
         self._last_tick = time.monotonic()
         self._priors = priors
@@ -242,6 +247,7 @@ class ModelAgent:
                 )
             )
             self.tuner.set_workload(self.workload)  # type: ignore[arg-type]
+            self._fresh_state = True
             self._backoff = False
             return
         if measurement is None:
@@ -268,6 +274,7 @@ class ModelAgent:
         only ever changed there."""
         value = self.objective(config, measurement)
         self._last_measured = (config, value)
+        self._fresh_state = False
         self.tuner.observe(config, measurement)
         self._backoff = value > self._unsafe_value(config) and config != self.tuner.recommend()
         if self._backoff:
@@ -298,12 +305,13 @@ class ModelAgent:
         if proposal != best and predicted is not None and predicted > self._explore_limit(best):
             self.tuner.exclude(proposal)
             return best, "veto", f"{proposal} expected to score {predicted:.1f}"
-        # Leaving a configuration measured beyond the safety limit for one expected within it
-        # is not paced: waiting costs the devices more than a rebuild.
-        urgent = (
-            self._current_is_unsafe()
+        # Not paced: the first configuration of a new workload state (the start the tuner
+        # chose for it, e.g. the profile's best), and leaving a configuration that violates
+        # the SLO for one expected to meet it: waiting costs the devices more than a rebuild.
+        urgent = self._fresh_state or (
+            self._current_violates()
             and predicted is not None
-            and predicted <= self._unsafe_value(proposal)
+            and predicted <= self._slo_value(proposal, 0.0)
         )
         if _needs_rebuild(self.current, proposal) and not urgent and not self._rebuild_allowed():
             wait = self._next_rebuild_at() - time.monotonic()
@@ -311,11 +319,14 @@ class ModelAgent:
             return meanwhile, "hold", f"{proposal} waits {wait:.1f}s for the rebuild pace"
         return proposal, kind, ""
 
-    def _current_is_unsafe(self) -> bool:
-        """Whether the configuration running now was last measured beyond the safety limit."""
+    def _current_violates(self) -> bool:
+        """Whether the configuration running now was last measured worse than p95 at the SLO
+        with ``violating_fraction`` of the requests violating."""
         last = self._last_measured
         return (
-            last is not None and last[0] == self.current and last[1] > self._unsafe_value(last[0])
+            last is not None
+            and last[0] == self.current
+            and last[1] > self._slo_value(last[0], self.settings.violating_fraction)
         )
 
     def _explore_limit(self, best: Config) -> float:
@@ -386,6 +397,7 @@ class ModelAgent:
                     )
                 )
                 self.tuner.set_workload(self.workload)  # type: ignore[arg-type]
+                self._fresh_state = True
 
     async def _tick(self) -> bool:
         """Feed the monitor the arrivals since the last tick; True if the state changed."""
@@ -409,8 +421,11 @@ class ModelAgent:
 
     def _unsafe_value(self, config: Config) -> float:
         """The objective of 'p95 at the SLO with ``unsafe_violation_fraction`` violating'."""
+        return self._slo_value(config, self.settings.unsafe_violation_fraction)
+
+    def _slo_value(self, config: Config, v: float) -> float:
+        """The objective of 'p95 at the SLO with a fraction ``v`` of the requests violating'."""
         slo = self.objective.slo_ms
-        v = self.settings.unsafe_violation_fraction
         probe = Measurement(
             duration_s=1.0,
             offered=1000,

@@ -270,12 +270,15 @@ async def test_thread_changes_are_paced(mlp_repo: Path, tmp_path: Path) -> None:
             agent.current = config
         assert "hold" in kinds
         assert held[-1].max_batch_size == 1  # the best measured (5 + batch size) of its sessions
-        # Once the running configuration is measured beyond the safety limit, a proposal
-        # expected to be safe is not held back by the pace: waiting costs more than a rebuild.
+        # Once the running configuration violates the SLO, a proposal expected to meet it is
+        # not held back by the pace: waiting costs the devices more than a rebuild.
         other = Config(1, 0.0, 1 if target.concurrency == 2 else 2, 1, 1)
         agent.tuner.observe(other, measurement(6.0))  # known good, other sessions
-        agent.learn(agent.current, measurement(300.0, violations=100), "hold", "", False)
-        agent._backoff = False  # (the back-off alone would also leave at once)
-        config, kind, _ = agent.choose()
-        assert kind != "hold"
-        assert config.concurrency != target.concurrency
+        agent.tuner.propose = lambda: other  # type: ignore[method-assign]
+        agent.learn(agent.current, measurement(90.0, violations=20), "hold", "", False)
+        assert agent.choose() == (other, "exploit", "")
+        agent.learn(agent.current, measurement(90.0), "hold", "", False)  # slow, but in the SLO
+        assert agent.choose()[1] == "hold"
+        # Nor is the first configuration of a new workload state (the tuner's start for it).
+        agent._fresh_state = True
+        assert agent.choose() == (other, "exploit", "")
