@@ -146,7 +146,7 @@ class TunerSettings(BaseModel):
         "this fraction of requests violating is vetoed (or left at once).",
     )
     explore_regret: float = Field(
-        4.0,
+        2.0,
         gt=1,
         description="A configuration expected to score more than this many times the best "
         "known one is not explored.",

@@ -24,10 +24,10 @@ Safety and pacing, the rules between the tuner and the gateway:
   most ``rebuild_duty`` of the time (the last rebuild's duration / duty), except for the first
   configuration of a new workload state and to leave a configuration that violates the SLO
   (``violating_fraction``) for one expected to meet it. A proposal that needs a
-  rebuild too soon waits: meanwhile the best configuration the tuner knows among those that
-  keep the current threads and concurrency runs (request-level knobs only, no rebuild), or the
-  current one again when it knows none better (a replicate, which the tuner uses to estimate
-  noise);
+  rebuild too soon waits: meanwhile the best configuration measured in this state among those
+  that keep the current threads and concurrency runs (request-level knobs only, no rebuild), or
+  the current one again when none measured is better (a replicate, which the tuner uses to
+  estimate noise);
 - **idle**: an interval without ``min_requests`` requests teaches nothing and changes nothing;
   an interval in which the workload state changed is discarded (it mixes two workloads), and
   the tuner switches to the new state's table (warm-started from the profile's prior for that
@@ -85,7 +85,7 @@ class AgentSettings:
     violating_fraction: float = 0.1
     """A configuration measured worse than p95 at the SLO with this fraction violating is left
     for one expected to meet the SLO without waiting for the rebuild pace."""
-    explore_regret: float = 4.0
+    explore_regret: float = 2.0
     """A proposal expected to score more than this many times the best known configuration's
     estimate is not explored (bounds what exploration may cost the devices)."""
     history: int = 200
@@ -340,16 +340,18 @@ class ModelAgent:
 
     def _best_without_rebuild(self) -> Config:
         """Among the configurations with the current threads and concurrency (request-level
-        knobs only, so no rebuild), the one the tuner expects to score best; the current one
-        when it expects none to beat it."""
+        knobs only, so no rebuild), the best one measured in this state: a wait is spent on
+        what is known to work, not on a guess; the current one when none measured beats it."""
         assert self.current is not None
         current = self.current
-        same_sessions = [c for c in self.space if not _needs_rebuild(current, c)]
-        expected = [(self.tuner.predict(c), c) for c in same_sessions]
-        known = [(v, c) for v, c in expected if v is not None]
-        if not known:
+        measured = [
+            (value, config)
+            for config, value, times in self.tuner.estimates()
+            if times > 0 and not _needs_rebuild(current, config)
+        ]
+        if not measured:
             return current
-        value, config = min(known, key=lambda vc: vc[0])
+        value, config = min(measured, key=lambda vc: vc[0])
         now = self.tuner.predict(current)
         return config if now is None or value < now else current
 
