@@ -153,15 +153,32 @@ class RRL:
     def predicted(self, flat: int) -> float:
         """What this table expects of ``flat`` before running it: the measured mean; else the
         region estimate and then the warm-start prior, or, when the prior was measured in this
-        very state (a profile), the prior first: a direct measurement of ``flat`` says more than
-        an estimate from its neighbours; NaN when nothing is known."""
+        very state (a profile), the prior first, scaled by ``prior_scale``: a direct
+        measurement of ``flat`` says more than an estimate from its neighbours; NaN when nothing
+        is known."""
         if self.obs.n[flat] > 0:
             return float(self.obs.mean[flat])
         prior = np.nan if self.prior is None else float(self.prior[flat])
         if self.prior_exact and not np.isnan(prior):
-            return prior
+            return prior * self.prior_scale()
         value = float(self.estimates()[flat])
         return prior if np.isnan(value) else value
+
+    def prior_scale(self) -> float:
+        """How a profile prior compares with what is measured now, as one factor: the geometric
+        mean of measured / prior over the configurations measured in this state (1 before any).
+        The profile's order of configurations carries over to the serving process; its level
+        may not (transport and decoding add to every request online), so an unmeasured
+        configuration is expected to be as much slower or faster as the measured ones were."""
+        if self.prior is None:
+            return 1.0
+        measured = self.obs.measured
+        prior = self.prior[measured]
+        mean = self.obs.mean[measured]
+        usable = np.isfinite(prior) & (prior > 0) & (mean > 0)
+        if not usable.any():
+            return 1.0
+        return float(np.exp(np.mean(np.log(mean[usable] / prior[usable]))))
 
     def exclude(self, flat: int) -> None:
         """Never propose ``flat`` for exploration (a safety layer judged it too risky, or it

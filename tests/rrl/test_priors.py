@@ -83,11 +83,15 @@ def test_a_new_state_starts_from_its_own_prior() -> None:
     assert tuner.predict(SPACE.at(1)) == pytest.approx(prior[1])
     assert tuner.predict(SPACE.at(3)) is None  # not profiled: nothing known
     # Measured values override the prior; around them the prior, measured in this very state,
-    # still says more than an estimate from neighbours.
+    # still says more than an estimate from neighbours, at the level measured now: 20 where
+    # the profile said 50, so every prior is taken at 0.4 of its value.
     tuner.observe(SPACE.at(0), measurement(20.0))
     assert tuner.predict(SPACE.at(0)) == pytest.approx(20.0)
-    assert tuner.predict(SPACE.at(1)) == pytest.approx(prior[1])
+    assert tuner.predict(SPACE.at(1)) == pytest.approx(prior[1] * 0.4)
     assert tuner.predict(SPACE.at(3)) == pytest.approx(20.0)  # no prior: the region's estimate
+    # Two measured: the geometric mean of the ratios.
+    tuner.observe(SPACE.at(2), measurement(prior[2] * 0.9))
+    assert tuner.predict(SPACE.at(1)) == pytest.approx(prior[1] * (0.4 * 0.9) ** 0.5)
     # Something else ran first (a safety layer held the prior's best back): still its turn.
     assert tuner.propose() == SPACE.at(SPACE.size - 1)
     # A state without a prior still starts from the nearest known table.
