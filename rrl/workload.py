@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from scipy.special import pdtr, pdtrc
 
 MIN_COUNT_FOR_PROMISE = 30
+MIN_COUNT_FOR_LEVEL = 50  # arrivals that put a rate within about 0.2 levels (1 SD)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -154,9 +155,16 @@ class WorkloadMonitor:
         if self._rate_streak < s.persist:
             return None
         self._rate_streak = 0
-        recent = list(self._ticks)[-s.persist :]
-        arrivals = sum(a for _, a, _ in recent)
-        start = self._ticks[-s.persist - 1][0] if len(self._ticks) > s.persist else self._started
+        # The new level from the fewest latest updates (at most ``persist``) that hold enough
+        # arrivals to say it: the first update of a departure may straddle the step, and
+        # including it would put a step up to a high rate a level short (a second change
+        # moments later); at low rates all ``persist`` updates are needed.
+        ticks = list(self._ticks)
+        used = 1
+        while used < s.persist and sum(a for _, a, _ in ticks[-used:]) < MIN_COUNT_FOR_LEVEL:
+            used += 1
+        arrivals = sum(a for _, a, _ in ticks[-used:])
+        start = ticks[-used - 1][0] if len(ticks) > used else self._started
         assert start is not None and self._last_update is not None
         return round(s.level_of(arrivals / max(self._last_update - start, 1e-9)))
 

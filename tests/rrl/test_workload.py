@@ -86,3 +86,25 @@ def test_no_traffic_is_the_lowest_level_not_an_error() -> None:
     for t in range(1, 20):
         monitor.update(float(t), 0)
     assert monitor.state == WorkloadState(-2, 0)
+
+
+def test_a_step_inside_an_update_lands_on_the_new_level_at_once() -> None:
+    # Half-second updates, the step from 16/s to 256/s falls inside one: that update mixes both
+    # rates, and a level estimated with it would fall short (7, then a second change to 8).
+    rng = np.random.default_rng(11)
+    for trial in range(40):
+        monitor = WorkloadMonitor()
+        t = 0.0
+        for _ in range(40):
+            t += 0.5
+            monitor.update(t, int(rng.poisson(16 * 0.5)))
+        assert monitor.state is not None and monitor.state.rate_level <= 4  # (3: hysteresis)
+        settled = len(monitor.changes)
+        part = float(rng.uniform(0.05, 0.95))  # of the straddling update spent at the old rate
+        t += 0.5
+        monitor.update(t, int(rng.poisson(16 * 0.5 * part + 256 * 0.5 * (1 - part))))
+        for _ in range(6):
+            t += 0.5
+            monitor.update(t, int(rng.poisson(256 * 0.5)))
+        levels = [c.new.rate_level for c in monitor.changes[settled:]]
+        assert levels == [8], (trial, part, levels)
