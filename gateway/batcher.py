@@ -31,7 +31,8 @@ log = logging.getLogger("gateway.batcher")
 DEFAULT_PRIORITY_LEVEL = 5
 # Bounds the scan for requests that fit a batch, so forming one stays cheap with a long queue.
 _MAX_SKIPPED_PER_BATCH = 64
-Outputs = dict[str, np.ndarray]  # (inputs too: name -> array)
+Inputs = dict[str, np.ndarray]
+Outputs = dict[str, np.ndarray]
 
 
 @dataclass(slots=True)
@@ -278,7 +279,7 @@ class Batcher:
             self._on_batch(BatchRecord(rows, len(batch), queue_times, compute))
 
 
-def _timed_call(fn: Callable[[Outputs], Outputs], inputs: Outputs) -> tuple[Outputs, float]:
+def _timed_call(fn: Callable[[Inputs], Outputs], inputs: Inputs) -> tuple[Outputs, float]:
     started = time.perf_counter()
     outputs = fn(inputs)
     return outputs, time.perf_counter() - started

@@ -102,19 +102,23 @@ class TuningService:
 
     def _priors_of(
         self, model: str, runtime: str, cores: int, space: ConfigSpace
-    ) -> Callable[[Objective], Priors]:
-        """Loads the model's profile priors when the agent starts (in a worker thread)."""
+    ) -> Callable[[Objective, MonitorSettings], Priors]:
+        """Loads the model's profile priors when the agent starts (in a worker thread, in the
+        agent's own objective and workload levels)."""
         profiles_dir = self.settings.profiles_dir or PROFILES_DIR
-        monitor = MonitorSettings()  # the agents' own (AgentSettings' default)
-        return functools.partial(
-            load_profile_priors,
-            profiles_dir,
-            model,
-            runtime=runtime,
-            cores=cores,
-            space=space,
-            monitor=monitor,
-        )
+
+        def load(objective: Objective, monitor: MonitorSettings) -> Priors:
+            return load_profile_priors(
+                profiles_dir,
+                model,
+                objective,
+                runtime=runtime,
+                cores=cores,
+                space=space,
+                monitor=monitor,
+            )
+
+        return load
 
     async def stop(self) -> None:
         for task in self._tasks:

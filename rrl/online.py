@@ -149,7 +149,7 @@ class ModelAgent:
         seed: int = 0,
         listener: Listener | None = None,
         cpu_clock: Callable[[], float] = time.process_time,
-        priors: Callable[[Objective], Priors] | None = None,
+        priors: Callable[[Objective, MonitorSettings], Priors] | None = None,
     ) -> None:
         self.control = control
         self.model = model
@@ -187,7 +187,9 @@ class ModelAgent:
         logged and the loop goes on: the agent must never take the gateway down with it."""
         if self._priors is not None:
             try:
-                priors = await asyncio.to_thread(self._priors, self.objective)
+                priors = await asyncio.to_thread(
+                    self._priors, self.objective, self.settings.monitor
+                )
                 self.prior_states = self.tuner.set_priors(priors)
             except Exception:  # a broken profile costs the warm start, not the agent
                 log.exception("tuner %s: profile priors not loaded", self.model)
@@ -246,8 +248,7 @@ class ModelAgent:
                     rebuilt=rebuilt,
                 )
             )
-            self.tuner.set_workload(self.workload)  # type: ignore[arg-type]
-            self._fresh_state = True
+            self._enter_state()
             self._backoff = False
             return
         if measurement is None:
@@ -344,14 +345,17 @@ class ModelAgent:
         what is known to work, not on a guess; the current one when none measured beats it."""
         assert self.current is not None
         current = self.current
-        measured = [
-            (value, config)
-            for config, value, times in self.tuner.estimates()
-            if times > 0 and not _needs_rebuild(current, config)
-        ]
-        if not measured:
+        best = next(
+            (
+                (value, config)
+                for config, value, times in self.tuner.estimates()  # best first
+                if times > 0 and not _needs_rebuild(current, config)
+            ),
+            None,
+        )
+        if best is None:
             return current
-        value, config = min(measured, key=lambda vc: vc[0])
+        value, config = best
         now = self.tuner.predict(current)
         return config if now is None or value < now else current
 
@@ -398,8 +402,13 @@ class ModelAgent:
                         reason=f"rate {self.monitor.rate_per_s:.1f}/s",
                     )
                 )
-                self.tuner.set_workload(self.workload)  # type: ignore[arg-type]
-                self._fresh_state = True
+                self._enter_state()
+
+    def _enter_state(self) -> None:
+        """The tuner moves to the new workload state's table; its first configuration there is
+        not paced (see ``choose``)."""
+        self.tuner.set_workload(self.workload)  # type: ignore[arg-type]
+        self._fresh_state = True
 
     async def _tick(self) -> bool:
         """Feed the monitor the arrivals since the last tick; True if the state changed."""

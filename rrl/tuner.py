@@ -174,8 +174,7 @@ class PerWorkload:
         offline profile measured), one value per flat configuration, NaN where unknown. A state
         first seen after this starts from its own prior when there is one. Returns how many
         states the algorithm can use them for (0 when it keeps no estimates)."""
-        probe = self._factory(self.problem, np.random.default_rng(0))
-        if not hasattr(probe, "warm_start_prior"):
+        if not hasattr(self.current, "warm_start_prior"):  # every table is of one algorithm
             return 0
         self._priors = {s: np.asarray(v, dtype=float) for s, v in priors.items()}
         return len(self._priors)
