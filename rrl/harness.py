@@ -12,6 +12,7 @@ room for coordinated omission.
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import time
@@ -56,6 +57,8 @@ class ServingHarness:
         self._batch_rows: list[int] = []
         self._rows_per_request = 1
         self._error: BaseException | None = None
+        self.window_latencies: list[np.ndarray] = []
+        """After ``run``: the answered requests' latencies (ms, sorted) of each window."""
         self._threads = [
             threading.Thread(target=self._work, args=(i,), name=f"instance-{i}", daemon=True)
             for i in range(len(self._runtimes))
@@ -132,6 +135,10 @@ class ServingHarness:
         if self._error is not None:
             raise self._error
         latency_ms = (self._done - arrive) * 1000.0
+        self.window_latencies = [
+            np.sort(latency_ms[(arrivals_s >= lo) & (arrivals_s < hi) & ~rejected])
+            for lo, hi in itertools.pairwise(window_edges_s)
+        ]
         return _windows(
             arrivals_s,
             latency_ms,

@@ -15,9 +15,14 @@ The MDP, per workload state s (see ``rrl/README.md`` for the full statement):
   ``coverage_slack`` times the most uncovered configurations any one ball would, the most
   promising one (the warm-start prior when there is one, else the Lipschitz lower bound
   max_m Q(s, m) - L d(c, m));
-- then exploitation: run the measured configuration with the lowest lower confidence bound
-  Q - kappa * (standard error), which re-measures close contenders until noise no longer hides
-  the best, then keeps running it.
+- then exploitation, greedy on the whole table Q^: run the configuration with the lowest lower
+  confidence bound, Q - kappa * (standard error) for a measured one, and for an unmeasured one
+  its estimate with the bound of a single measurement, Q^ * (1 - kappa * cv), where the
+  incumbent's direct neighbours (distance <= 1) are estimated by the incumbent alone. So the
+  incumbent's unmeasured neighbours are measured next (a measurement says more than an
+  estimate), each value overrides its estimate, and exploitation climbs down from the best
+  region centre to a local optimum of the grid instead of settling on the centre; it then
+  re-measures close contenders until noise no longer hides the best, and keeps running it.
 
 The loss bound: if J(s, .) is L-Lipschitz in index space, the optimum c* lies in some region
 whose centre m has J(m) <= J(c*) + L delta, and the best measured centre is at least as good, so
@@ -52,6 +57,9 @@ class RRLSettings:
     so the number of regions stays close to a greedy covering of the grid."""
     warm_start: bool = True
     """A new workload state starts from the nearest known state's table."""
+    greedy_on_estimates: bool = True
+    """Exploit on the whole table (measured and region-estimated configurations); False
+    exploits measured configurations only, i.e. settles on the best region centre."""
 
 
 class RRL:
@@ -119,7 +127,36 @@ class RRL:
         uncovered = ~self._covered
         if uncovered.any():
             return self._next_region(uncovered)
+        if self.settings.greedy_on_estimates:
+            return self._greedy()
         return exploit(self.obs, self.settings.confidence, self.settings.default_noise)
+
+    def _greedy(self) -> int:
+        """The configuration with the lowest lower confidence bound over the whole table: a
+        measured one's from its replicates, an unmeasured one's as if its estimate were one
+        measurement (the pooled relative noise ``cv``). The incumbent's direct neighbours
+        (distance <= 1) are estimated by the incumbent alone: a distance-weighted mean of the
+        region also averages in configurations on the far side, so it never points downhill,
+        while the nearest evidence says "as good as the incumbent until measured". So greedy
+        exploitation climbs down from the best region centre one notch at a time and ends on a
+        configuration none of whose neighbours is better (a local optimum of the grid, within
+        the noise). Ties go to the unmeasured configuration."""
+        kappa = self.settings.confidence
+        lcb = self.obs.lower_confidence(kappa, self.settings.default_noise)
+        unmeasured = (self.obs.n == 0) & ~self.excluded
+        if unmeasured.any():
+            cv = self.obs.relative_noise(self.settings.default_noise)
+            q_hat = self.estimates()
+            incumbent = self.obs.best()
+            if incumbent is not None:
+                nearest = unmeasured & (self.distances[incumbent] <= 1.0 + 1e-9)
+                q_hat[nearest] = self.obs.mean[incumbent]
+            lcb = np.where(unmeasured, q_hat - kappa * cv * np.abs(q_hat), lcb)
+        lcb = np.where(self.excluded & (self.obs.n == 0), np.nan, lcb)
+        best = float(np.nanmin(lcb))
+        ties = np.flatnonzero(lcb <= best + 1e-12)
+        fresh = ties[self.obs.n[ties] == 0]
+        return int(fresh[0] if fresh.size else ties[0])
 
     def _next_region(self, uncovered: np.ndarray) -> int:
         in_ball = self.distances[:, uncovered] <= self.settings.radius + 1e-9

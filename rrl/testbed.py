@@ -10,6 +10,13 @@ interval's length as independent windows would shrink it (``interval_s=0`` repla
 windows, the raw spread). The truth of a configuration (what gaps are computed against) is the
 mean of the objective over its recorded windows, which is what the merged measurements average
 to, and the oracle's objective is the smallest truth of the grid.
+
+When the profile recorded each window's latencies (``samples``, profiles since the long-window
+plan), latency figures are not averaged but pooled, as a decision interval pools its requests:
+the merged p95 is the p95 of every latency of the drawn windows, and the truth is the objective
+of all of the cell's windows pooled (one p95 over 90+ requests instead of the mean of a few p95s
+of 10: a small window's p95 is close to its maximum, so averaging them measures the tail of
+the tail). Counts add up either way.
 """
 
 from __future__ import annotations
@@ -73,6 +80,16 @@ class ProfileTable:
                 "(an interrupted run? finish it with iotgw profile --resume)"
             )
         self._measured = seen
+        # Latencies of each window (ms), where the profile recorded them: pooled by merges.
+        self.samples: dict[tuple[int, int], list[np.ndarray]] | None = None
+        if doc["cells"] and all("samples" in cell for cell in doc["cells"]):
+            self.samples = {}
+            for cell in doc["cells"]:
+                b, t, c, i, o = cell["config"]
+                flat = self.space.flat(Config(int(b), float(t), int(c), int(i), int(o)))
+                self.samples[cell["load"], flat] = [
+                    np.asarray(w, dtype=float) for w in cell["samples"]
+                ]
 
     @classmethod
     def load(cls, path: Path, *, allow_partial: bool = False) -> ProfileTable:
@@ -100,6 +117,15 @@ class ProfileTable:
             cpu_cores=w["cpu_cores"],
             rows_per_request=float(self.loads[load].rows_per_request),
         )
+
+    def merged(self, load: int, flat: int, windows: list[int]) -> Measurement:
+        """Windows ``windows`` of a cell as one measurement: latencies pooled over their
+        requests when the profile recorded them, else averaged (``merge``)."""
+        parts = [self.measurement(load, flat, k) for k in windows]
+        if self.samples is None:
+            return merge(parts)
+        latencies = np.concatenate([self.samples[load, flat][k] for k in windows])
+        return pooled(parts, latencies)
 
     def workload_state(self, load: int) -> WorkloadState:
         """Rate levels counted from the lowest profiled rate (level 0)."""
@@ -142,6 +168,28 @@ def merge(windows: list[Measurement]) -> Measurement:
     )
 
 
+def pooled(windows: list[Measurement], latencies_ms: np.ndarray) -> Measurement:
+    """Windows as one measurement whose latency figures come from all their answered requests'
+    latencies (``latencies_ms``); counts add up and CPU is averaged, as in ``merge``."""
+    counts = merge(windows)
+    if latencies_ms.size == 0:
+        return counts
+    p50, p95, p99 = np.percentile(latencies_ms, [50, 95, 99]).tolist()
+    return Measurement(
+        duration_s=counts.duration_s,
+        offered=counts.offered,
+        completed=counts.completed,
+        p50_ms=p50,
+        p95_ms=p95,
+        p99_ms=p99,
+        slo_violations=counts.slo_violations,
+        rejected=counts.rejected,
+        mean_ms=float(latencies_ms.mean()),
+        cpu_cores=counts.cpu_cores,
+        rows_per_request=counts.rows_per_request,
+    )
+
+
 class Testbed:
     __test__ = False  # a testbed, not a test class (pytest collects names starting with Test)
 
@@ -163,7 +211,7 @@ class Testbed:
         window_s = float(np.nanmean(self.table.field("duration_s")[load, flat]))
         draws = max(1, round(self.interval_s / window_s)) if self.interval_s > 0 else 1
         windows = self.rng.integers(recorded, size=draws)
-        return merge([self.table.measurement(load, flat, int(k)) for k in windows])
+        return self.table.merged(load, flat, [int(k) for k in windows])
 
     @cached_property
     def _truth(self) -> tuple[np.ndarray, np.ndarray]:
@@ -173,11 +221,14 @@ class Testbed:
         for load in range(len(t.loads)):
             for flat in range(self.space.size):
                 config = self.space.at(flat)
-                values = [
-                    self.objective(config, t.measurement(load, flat, k))
-                    for k in range(t.window_count(load, flat))
-                ]
-                mean[load, flat] = float(np.mean(values))
+                every = list(range(t.window_count(load, flat)))
+                values = [self.objective(config, t.measurement(load, flat, k)) for k in every]
+                if t.samples is None:
+                    mean[load, flat] = float(np.mean(values))
+                else:  # the objective of all windows pooled, what merged draws come close to
+                    mean[load, flat] = self.objective(config, t.merged(load, flat, every))
+                # The windows are the independent units (moments far apart): their spread says
+                # how precisely the profile knows the truth, pooled or not.
                 se[load, flat] = float(np.std(values, ddof=1) / np.sqrt(len(values)))
         return mean, se
 

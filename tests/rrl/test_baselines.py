@@ -91,12 +91,13 @@ def test_inflight_climbs_to_the_best_concurrency() -> None:
 
 
 def test_adaptive_rrl_refines_inside_the_best_regions() -> None:
-    # A bowl whose bottom a radius-2.5 covering misses: plain RRL ends on the best centre,
-    # adaptive RRL keeps measuring (few configurations) until it reaches the bottom.
+    # A bowl whose bottom a radius-2.5 covering misses: RRL exploiting its measured centres
+    # ends on the best centre, adaptive RRL keeps measuring (few configurations) until it
+    # reaches the bottom.
     gaps_rrl, gaps_adaptive, measured = [], [], []
     for seed in range(3):
         land = Landscape.from_function(SPACE, EASY)
-        rrl = make_rrl(problem(seed), RRLSettings(radius=2.5))
+        rrl = make_rrl(problem(seed), RRLSettings(radius=2.5, greedy_on_estimates=False))
         _, rec = drive(rrl, land, 80)
         gaps_rrl.append(land.value(rec[-1]) / land.optimum_value - 1)
         adaptive = make_adaptive_rrl(problem(seed), AdaptiveSettings(coarse_radius=2.5))

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from rrl.objective import LatencyObjective
@@ -50,13 +51,19 @@ def test_profile_quick(tmp_path: Path, mlp_repo: Path) -> None:
     assert doc["machine"]["cores"] >= 1 and doc["load_conditions"]["load_average_by_group"]
     assert len(doc["cells"]) == 12 * 2  # every configuration at both loads
     for cell in doc["cells"]:
-        assert len(cell["windows"]) == 2
-        for window in cell["windows"]:
+        assert len(cell["windows"]) == len(cell["samples"]) == 2
+        for window, latencies in zip(cell["windows"], cell["samples"], strict=True):
             w = dict(zip(WINDOW_FIELDS, window, strict=True))
             assert w["offered"] >= 1 and 0 <= w["completed"] <= w["offered"]
             assert w["violations"] >= w["rejected"] >= 0
+            # Each answered request's latency is recorded, sorted, for the testbed to pool.
+            assert len(latencies) == w["completed"] and latencies == sorted(latencies)
             if w["completed"]:
                 assert 0 < w["p50_ms"] <= w["p95_ms"] <= w["p99_ms"]
+                assert latencies[0] > 0
+                assert np.percentile(latencies, 95) == pytest.approx(
+                    w["p95_ms"], rel=1e-3, abs=2e-3
+                )
         assert cell["throughput_per_s"][0] > 0
     table = ProfileTable.load(path)
     testbed = Testbed(table, LatencyObjective(slo_ms=table.slo_ms), seed=0)

@@ -60,7 +60,7 @@ def test_regions_first_then_exploitation() -> None:
     land = Landscape.from_function(
         SPACE, random_lipschitz(SPACE, lipschitz=2.0, floor=10.0, cones=5, seed=1)
     )
-    tuner = make_rrl(problem(1), RRLSettings(radius=2.0))
+    tuner = make_rrl(problem(1), RRLSettings(radius=2.0, greedy_on_estimates=False))
     proposed, _ = drive(tuner, land, 60)
     flats = [SPACE.flat(c) for c in proposed]
     rrl = tuner.current
@@ -78,9 +78,32 @@ def test_regions_first_then_exploitation() -> None:
     assert covered_after.all(), "exploration stopped before the grid was covered"
     # A greedy covering of this grid needs 17 balls of radius 2; the slack allows a few more.
     assert regions <= 26
-    # Exploitation: nothing new is ever measured again, and the best centre is run.
+    # Exploitation on measured configurations only: nothing new is ever measured again, and
+    # the best centre is run.
     assert set(flats[regions:]) <= set(flats[:regions])
     assert flats[-1] == min(flats[:regions], key=lambda f: land.values[f])
+
+
+def test_greedy_exploitation_refines_inside_the_best_region() -> None:
+    # A cone whose tip is no region centre: exploitation on measured configurations settles on
+    # the best centre, up to L * delta away; greedy on the whole table measures what the best
+    # centre's region estimates well, lets each measurement override its estimate and move its
+    # neighbours', and walks down to the tip, measuring a small part of the grid.
+    tip = np.array([5, 3, 2, 1, 0.0])
+    land = Landscape.from_function(SPACE, cone(tip, lipschitz=3.0, floor=10.0))
+    centres_only = make_rrl(problem(0), RRLSettings(radius=2.0, greedy_on_estimates=False))
+    _, recommended = drive(centres_only, land, 120)
+    assert land.value(recommended[-1]) > land.optimum_value
+    greedy = make_rrl(problem(0), RRLSettings(radius=2.0))
+    proposed, recommended = drive(greedy, land, 120)
+    assert land.value(recommended[-1]) == land.optimum_value
+    assert len({SPACE.flat(c) for c in proposed}) < SPACE.size / 5
+    rrl = greedy.current
+    assert isinstance(rrl, RRL)
+    # Refinement stops: at the end only the optimum is run, and no estimate left is better.
+    assert {SPACE.flat(c) for c in proposed[-10:]} == {SPACE.flat(recommended[-1])}
+    q_hat = rrl.estimates()
+    assert np.nanmin(q_hat[rrl.obs.n == 0]) > land.optimum_value
 
 
 @pytest.mark.parametrize("radius", [1.0, 1.5, 2.0, 3.0])

@@ -163,3 +163,39 @@ def test_the_cost_objective_is_a_setting(table: ProfileTable) -> None:
     problem = TuningProblem(SPACE, cost, cores=1, seed=0)
     trace = run_static(build_tuner("adaptive-rrl", problem), testbed, 2, 30, interval_s=5.0)
     assert trace.gaps()[-1] == 0.0
+
+
+def test_recorded_latencies_are_pooled_not_averaged(tmp_path: Path) -> None:
+    # A profile that recorded each window's latencies: a merged measurement's p95 is the p95 of
+    # all the drawn windows' requests, and the truth is the objective of all windows pooled.
+    doc = _doc()
+    rng = np.random.default_rng(0)
+    for cell in doc["cells"]:
+        cell["samples"] = [
+            np.sort(rng.exponential(10.0, size=int(w[WINDOW_FIELDS.index("completed")]))).tolist()
+            for w in cell["windows"]
+        ]
+    path = tmp_path / "sampled.json"
+    path.write_text(json.dumps(doc))
+    table = ProfileTable.load(path)
+    assert table.samples is not None
+    objective = LatencyObjective(slo_ms=100.0)
+    flat, load = 4, 1
+    lat = table.samples[load, flat]
+    merged = table.merged(load, flat, [0, 2, 2])
+    pooled = np.concatenate([lat[0], lat[2], lat[2]])
+    assert merged.p95_ms == pytest.approx(np.percentile(pooled, 95))
+    assert merged.p50_ms == pytest.approx(np.percentile(pooled, 50))
+    assert merged.mean_ms == pytest.approx(pooled.mean())
+    assert merged.offered == 150
+    every = np.concatenate(lat)
+    testbed = Testbed(table, objective, seed=0, interval_s=1.5)
+    assert testbed.truth(load)[flat] == pytest.approx(np.percentile(every, 95))
+    # The pooled p95 is not the mean of the windows' p95s.
+    per_window = np.mean([np.percentile(w, 95) for w in lat])
+    assert testbed.truth(load)[flat] != pytest.approx(per_window)
+    m = testbed.measure(SPACE.at(flat), load)
+    assert m.offered == 150 and m.p95_ms > 0  # three 0.5 s windows per 1.5 s interval
+    # Violations and refusals still add up from the windows' counts.
+    dropped = table.merged(2, 0, [0, 1])
+    assert dropped.slo_violations == dropped.rejected == 20
