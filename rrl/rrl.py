@@ -140,16 +140,20 @@ class RRL:
         while the nearest evidence says "as good as the incumbent until measured". So greedy
         exploitation climbs down from the best region centre one notch at a time and ends on a
         configuration none of whose neighbours is better (a local optimum of the grid, within
-        the noise). Ties go to the unmeasured configuration."""
+        the noise). With a profile prior of this state, unmeasured configurations are expected
+        as the calibrated prior says (``expected``), neighbours included. Ties go to the
+        unmeasured configuration."""
         kappa = self.settings.confidence
         lcb = self.obs.lower_confidence(kappa, self.settings.default_noise)
         unmeasured = (self.obs.n == 0) & ~self.excluded
         if unmeasured.any():
             cv = self.obs.relative_noise(self.settings.default_noise)
-            q_hat = self.estimates()
+            q_hat = self.expected()
             incumbent = self.obs.best()
             if incumbent is not None:
                 nearest = unmeasured & (self.distances[incumbent] <= 1.0 + 1e-9)
+                if self.prior_exact and self.prior is not None:
+                    nearest &= ~np.isfinite(self.prior)  # the profile measured them: it knows
                 q_hat[nearest] = self.obs.mean[incumbent]
             lcb = np.where(unmeasured, q_hat - kappa * cv * np.abs(q_hat), lcb)
         lcb = np.where(self.excluded & (self.obs.n == 0), np.nan, lcb)
@@ -188,18 +192,26 @@ class RRL:
         self._covered |= self.distances[flat] <= self.settings.radius + 1e-9
 
     def predicted(self, flat: int) -> float:
-        """What this table expects of ``flat`` before running it: the measured mean; else the
-        region estimate and then the warm-start prior, or, when the prior was measured in this
-        very state (a profile), the prior first, scaled by ``prior_scale``: a direct
-        measurement of ``flat`` says more than an estimate from its neighbours; NaN when nothing
-        is known."""
-        if self.obs.n[flat] > 0:
-            return float(self.obs.mean[flat])
-        prior = np.nan if self.prior is None else float(self.prior[flat])
-        if self.prior_exact and not np.isnan(prior):
-            return prior * self.prior_scale()
-        value = float(self.estimates()[flat])
-        return prior if np.isnan(value) else value
+        """What this table expects of ``flat`` before running it (``expected``)."""
+        return float(self.expected()[flat])
+
+    def expected(self) -> np.ndarray:
+        """What this table expects of every configuration: the measured mean; else the region
+        estimate and then the warm-start prior, or, when the prior was measured in this very
+        state (a profile), the prior first, scaled by ``prior_scale``: a direct measurement of
+        a configuration says more than an estimate from its neighbours; NaN when nothing is
+        known."""
+        q = self.estimates()
+        if self.prior is None:
+            return q
+        unmeasured = self.obs.n == 0
+        if self.prior_exact:
+            prior = self.prior * self.prior_scale()
+            use = unmeasured & np.isfinite(prior)
+        else:
+            prior = self.prior
+            use = unmeasured & np.isnan(q) & np.isfinite(prior)
+        return np.where(use, prior, q)
 
     def prior_scale(self) -> float:
         """How a profile prior compares with what is measured now, as one factor: the geometric

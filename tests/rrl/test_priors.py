@@ -101,6 +101,39 @@ def test_a_new_state_starts_from_its_own_prior() -> None:
     assert build_tuner("bo", problem(space=SPACE)).set_priors({WorkloadState(6): prior}) == 0
 
 
+def test_greedy_exploitation_follows_the_calibrated_prior() -> None:
+    # Once the regions are covered, an unmeasured configuration is expected as its calibrated
+    # prior says: one the profile rates better than the incumbent is measured; the incumbent's
+    # neighbours the profile rates worse are not (without a prior they would be).
+    from rrl.rrl import RRL, RRLSettings
+
+    rrl = RRL(problem(space=SPACE), RRLSettings(radius=10.0), np.random.default_rng(0))
+    prior = np.full(SPACE.size, 40.0)
+    prior[0] = 20.0  # the prior's best: measured first
+    prior[7] = 22.0  # far from it, and profiled almost as good
+    rrl.warm_start_prior(prior)
+    assert rrl.propose() == 0
+    rrl.observe(0, 10.0, None)  # type: ignore[arg-type]  # half the profile's level
+    assert rrl.phase == "exploit"  # one region of radius 10 covers this grid
+    assert rrl.expected()[7] == pytest.approx(11.0)  # the prior at half its level
+    # Lower bounds with the default noise (cv 0.1): the incumbent 9, configuration 7 9.9, the
+    # incumbent's neighbours (prior 40 -> 20) 18: the incumbent runs again ...
+    assert rrl.propose() == 0
+    rrl.observe(0, 10.0, None)  # type: ignore[arg-type]
+    # ... and with agreeing replicates (cv at its floor, 0.01) still: 9.93 against 10.89 and
+    # 19.8. Neither the worse-rated configuration 7 nor the neighbours are measured.
+    assert rrl.propose() == 0
+    # A profile that rates configuration 7 better than the incumbent at today's level.
+    rrl.prior[7] = 18.0  # type: ignore[index]
+    assert rrl.expected()[7] == pytest.approx(9.0)
+    assert rrl.propose() == 7
+    # Without a prior, the incumbent's direct neighbours are measured before settling.
+    bare = RRL(problem(space=SPACE), RRLSettings(radius=10.0), np.random.default_rng(0))
+    bare.observe(0, 10.0, None)  # type: ignore[arg-type]
+    bare.observe(0, 10.0, None)  # type: ignore[arg-type]
+    assert SPACE.distances[0, bare.propose()] == pytest.approx(1.0)
+
+
 async def test_exploration_stays_within_the_regret_bound(mlp_repo: Path, tmp_path: Path) -> None:
     async with gateway(mlp_repo, tmp_path, enabled=False) as gw:
         agent = _agent(gw, BATCHES, explore_regret=4.0)
