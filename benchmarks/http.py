@@ -42,7 +42,6 @@ import contextlib
 import itertools
 import json
 import math
-import multiprocessing
 import os
 import shutil
 import signal
@@ -55,7 +54,6 @@ import urllib.request
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +61,7 @@ import aiohttp
 import numpy as np
 from aiohttp import web
 
+from benchmarks.clients import ClientProcesses
 from benchmarks.common import (
     MIN_FULL_RUNS,
     Repeated,
@@ -443,69 +442,9 @@ async def run_load(job: LoadJob) -> dict[str, Any]:
     }
 
 
-def _client_worker(conn: Connection) -> None:
-    """Body of a client process: run each ``LoadJob`` it is sent until it is sent None."""
-    with contextlib.suppress(KeyboardInterrupt):
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        while True:
-            job = conn.recv()
-            if job is None:
-                return
-            try:
-                conn.send(asyncio.run(run_load(job)))
-            except Exception as exc:
-                conn.send({"error": repr(exc)})
-
-
-class ClientProcesses:
-    """Client processes kept alive between runs (spawned once: no fork of a process that holds
-    ONNX Runtime thread pools), each running one share of the closed loop."""
-
-    def __init__(self, count: int) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self._conns: list[Connection] = []
-        self._procs: list[Any] = []
-        for i in range(count):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(
-                target=_client_worker, args=(child,), name=f"bench-client-{i}", daemon=True
-            )
-            proc.start()
-            child.close()
-            self._conns.append(parent)
-            self._procs.append(proc)
-
-    @property
-    def count(self) -> int:
-        return len(self._procs)
-
-    def run(self, jobs: Sequence[LoadJob], timeout_s: float) -> list[dict[str, Any]]:
-        assert len(jobs) == len(self._conns)
-        for conn, job in zip(self._conns, jobs, strict=True):
-            conn.send(job)
-        out = []
-        deadline = time.monotonic() + timeout_s
-        for conn in self._conns:
-            if not conn.poll(max(0.0, deadline - time.monotonic())):
-                raise TimeoutError(f"a client process gave no result within {timeout_s:g} s")
-            result = conn.recv()
-            if "error" in result:
-                raise RuntimeError(f"client process failed: {result['error']}")
-            out.append(result)
-        return out
-
-    def close(self) -> None:
-        for conn in self._conns:
-            with contextlib.suppress(OSError):
-                conn.send(None)
-        for proc in self._procs:
-            proc.join(5)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(5)
-        for conn in self._conns:
-            conn.close()
-        self._conns, self._procs = [], []
+def run_http_job(job: LoadJob) -> dict[str, Any]:
+    """A client process's job runner (``benchmarks.clients``): one share of the closed loop."""
+    return asyncio.run(run_load(job))
 
 
 def merge_load(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -898,7 +837,7 @@ class Bench:
             raise ValueError(f"{concurrency} clients cannot be split over {processes} processes")
         clients = self.clients.get(processes)
         if clients is None:
-            clients = self.clients[processes] = ClientProcesses(processes)
+            clients = self.clients[processes] = ClientProcesses(processes, run_http_job)
         shares = [
             concurrency // processes + (i < concurrency % processes) for i in range(processes)
         ]

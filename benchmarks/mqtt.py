@@ -30,12 +30,9 @@ separate processes on 127.0.0.1; everything stops by itself (bounded in time and
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import itertools
 import json
 import math
-import multiprocessing
 import shutil
 import signal
 import socket
@@ -48,7 +45,6 @@ import urllib.request
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +53,7 @@ import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.properties import VariableByteIntegers
 
+from benchmarks.clients import ClientProcesses
 from benchmarks.common import (
     MIN_FULL_RUNS,
     Repeated,
@@ -380,75 +377,14 @@ def _cpu_delta(
 # -- load-client processes ---------------------------------------------------------------------
 
 
-def _client_worker(conn: Connection) -> None:
-    """Body of a load-client process: run each job it is sent until it is sent None."""
-    with contextlib.suppress(KeyboardInterrupt):
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        while True:
-            job = conn.recv()
-            if job is None:
-                return
-            try:
-                if isinstance(job, MqttJob):
-                    conn.send(run_mqtt_load(job))
-                else:
-                    from benchmarks.http import run_load  # the HTTP bench's aiohttp closed loop
+def run_job(job: Any) -> dict[str, Any]:
+    """A load-client process's job runner (``benchmarks.clients``): an MQTT load, or the HTTP
+    bench's aiohttp closed loop for the same clients over HTTP."""
+    if isinstance(job, MqttJob):
+        return run_mqtt_load(job)
+    from benchmarks.http import run_http_job
 
-                    conn.send(asyncio.run(run_load(job)))
-            except Exception as exc:
-                conn.send({"error": repr(exc)})
-
-
-class LoadClients:
-    """Load-client processes, spawned once (nothing forked from a process holding threads) and
-    kept between runs; ``run`` hands one job to each of the first ``len(jobs)``."""
-
-    def __init__(self, count: int) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self._conns: list[Connection] = []
-        self._procs: list[Any] = []
-        for i in range(count):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_client_worker, args=(child,), name=f"bench-mqtt-client-{i}")
-            proc.daemon = True
-            proc.start()
-            child.close()
-            self._conns.append(parent)
-            self._procs.append(proc)
-
-    def run(self, jobs: Sequence[Any], timeout_s: float) -> list[dict[str, Any]]:
-        assert 0 < len(jobs) <= len(self._conns)
-        for conn, job in zip(self._conns, jobs, strict=False):
-            conn.send(job)
-        out = []
-        deadline = time.monotonic() + timeout_s
-        for conn in self._conns[: len(jobs)]:
-            if not conn.poll(max(0.0, deadline - time.monotonic())):
-                raise TimeoutError(f"a load client gave no result within {timeout_s:g} s")
-            result = conn.recv()
-            if "error" in result:
-                raise RuntimeError(f"load client failed: {result['error']}")
-            out.append(result)
-        return out
-
-    def close(self) -> None:
-        for conn in self._conns:
-            with contextlib.suppress(OSError):
-                conn.send(None)
-        for proc in self._procs:
-            proc.join(5)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(5)
-        for conn in self._conns:
-            conn.close()
-        self._conns, self._procs = [], []
-
-    def __enter__(self) -> LoadClients:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    return run_http_job(job)
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -558,7 +494,12 @@ def run(plan: Plan, out_dir: Path | None, quick: bool) -> Path:
             ),
             log_path=folder / "gateway.log",
         )
-        with broker, echo, gateway, LoadClients(plan.processes) as clients:
+        with (
+            broker,
+            echo,
+            gateway,
+            ClientProcesses(plan.processes, run_job, name="bench-mqtt-client") as clients,
+        ):
             echo.wait_for_log("echo ready", 30)
             gateway.wait_for_log("MQTT: connected", 180)
             url = f"http://127.0.0.1:{http_port}"

@@ -141,8 +141,8 @@ class RRL:
         exploitation climbs down from the best region centre one notch at a time and ends on a
         configuration none of whose neighbours is better (a local optimum of the grid, within
         the noise). With a profile prior of this state, unmeasured configurations are expected
-        as the calibrated prior says (``expected``), neighbours included. Ties go to the
-        unmeasured configuration."""
+        as the calibrated prior says (``expected``), neighbours included, and the ones the
+        profile left out by their region estimates. Ties go to the unmeasured configuration."""
         kappa = self.settings.confidence
         lcb = self.obs.lower_confidence(kappa, self.settings.default_noise)
         unmeasured = (self.obs.n == 0) & ~self.excluded
@@ -150,10 +150,10 @@ class RRL:
             cv = self.obs.relative_noise(self.settings.default_noise)
             q_hat = self.expected()
             incumbent = self.obs.best()
-            if incumbent is not None:
+            # With a profile of this state the prior says more than the incumbent, and what the
+            # profile left out was left out for a reason: no neighbour rule then.
+            if incumbent is not None and not self.prior_exact:
                 nearest = unmeasured & (self.distances[incumbent] <= 1.0 + 1e-9)
-                if self.prior_exact and self.prior is not None:
-                    nearest &= ~np.isfinite(self.prior)  # the profile measured them: it knows
                 q_hat[nearest] = self.obs.mean[incumbent]
             lcb = np.where(unmeasured, q_hat - kappa * cv * np.abs(q_hat), lcb)
         lcb = np.where(self.excluded & (self.obs.n == 0), np.nan, lcb)
