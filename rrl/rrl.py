@@ -17,8 +17,8 @@ The MDP, per workload state s (see ``rrl/README.md`` for the full statement):
   max_m Q(s, m) - L d(c, m));
 - then exploitation, greedy on the whole table Q^: run the configuration with the lowest lower
   confidence bound, Q - kappa * (standard error) for a measured one, and for an unmeasured one
-  its estimate with the bound of a single measurement, Q^ * (1 - kappa * cv), where the
-  incumbent's direct neighbours (distance <= 1) are estimated by the incumbent alone. So the
+  its estimate with the bound of a single measurement, Q^ * (1 - kappa * cv), where a direct
+  neighbour (distance <= 1) of measured configurations is estimated by the best of them. So the
   incumbent's unmeasured neighbours are measured next (a measurement says more than an
   estimate), each value overrides its estimate, and exploitation climbs down from the best
   region centre to a local optimum of the grid instead of settling on the centre; it then
@@ -134,27 +134,31 @@ class RRL:
     def _greedy(self) -> int:
         """The configuration with the lowest lower confidence bound over the whole table: a
         measured one's from its replicates, an unmeasured one's as if its estimate were one
-        measurement (the pooled relative noise ``cv``). The incumbent's direct neighbours
-        (distance <= 1) are estimated by the incumbent alone: a distance-weighted mean of the
-        region also averages in configurations on the far side, so it never points downhill,
-        while the nearest evidence says "as good as the incumbent until measured". So greedy
-        exploitation climbs down from the best region centre one notch at a time and ends on a
-        configuration none of whose neighbours is better (a local optimum of the grid, within
-        the noise). With a profile prior of this state, unmeasured configurations are expected
-        as the calibrated prior says (``expected``), neighbours included, and the ones the
-        profile left out by their region estimates. Ties go to the unmeasured configuration."""
+        measurement (the pooled relative noise ``cv``). An unmeasured direct neighbour
+        (distance <= 1) of measured configurations is estimated by the best of them: a
+        distance-weighted mean of the region also averages in configurations on the far side,
+        so it never points downhill, while the nearest evidence says "as good as my neighbour
+        until measured". So greedy exploitation measures the neighbours of the incumbent (and
+        of any contender within the noise of it), climbs down from the best region centre one
+        notch at a time and ends on a configuration none of whose neighbours is better (a
+        local optimum of the grid, within the noise). With a profile prior of this state,
+        unmeasured configurations are expected as the calibrated prior says (``expected``),
+        and the ones the profile left out by their region estimates. Ties go to the unmeasured
+        configuration."""
         kappa = self.settings.confidence
         lcb = self.obs.lower_confidence(kappa, self.settings.default_noise)
         unmeasured = (self.obs.n == 0) & ~self.excluded
         if unmeasured.any():
             cv = self.obs.relative_noise(self.settings.default_noise)
             q_hat = self.expected()
-            incumbent = self.obs.best()
-            # With a profile of this state the prior says more than the incumbent, and what the
+            measured = self.obs.measured
+            # With a profile of this state the prior says more than the neighbours, and what the
             # profile left out was left out for a reason: no neighbour rule then.
-            if incumbent is not None and not self.prior_exact:
-                nearest = unmeasured & (self.distances[incumbent] <= 1.0 + 1e-9)
-                q_hat[nearest] = self.obs.mean[incumbent]
+            if measured.size and not self.prior_exact:
+                adjacent = self.distances[:, measured] <= 1.0 + 1e-9
+                nearest = np.where(adjacent, self.obs.mean[measured][None, :], np.inf).min(axis=1)
+                use = unmeasured & np.isfinite(nearest)
+                q_hat[use] = nearest[use]
             lcb = np.where(unmeasured, q_hat - kappa * cv * np.abs(q_hat), lcb)
         lcb = np.where(self.excluded & (self.obs.n == 0), np.nan, lcb)
         best = float(np.nanmin(lcb))
