@@ -98,14 +98,17 @@ def static_configs(model: str) -> dict[str, dict[str, Any]]:
     first phase (the profile's load nearest to it)."""
     from rrl.objective import make_objective
     from rrl.profile import PROFILES_DIR
-    from rrl.space import tf_serving_default
+    from rrl.space import ConfigSpace, tf_serving_default
     from rrl.testbed import ProfileTable, Testbed
 
     table = ProfileTable.load(PROFILES_DIR / f"{model}.json")
     objective = make_objective("latency", slo_ms=table.slo_ms, cores=table.cores)
     testbed = Testbed(table, objective, seed=0)
+    # The default on the gateway's own grid, not the profile's: a profile may leave knobs out
+    # (the dense grid has one inter-op thread), TF Serving's guidance does not.
+    serving = ConfigSpace.for_machine(table.cores, max_batch_size=int(table.doc["max_batch_size"]))
     return {
-        "static-default": tf_serving_default(table.space, table.cores).knob_changes(),
+        "static-default": tf_serving_default(serving, table.cores).knob_changes(),
         "best-first-by-load": {
             str(load.rate_per_s): testbed.oracle(i)[0].knob_changes()
             for i, load in enumerate(table.loads)
