@@ -392,6 +392,9 @@ def summarize(results: list[dict[str, Any]], plan: EvalPlan) -> dict[str, Any]:
     )
     s["qlearning_over_rrl_measurements"] = _ratio(q, rrl)
     s["bo_over_rrl_measurements"] = _ratio(bo, rrl)
+    # Adaptive RRL is RRL plus BO refinement: the same ratios, for comparison.
+    s["qlearning_over_adaptive_measurements"] = _ratio(q, s["adaptive_measurements_to_5pct"])
+    s["bo_over_adaptive_measurements"] = _ratio(bo, s["adaptive_measurements_to_5pct"])
     s["targets"] = {
         "rrl_8x_fewer_than_qlearning": None if q is None or rrl is None else q >= 8 * rrl,
         "rrl_fewer_than_bo": None if bo is None or rrl is None else rrl < bo,

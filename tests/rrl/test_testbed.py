@@ -199,3 +199,21 @@ def test_recorded_latencies_are_pooled_not_averaged(tmp_path: Path) -> None:
     # Violations and refusals still add up from the windows' counts.
     dropped = table.merged(2, 0, [0, 1])
     assert dropped.slo_violations == dropped.rejected == 20
+
+
+def test_a_long_window_keeps_evenly_spaced_quantiles_of_its_latencies() -> None:
+    from rrl.profile import SAMPLES_PER_WINDOW, latency_record
+
+    rng = np.random.default_rng(1)
+    few = rng.exponential(1.0, size=100)
+    assert latency_record(few) == [round(float(x), 3) for x in np.sort(few)]  # kept whole
+    many = rng.exponential(1.0, size=8000)
+    kept = latency_record(many)
+    assert len(kept) == SAMPLES_PER_WINDOW and kept == sorted(kept)
+    # The p95 of the record is the p95 of the requests to within a quantile step (1/256).
+    lo, hi = np.percentile(many, [95 - 100 / 256, 95 + 100 / 256])
+    assert lo <= np.percentile(kept, 95) <= hi
+    # Two windows of one cell pooled: the p95 of the records is that of all the requests.
+    other = rng.exponential(1.2, size=7900)
+    pooled = np.percentile(kept + latency_record(other), 95)
+    assert pooled == pytest.approx(np.percentile(np.concatenate([many, other]), 95), rel=0.02)
