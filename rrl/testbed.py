@@ -21,6 +21,7 @@ the tail). Counts add up either way.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -65,6 +66,9 @@ class ProfileTable:
             (len(self.loads), self.space.size, n_windows, len(self.fields)), np.nan
         )
         seen = np.zeros((len(self.loads), self.space.size), dtype=bool)
+        # Latencies of each window (ms), where the profile recorded them: pooled by merges.
+        sampled = bool(doc["cells"]) and all("samples" in cell for cell in doc["cells"])
+        samples: dict[tuple[int, int], list[np.ndarray]] = {}
         for cell in doc["cells"]:
             b, t, c, i, o = cell["config"]
             flat = self.space.flat(Config(int(b), float(t), int(c), int(i), int(o)))
@@ -73,6 +77,9 @@ class ProfileTable:
             )
             self.windows[cell["load"], flat, : len(rows)] = rows
             seen[cell["load"], flat] = True
+            if sampled:
+                samples[cell["load"], flat] = [np.asarray(w, dtype=float) for w in cell["samples"]]
+        self.samples = samples if sampled else None
         self.missing = int((~seen).sum())
         if self.missing and not allow_partial:
             raise ValueError(
@@ -80,16 +87,6 @@ class ProfileTable:
                 "(an interrupted run? finish it with iotgw profile --resume)"
             )
         self._measured = seen
-        # Latencies of each window (ms), where the profile recorded them: pooled by merges.
-        self.samples: dict[tuple[int, int], list[np.ndarray]] | None = None
-        if doc["cells"] and all("samples" in cell for cell in doc["cells"]):
-            self.samples = {}
-            for cell in doc["cells"]:
-                b, t, c, i, o = cell["config"]
-                flat = self.space.flat(Config(int(b), float(t), int(c), int(i), int(o)))
-                self.samples[cell["load"], flat] = [
-                    np.asarray(w, dtype=float) for w in cell["samples"]
-                ]
 
     @classmethod
     def load(cls, path: Path, *, allow_partial: bool = False) -> ProfileTable:
@@ -175,19 +172,8 @@ def pooled(windows: list[Measurement], latencies_ms: np.ndarray) -> Measurement:
     if latencies_ms.size == 0:
         return counts
     p50, p95, p99 = np.percentile(latencies_ms, [50, 95, 99]).tolist()
-    return Measurement(
-        duration_s=counts.duration_s,
-        offered=counts.offered,
-        completed=counts.completed,
-        p50_ms=p50,
-        p95_ms=p95,
-        p99_ms=p99,
-        slo_violations=counts.slo_violations,
-        rejected=counts.rejected,
-        mean_ms=float(latencies_ms.mean()),
-        cpu_cores=counts.cpu_cores,
-        rows_per_request=counts.rows_per_request,
-    )
+    mean = float(latencies_ms.mean())
+    return dataclasses.replace(counts, p50_ms=p50, p95_ms=p95, p99_ms=p99, mean_ms=mean)
 
 
 class Testbed:
