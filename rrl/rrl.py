@@ -17,12 +17,15 @@ The MDP, per workload state s (see ``rrl/README.md`` for the full statement):
   max_m Q(s, m) - L d(c, m));
 - then exploitation, greedy on the whole table Q^: run the configuration with the lowest lower
   confidence bound, Q - kappa * (standard error) for a measured one, and for an unmeasured one
-  its estimate with the bound of a single measurement, Q^ * (1 - kappa * cv), where a direct
-  neighbour (distance <= 1) of measured configurations is estimated by the best of them. So the
-  incumbent's unmeasured neighbours are measured next (a measurement says more than an
-  estimate), each value overrides its estimate, and exploitation climbs down from the best
-  region centre to a local optimum of the grid instead of settling on the centre; it then
-  re-measures close contenders until noise no longer hides the best, and keeps running it.
+  Q^ * (1 - kappa * max(cv, e)), where a direct neighbour (distance <= 1) of measured
+  configurations is estimated by the best of them, cv is the pooled relative noise of one
+  measurement and e the robust spread of the estimates' own errors (log measured / estimated
+  at each first measurement). So the incumbent's unmeasured neighbours are measured next (a
+  measurement says more than an estimate), each value overrides its estimate, and
+  exploitation climbs down from the best region centre to a local optimum of the grid instead
+  of settling on the centre; where estimates have proven poor (a rugged landscape) it goes on
+  to measure the configurations they leave in contention; it then re-measures close
+  contenders until noise no longer hides the best, and keeps running it.
 
 The loss bound: if J(s, .) is L-Lipschitz in index space, the optimum c* lies in some region
 whose centre m has J(m) <= J(c*) + L delta, and the best measured centre is at least as good, so
@@ -58,6 +61,12 @@ class RRLSettings:
     warm_start: bool = True
     """A new workload state starts from the nearest known state's table."""
     greedy_on_estimates: bool = True
+    estimate_error: bool = True
+    """Widen the bound of an unmeasured configuration by how wrong estimates have proven: the
+    robust spread of log(measured / estimated) over configurations measured for the first
+    time. False: by the measurement noise only."""
+    min_estimate_errors: int = 3
+    """First measurements of estimated configurations needed before their spread counts."""
     """Exploit on the whole table (measured and region-estimated configurations); False
     exploits measured configurations only, i.e. settles on the best region centre."""
 
@@ -78,6 +87,7 @@ class RRL:
         self.prior: np.ndarray | None = None  # warm start: the nearest state's estimates
         self.prior_best: int | None = None  # ... and its best measured configuration
         self.prior_exact = False  # the prior was measured in this very state (a profile)
+        self._errors: list[float] = []  # log(measured / estimated) at first measurements
 
     # -- the region update -----------------------------------------------------------------
 
@@ -133,38 +143,56 @@ class RRL:
 
     def _greedy(self) -> int:
         """The configuration with the lowest lower confidence bound over the whole table: a
-        measured one's from its replicates, an unmeasured one's as if its estimate were one
-        measurement (the pooled relative noise ``cv``). An unmeasured direct neighbour
-        (distance <= 1) of measured configurations is estimated by the best of them: a
-        distance-weighted mean of the region also averages in configurations on the far side,
-        so it never points downhill, while the nearest evidence says "as good as my neighbour
-        until measured". So greedy exploitation measures the neighbours of the incumbent (and
-        of any contender within the noise of it), climbs down from the best region centre one
-        notch at a time and ends on a configuration none of whose neighbours is better (a
-        local optimum of the grid, within the noise). With a profile prior of this state,
-        unmeasured configurations are expected as the calibrated prior says (``expected``),
-        and the ones the profile left out by their region estimates. Ties go to the unmeasured
-        configuration."""
+        measured one's from its replicates, an unmeasured one's from its estimate
+        (``_greedy_estimates``) as if it were one measurement, with the larger of two relative
+        spreads: the pooled noise of a measurement, and the spread of the estimates' own
+        errors so far (``estimate_error``). The second is what keeps exploitation honest on a
+        rugged landscape: when neighbours predict each other poorly, an unmeasured
+        configuration estimated near the incumbent may well beat it, so it is measured; on a
+        smooth one the errors are small and exploitation settles fast. So greedy exploitation
+        measures the neighbours of the incumbent (and of any contender within the noise of
+        it), climbs down from the best region centre one notch at a time, goes on measuring
+        the configurations that the estimates' proven error leaves in contention, and ends
+        re-measuring close contenders. Ties go to the unmeasured configuration."""
         kappa = self.settings.confidence
         lcb = self.obs.lower_confidence(kappa, self.settings.default_noise)
         unmeasured = (self.obs.n == 0) & ~self.excluded
         if unmeasured.any():
-            cv = self.obs.relative_noise(self.settings.default_noise)
-            q_hat = self.expected()
-            measured = self.obs.measured
-            # With a profile of this state the prior says more than the neighbours, and what the
-            # profile left out was left out for a reason: no neighbour rule then.
-            if measured.size and not self.prior_exact:
-                adjacent = self.distances[:, measured] <= 1.0 + 1e-9
-                nearest = np.where(adjacent, self.obs.mean[measured][None, :], np.inf).min(axis=1)
-                use = unmeasured & np.isfinite(nearest)
-                q_hat[use] = nearest[use]
-            lcb = np.where(unmeasured, q_hat - kappa * cv * np.abs(q_hat), lcb)
+            q_hat = self._greedy_estimates()
+            noise = self.obs.relative_noise(self.settings.default_noise)
+            spread = max(noise, self.estimate_error())
+            lcb = np.where(unmeasured, q_hat - kappa * spread * np.abs(q_hat), lcb)
         lcb = np.where(self.excluded & (self.obs.n == 0), np.nan, lcb)
         best = float(np.nanmin(lcb))
         ties = np.flatnonzero(lcb <= best + 1e-12)
         fresh = ties[self.obs.n[ties] == 0]
         return int(fresh[0] if fresh.size else ties[0])
+
+    def _greedy_estimates(self) -> np.ndarray:
+        """``expected``, except that an unmeasured direct neighbour (distance <= 1) of measured
+        configurations is estimated by the best of them: a distance-weighted mean of the region
+        also averages in configurations on the far side, so it never points downhill, while the
+        nearest evidence says "as good as my neighbour until measured". With a profile prior of
+        this state the calibrated prior says more than the neighbours, and what the profile
+        left out was left out for a reason: no neighbour rule then."""
+        q_hat = self.expected()
+        measured = self.obs.measured
+        if measured.size and not self.prior_exact:
+            adjacent = self.distances[:, measured] <= 1.0 + 1e-9
+            nearest = np.where(adjacent, self.obs.mean[measured][None, :], np.inf).min(axis=1)
+            use = (self.obs.n == 0) & np.isfinite(nearest)
+            q_hat[use] = nearest[use]
+        return q_hat
+
+    def estimate_error(self) -> float:
+        """How far first measurements have fallen from their estimates, as a relative spread:
+        1.4826 x the median of |log(measured / estimated)| (the normal-consistent median
+        absolute deviation, so a few wild misses do not force measuring everything); 0 until
+        ``min_estimate_errors`` such pairs exist or when the setting is off."""
+        enough = len(self._errors) >= self.settings.min_estimate_errors
+        if not (self.settings.estimate_error and enough):
+            return 0.0
+        return float(1.4826 * np.median(np.abs(self._errors)))
 
     def _next_region(self, uncovered: np.ndarray) -> int:
         in_ball = self.distances[:, uncovered] <= self.settings.radius + 1e-9
@@ -192,6 +220,11 @@ class RRL:
         return lower.max(axis=1)
 
     def observe(self, flat: int, value: float, measurement: Measurement) -> None:
+        if self.settings.estimate_error and self.obs.n[flat] == 0 and self.obs.measured.size:
+            # What the table expected of it before its first measurement: the estimates' error.
+            guess = self._greedy_estimates()[flat]
+            if np.isfinite(guess) and guess > 0 and value > 0:
+                self._errors.append(float(np.log(value / guess)))
         self.obs.add(flat, value)  # Q <- Q + (1/n)(J - Q); the region follows in estimates()
         self._covered |= self.distances[flat] <= self.settings.radius + 1e-9
 

@@ -102,5 +102,20 @@ def bowl(optimum: np.ndarray, *, scale: float, floor: float) -> Callable[[np.nda
     return f
 
 
+def rugged(
+    space: ConfigSpace, smooth: Callable[[np.ndarray], np.ndarray], *, spread: float, seed: int
+) -> Callable[[np.ndarray], np.ndarray]:
+    """``smooth`` times a fixed log-normal factor per configuration (``spread`` its log sd): what
+    a profile of tail latencies looks like, where configurations that behave alike differ by
+    which few requests stalled while each was measured. Neighbours predict each other only
+    roughly, and the optimum is wherever the smooth trend and a lucky factor meet."""
+    factors = np.exp(np.random.default_rng(seed).normal(0.0, spread, size=space.size))
+
+    def f(x: np.ndarray) -> np.ndarray:
+        return smooth(x) * factors
+
+    return f
+
+
 def _rng(seed: int) -> np.random.Generator:
     return np.random.default_rng(seed)
