@@ -103,8 +103,8 @@ class TuningService:
     def _priors_of(
         self, model: str, runtime: str, cores: int, space: ConfigSpace
     ) -> Callable[[Objective, MonitorSettings], Priors]:
-        """Loads the model's profile priors when the agent starts (in a worker thread, in the
-        agent's own objective and workload levels)."""
+        """Loads the model's profile priors when the agent starts (from a worker thread, in a
+        process of its own, in the agent's own objective and workload levels)."""
         profiles_dir = self.settings.profiles_dir or PROFILES_DIR
 
         def load(objective: Objective, monitor: MonitorSettings) -> Priors:
@@ -116,6 +116,7 @@ class TuningService:
                 cores=cores,
                 space=space,
                 monitor=monitor,
+                apart=True,
             )
 
         return load

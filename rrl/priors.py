@@ -14,8 +14,11 @@ prior (NaN).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +54,42 @@ def profile_priors(
     return priors
 
 
+def read_profile_priors(
+    profiles_dir: Path,
+    model: str,
+    objective: Objective,
+    *,
+    runtime: str,
+    cores: int,
+    space: ConfigSpace,
+    monitor: MonitorSettings,
+) -> tuple[Priors, str]:
+    """The priors of ``model``'s profile in ``profiles_dir`` when it matches what is served
+    (runtime, cores) and shares configurations with ``space``, else empty; and a line saying
+    which (for the log)."""
+    path = Path(profiles_dir) / f"{model}.json"
+    if not path.is_file():
+        return {}, f"no profile {path}"
+    try:
+        table = ProfileTable.load(path)
+    except (OSError, ValueError, KeyError) as exc:
+        return {}, f"profile {path} not used: {exc}"
+    profiled = table.doc.get("runtime")
+    if profiled != runtime or table.cores != cores:
+        return {}, (
+            f"profile {path} not used: made for {profiled} on {table.cores} cores, "
+            f"serving {runtime} on {cores}"
+        )
+    priors = profile_priors(table, objective, space, monitor)
+    shared = int(np.isfinite(next(iter(priors.values()))).sum()) if priors else 0
+    if shared == 0:
+        return {}, f"profile {path} not used: no configuration in common with the grid"
+    return priors, (
+        f"profile {path}: priors for {len(priors)} workload states, "
+        f"{shared} of {space.size} configurations"
+    )
+
+
 def load_profile_priors(
     profiles_dir: Path,
     model: str,
@@ -60,39 +99,29 @@ def load_profile_priors(
     cores: int,
     space: ConfigSpace,
     monitor: MonitorSettings,
+    apart: bool = False,
 ) -> Priors:
-    """The priors of ``model``'s profile in ``profiles_dir`` when it matches what is served
-    (runtime, cores) and shares configurations with ``space``; empty otherwise (and why is
-    logged)."""
-    path = Path(profiles_dir) / f"{model}.json"
-    if not path.is_file():
-        return {}
-    try:
-        table = ProfileTable.load(path)
-    except (OSError, ValueError, KeyError) as exc:
-        log.warning("profile %s not used: %s", path, exc)
-        return {}
-    profiled = table.doc.get("runtime")
-    if profiled != runtime or table.cores != cores:
-        log.info(
-            "profile %s not used: made for %s on %d cores, serving %s on %d",
-            path,
-            profiled,
-            table.cores,
-            runtime,
-            cores,
-        )
-        return {}
-    priors = profile_priors(table, objective, space, monitor)
-    shared = int(np.isfinite(next(iter(priors.values()))).sum()) if priors else 0
-    if shared == 0:
-        log.info("profile %s not used: no configuration in common with the grid", path)
-        return {}
-    log.info(
-        "profile %s: priors for %d workload states, %d of %d configurations",
-        path,
-        len(priors),
-        shared,
-        space.size,
+    """``read_profile_priors``, logged. ``apart``: in a process of its own. Reading a profile
+    is a second or so of parsing and pooling latencies, Python work that holds the interpreter
+    lock: in a thread of a serving process it would stall the event loop (requests queued
+    past their deadlines were seen with a 4 MB profile); a spawned process leaves it alone."""
+    read = functools.partial(
+        read_profile_priors,
+        profiles_dir,
+        model,
+        objective,
+        runtime=runtime,
+        cores=cores,
+        space=space,
+        monitor=monitor,
     )
+    if apart:
+        spawn = multiprocessing.get_context("spawn")  # no fork of a process running sessions
+        with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
+            priors, why = pool.submit(read).result()
+    else:
+        priors, why = read()
+    # A profile that exists but cannot be used is worth a warning; a missing one is not.
+    unusable = not priors and "not used" in why
+    log.log(logging.WARNING if unusable else logging.INFO, "%s", why)
     return priors

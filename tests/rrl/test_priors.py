@@ -53,7 +53,9 @@ def test_a_profile_is_used_only_where_it_matches_what_is_served(tmp_path: Path) 
     _write(tmp_path / "toy.json", runtime="onnxruntime", cores=2)
     (tmp_path / "broken.json").write_text('{"model": "broken", "cells": [')
 
-    def priors(model: str, runtime: str = "onnxruntime", cores: int = 2) -> int:
+    def priors(
+        model: str, runtime: str = "onnxruntime", cores: int = 2, apart: bool = False
+    ) -> int:
         found = load_profile_priors(
             tmp_path,
             model,
@@ -62,10 +64,12 @@ def test_a_profile_is_used_only_where_it_matches_what_is_served(tmp_path: Path) 
             cores=cores,
             space=SPACE,
             monitor=MONITOR,
+            apart=apart,
         )
         return len(found)
 
     assert priors("toy") == len(RATES)
+    assert priors("toy", apart=True) == len(RATES)  # read in a process of its own, as served
     assert priors("toy", runtime="tensorflow") == 0  # profiled on another runtime
     assert priors("toy", cores=16) == 0  # ... or on another machine
     assert priors("unprofiled") == 0
