@@ -14,16 +14,16 @@ interval; the spread over a cell's windows is the measured noise.
 
 Grids (the documented subsets):
 
-- ``dense`` (vision_cnn, ONNX Runtime): every configuration of
+- ``dense`` (vision_cnn and sensor_mlp, ONNX Runtime): every configuration of
   ``ConfigSpace.for_machine(cores)`` with one inter-op thread: batch 1..128 (8 notches), timeout
   0/1/2/4/8 ms, concurrency 1..2*cores, intra-op threads 1..cores; 320 configurations on 2
   cores, measured with ``LONG_TIMING``. Inter-op threads are left out because they only run
   independent operators side by side and these graphs are chains: on the ``full`` grid of the
   same models (all 640 configurations, 2 inter-op threads included, short windows) the second
   inter-op thread made a configuration slower in 78-89% of the pairs that differ only in it
-  (median +52% to +392% per load), and every load's best configuration had one.
-- ``full`` (sensor_mlp, ONNX Runtime): every configuration of ``ConfigSpace.for_machine(cores)``,
-  inter-op 1..cores too; 640 configurations on 2 cores.
+  (median +52% to +392% per load), and no load's best configuration had a second one.
+- ``full``: every configuration of ``ConfigSpace.for_machine(cores)``, inter-op 1..cores too;
+  640 configurations on 2 cores (the earlier profiles; kept for other machines' grids).
 - ``coarse`` (sensor_fusion and the TensorFlow twins): batch 1/4/16/64, timeout 0/2/8 ms,
   concurrency 1/2/4, intra-op 1..cores, inter-op 1; 72 configurations on 2 cores.
 - ``quick`` (tests and CI): 12 configurations of sensor_mlp, two loads, short windows; seconds.
@@ -94,7 +94,7 @@ class ModelPlan:
 # powers of two times a base, so each is a whole workload level apart.
 PLANS: dict[str, ModelPlan] = {
     "vision_cnn": ModelPlan("vision_cnn", "dense", (16.0, 64.0, 128.0, 256.0), timing=LONG_TIMING),
-    "sensor_mlp": ModelPlan("sensor_mlp", "full", (256.0, 2048.0, 16384.0)),
+    "sensor_mlp": ModelPlan("sensor_mlp", "dense", (256.0, 2048.0, 16384.0), timing=LONG_TIMING),
     "sensor_fusion": ModelPlan("sensor_fusion", "coarse", (256.0, 1024.0, 16384.0)),
     "vision_cnn_tf": ModelPlan("vision_cnn_tf", "coarse", (16.0, 64.0, 256.0)),
     "sensor_mlp_tf": ModelPlan("sensor_mlp_tf", "coarse", (256.0, 1024.0, 16384.0)),
