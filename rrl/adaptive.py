@@ -18,7 +18,12 @@ smaller delta everywhere (slow everywhere), adaptive RRL refines only where it p
    (in EI order) and then refinement stops (or after ``max_refinements``); exploitation as in
    RRL follows, and whenever its re-measurements make another configuration the incumbent, that
    one's direct neighbours are measured too (within the same budget). The final loss bound
-   drops from L * coarse_radius to L * 1 around the basin the coarse pass found.
+   drops from L * coarse_radius to L * 1 around the basin the coarse pass found;
+4. exploitation is RRL's own (``RRL.greedy``; ``greedy_exploitation``): greedy on the whole
+   table, an unmeasured configuration's bound widened by how wrong estimates have proven, so
+   where the landscape is rugged (tail latencies measured on a busy machine are) it goes on
+   measuring the configurations still in contention instead of settling on the best measured
+   one.
 
 So BO decides where the remaining loss is worth a measurement and when it no longer is:
 ``min_improvement`` trades convergence speed against the final gap, and the radius-1 zoom
@@ -54,6 +59,7 @@ class AdaptiveSettings:
     confidence: float = 1.0
     default_noise: float = 0.1
     warm_start: bool = True
+    greedy_exploitation: bool = True
 
 
 class AdaptiveRRL:
@@ -94,6 +100,8 @@ class AdaptiveRRL:
             candidate = self._refine()
             if candidate is not None:
                 return candidate
+        if self.settings.greedy_exploitation:
+            return self.regions.greedy()
         return exploit(self.obs, self.settings.confidence, self.settings.default_noise)
 
     def _incumbent_not_yet_local(self) -> bool:

@@ -138,10 +138,10 @@ class RRL:
         if uncovered.any():
             return self._next_region(uncovered)
         if self.settings.greedy_on_estimates:
-            return self._greedy()
+            return self.greedy()
         return exploit(self.obs, self.settings.confidence, self.settings.default_noise)
 
-    def _greedy(self) -> int:
+    def greedy(self) -> int:
         """The configuration with the lowest lower confidence bound over the whole table: a
         measured one's from its replicates, an unmeasured one's from its estimate
         (``_greedy_estimates``) as if it were one measurement, with the larger of two relative
