@@ -18,6 +18,7 @@ oracle, SLO violations and latency accumulated while tuning, and per shift the s
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import multiprocessing
 import os
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from rrl.episodes import WITHIN, Trace, measurements_to_within, run_shifting, run_static
 from rrl.objective import make_objective
@@ -95,13 +97,18 @@ class Task:
 # -- running -------------------------------------------------------------------------------
 
 _TABLES: dict[str, ProfileTable] = {}
+_TESTBEDS: dict[str, Testbed] = {}  # per model: truths computed once per worker
 _PROFILE_DIR: Path = PROFILES_DIR
 _PLAN: EvalPlan = FULL_PLAN
 
 
-def _init_worker(profile_dir: Path, plan: EvalPlan) -> None:
+def _init_worker(profile_dir: Path, plan: EvalPlan, *, single_threaded: bool = False) -> None:
     global _PROFILE_DIR, _PLAN
     _PROFILE_DIR, _PLAN = profile_dir, plan
+    _TESTBEDS.clear()
+    if single_threaded:
+        # One worker per core: a BLAS pool per worker (the GP fits) would oversubscribe them.
+        threadpool_limits(1)
 
 
 def _table(model: str) -> ProfileTable:
@@ -116,7 +123,9 @@ def run_task(task: Task) -> dict[str, Any]:
     objective = make_objective(plan.objective, slo_ms=table.slo_ms, cores=table.cores)
     problem = TuningProblem(table.space, objective, cores=table.cores, seed=task.seed)
     tuner = build_tuner(task.tuner, problem, radius=task.radius)
-    testbed = Testbed(table, objective, seed=task.seed + 1_000_003, interval_s=plan.interval_s)
+    if task.model not in _TESTBEDS:
+        _TESTBEDS[task.model] = Testbed(table, objective, seed=0, interval_s=plan.interval_s)
+    testbed = _TESTBEDS[task.model].reseeded(task.seed + 1_000_003)
     started = time.process_time()
     if task.kind == "shifting":
         trace = run_shifting(
@@ -427,7 +436,8 @@ def evaluate(
     started = time.monotonic()
     if workers > 1:
         ctx = multiprocessing.get_context("fork")
-        with ctx.Pool(workers, initializer=_init_worker, initargs=(profile_dir, plan)) as pool:
+        init = functools.partial(_init_worker, single_threaded=True)
+        with ctx.Pool(workers, initializer=init, initargs=(profile_dir, plan)) as pool:
             results = list(pool.imap_unordered(run_task, tasks, chunksize=4))
     else:
         _init_worker(profile_dir, plan)
