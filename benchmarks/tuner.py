@@ -229,6 +229,8 @@ def run_arm(arm: str, plan: Plan, repo: Path, workdir: Path, statics: dict[str, 
         tuner: dict[str, Any] | None = None
         if arm in ONLINE:
             _, state = _http("GET", f"{base}/admin/tuner/{plan.model}?decisions=1000&estimates=5")
+            # The whole decision log beside the simulator's outputs (kept with --keep).
+            (workdir / arm / "tuner_state.json").write_text(json.dumps(state, indent=1))
             tuner = {
                 "decision_counts": state["decision_counts"],
                 "final": state["current"],
