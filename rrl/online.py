@@ -17,7 +17,9 @@ Safety and pacing, the rules between the tuner and the gateway:
   unsafe_violation_fraction of the requests violating``, or cost more than ``explore_regret``
   times the best known configuration's estimate, is not run; the tuner is asked never to
   explore it, and the best known configuration runs instead;
-- **back off**: a configuration that was run and measured that badly is left at once: the next
+- **back off**: a configuration that was run and measured that badly (beyond the safety limit,
+  or more than ``explore_regret`` times the best known configuration's estimate: what a veto
+  would have refused had the estimate known) is left at once, rebuild pace or not: the next
   interval runs the best known configuration (and exploration resumes after it);
 - **pacing**: a change of threads or concurrency rebuilds sessions, which costs CPU and a latency
   blip; rebuilds are spaced at least ``min_rebuild_gap_s`` apart and so that rebuilding takes at
@@ -172,6 +174,7 @@ class ModelAgent:
         self._listener = listener
         self._cpu_clock = cpu_clock
         self._backoff = False
+        self._backoff_reason = ""
         self._last_measured: tuple[Config, float] | None = None
         self._fresh_state = False  # no measurement yet in the current workload state
         self._idle = False
@@ -277,9 +280,20 @@ class ModelAgent:
         self._last_measured = (config, value)
         self._fresh_state = False
         self.tuner.observe(config, measurement)
-        self._backoff = value > self._unsafe_value(config) and config != self.tuner.recommend()
+        best = self.tuner.recommend()
+        unsafe = value > self._unsafe_value(config)
+        # Measured beyond what a veto refuses (explore_regret x the best): staying to wait for
+        # the rebuild pace would cost every request of the wait; leaving costs one rebuild.
+        regret = value > self._explore_limit(best)
+        self._backoff = (unsafe or regret) and config != best
+        self._backoff_reason = (
+            "previous configuration broke the SLO badly"
+            if unsafe
+            else f"previous configuration measured over {self.settings.explore_regret:g}x the best"
+        )
         if self._backoff:
-            reason = (reason + "; " if reason else "") + "measured beyond the safety limit"
+            limit = "the safety limit" if unsafe else "the exploration limit"
+            reason = (reason + "; " if reason else "") + f"measured beyond {limit}"
         decision = Decision(
             time.time(),
             self.model,
@@ -299,7 +313,7 @@ class ModelAgent:
         assert self.current is not None
         best = self.tuner.recommend()
         if self._backoff:
-            return best, "backoff", "previous configuration broke the SLO badly"
+            return best, "backoff", self._backoff_reason
         proposal = self.tuner.propose()
         kind = "exploit" if proposal == best else "explore"
         predicted = self.tuner.predict(proposal)

@@ -235,12 +235,23 @@ async def test_a_configuration_measured_that_badly_is_left_at_once(
         # A bad measurement of the best known configuration itself arms no back-off.
         agent.learn(good, measurement(10.0), "exploit", "", False)
         assert agent.choose()[1] != "backoff"
+        # Within the SLO but over explore_regret (2) times the best known: left at once too.
+        agent.learn(bad, measurement(25.0), "explore", "", False)
+        assert agent.choose() == (
+            good,
+            "backoff",
+            "previous configuration measured over 2x the best",
+        )
+        agent.learn(good, measurement(10.0), "exploit", "", False)
+        agent.learn(bad, measurement(19.0), "explore", "", False)  # slower, within the limit
+        assert agent.choose()[1] != "backoff"
 
 
 async def test_thread_changes_are_paced(mlp_repo: Path, tmp_path: Path) -> None:
     space = ConfigSpace.for_machine(2, max_batch_size=4, max_timeout_ms=1.0)
     async with gateway(mlp_repo, tmp_path, enabled=False) as gw:
-        agent = _agent(gw, space, min_rebuild_gap_s=60.0)
+        # (explore_regret high: pacing alone is under test here, not the regret back-off)
+        agent = _agent(gw, space, min_rebuild_gap_s=60.0, explore_regret=100.0)
         agent.current = space.snap(Config.from_knobs(gw.service.knobs("sensor_mlp")))
         target = Config(4, 1.0, 2 if agent.current.concurrency == 1 else 1, 1, 1)
         rebuilt, applied = await agent._apply(target)  # a real session rebuild
