@@ -213,7 +213,8 @@ def spread(values: Sequence[float | int | None], censor_at: float) -> dict[str, 
     one; a statistic that falls on a censored run is reported as None."""
     raw = [censor_at + 1 if v is None else float(v) for v in values]
     arr = np.asarray(raw, dtype=np.float64)
-    q = np.percentile(arr, [0, 25, 50, 75, 100]) if arr.size else [math.nan] * 5
+    with np.errstate(invalid="ignore"):  # every run censored at inf: inf - inf in between
+        q = np.percentile(arr, [0, 25, 50, 75, 100]) if arr.size else [math.nan] * 5
     censored = sum(v is None for v in values)
 
     def value(x: float) -> float | None:

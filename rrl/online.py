@@ -413,10 +413,16 @@ class ModelAgent:
                         "workload",
                         self.current,  # type: ignore[arg-type]
                         self.workload,
-                        reason=f"rate {self.monitor.rate_per_s:.1f}/s",
+                        reason=f"rate {self._change_rate():.1f}/s",
                     )
                 )
                 self._enter_state()
+
+    def _change_rate(self) -> float:
+        """The rate the monitor judged the new state from (not the window's, which straddles
+        the step)."""
+        changes = self.monitor.changes
+        return changes[-1].rate_per_s if changes else self.monitor.rate_per_s
 
     def _enter_state(self) -> None:
         """The tuner moves to the new workload state's table; its first configuration there is

@@ -67,6 +67,8 @@ class Change:
     old: WorkloadState | None
     new: WorkloadState
     rate_per_s: float
+    """The rate the new state was judged from: the latest updates after a departure (the
+    window still holds arrivals from before the step), the window's at the first estimate."""
 
 
 class WorkloadMonitor:
@@ -113,16 +115,16 @@ class WorkloadMonitor:
             if now - self._started >= self.settings.window_s or count >= MIN_COUNT_FOR_PROMISE:
                 self._switch(now, WorkloadState(round(level), round(size)), rate)
             return self.state or WorkloadState(round(level), round(size))
-        new_rate_level = self._rate_departure(count, self._span())
+        departure = self._rate_departure(count, self._span())
         new_size_level = self._size_departure(size)
-        if new_rate_level is not None or new_size_level is not None:
+        if departure is not None or new_size_level is not None:
             self._switch(
                 now,
                 WorkloadState(
-                    self.state.rate_level if new_rate_level is None else new_rate_level,
+                    self.state.rate_level if departure is None else departure[0],
                     self.state.size_level if new_size_level is None else new_size_level,
                 ),
-                rate,
+                rate if departure is None else departure[1],
             )
         return self.state
 
@@ -136,10 +138,11 @@ class WorkloadMonitor:
         span = self._span()
         return (count / span if span > 0 else 0.0), count
 
-    def _rate_departure(self, count: int, span: float) -> int | None:
-        """A new rate level once the window's count is, ``persist`` updates running, too many
-        or too few for any rate inside the current band (exact Poisson tails at level ``alpha``)
-        ; the new level is estimated from the updates since the departure began only."""
+    def _rate_departure(self, count: int, span: float) -> tuple[int, float] | None:
+        """A new rate level, and the rate it was estimated from, once the window's count is,
+        ``persist`` updates running, too many or too few for any rate inside the current band
+        (exact Poisson tails at level ``alpha``); the new level is estimated from the updates
+        since the departure began only."""
         assert self.state is not None
         s = self.settings
         edge = 0.5 + s.hysteresis
@@ -166,7 +169,8 @@ class WorkloadMonitor:
         arrivals = sum(a for _, a, _ in ticks[-used:])
         start = ticks[-used - 1][0] if len(ticks) > used else self._started
         assert start is not None and self._last_update is not None
-        return round(s.level_of(arrivals / max(self._last_update - start, 1e-9)))
+        rate = arrivals / max(self._last_update - start, 1e-9)
+        return round(s.level_of(rate)), rate
 
     def _size_departure(self, size: float) -> int | None:
         assert self.state is not None
