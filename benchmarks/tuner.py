@@ -72,8 +72,8 @@ FULL = Plan(
         # The burst is a rate the best configuration serves with headroom here and the static
         # ones do not. With the load generator on the same 2 cores, 256/s is at the edge of
         # what the best configuration serves end to end: its burst p95 ranged from 174 to 278
-        # ms between runs, queueing noise (tuner_e2e_burst256.json). The static default
-        # answers ~130/s of 256 and the trickle's best ~150/s (the rest refused).
+        # ms between runs, queueing noise (tuner_e2e_burst256.json, `--burst-rate 256`). The
+        # static default answers ~130/s of 256 and the trickle's best ~150/s (the rest refused).
         Phase("burst", 192.0, 45.0),
         Phase("sustained-high", 128.0, 75.0),
         Phase("trickle-again", 16.0, 20.0),
@@ -281,6 +281,24 @@ def headline(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def with_burst_rate(plan: Plan, rate_per_s: float) -> Plan:
+    phases = tuple(
+        replace(x, rate_per_s=rate_per_s) if x.name == "burst" else x for x in plan.phases
+    )
+    return replace(plan, phases=phases)
+
+
+def results_name(plan: Plan) -> str:
+    """``tuner_e2e``; another burst rate than the full plan's is another experiment, with a
+    file of its own (``tuner_e2e_burst256``)."""
+    burst = {p.name: p.rate_per_s for p in plan.phases}.get("burst")
+    full_burst = {p.name: p.rate_per_s for p in FULL.phases}["burst"]
+    quick_burst = {p.name: p.rate_per_s for p in QUICK.phases}["burst"]
+    if burst is None or burst in (full_burst, quick_burst):
+        return NAME
+    return f"{NAME}_burst{burst:g}"
+
+
 def run(plan: Plan, out_dir: Path | None, keep: Path | None = None) -> Path:
     machine = machine_info()
     statics = static_configs(plan.model)
@@ -299,8 +317,16 @@ def run(plan: Plan, out_dir: Path | None, keep: Path | None = None) -> Path:
                 flush=True,
             )
     summary = headline(arms)
+    burst = {p.name: p.rate_per_s for p in plan.phases}.get("burst")
+    full_burst = {p.name: p.rate_per_s for p in FULL.phases}["burst"]
+    # Another burst rate is another experiment: its own file (tuner_e2e_burst256.json).
+    name = (
+        NAME
+        if burst in (None, full_burst) or plan.phases == QUICK.phases
+        else (f"{NAME}_burst{burst:g}")
+    )
     path = write_results(
-        NAME,
+        name,
         quick=plan.phases == QUICK.phases,
         out_dir=out_dir,
         machine=machine,
@@ -353,6 +379,12 @@ def _cli(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="results directory (default benchmarks/results)")
     p.add_argument("--keep", type=Path, help="keep logs and simulator outputs in this folder")
     p.add_argument(
+        "--burst-rate",
+        type=float,
+        help="requests/s of the burst phase (default 192; another rate writes "
+        "tuner_e2e_burst<rate>.json)",
+    )
+    p.add_argument(
         "--arms",
         help=f"comma-separated subset of the arms (default all: {','.join(FULL.arms)})",
     )
@@ -364,6 +396,11 @@ def _cli(argv: list[str] | None = None) -> int:
         if unknown:
             p.error(f"unknown arms {unknown}; known: {', '.join(FULL.arms)}")
         plan = replace(plan, arms=arms)
+    if args.burst_rate:
+        phases = tuple(
+            replace(x, rate_per_s=args.burst_rate) if x.name == "burst" else x for x in plan.phases
+        )
+        plan = replace(plan, phases=phases)
     run(plan, args.out, args.keep)
     return 0
 

@@ -48,3 +48,12 @@ def test_quick_run(tmp_path: Path) -> None:
     assert runs["static-default"]["start_knobs"] == doc["config"]["static_default"]
     for key in ("p95_reduction_vs_default", "slo_violation_reduction_vs_best_static"):
         assert key in doc["summary"]
+
+
+def test_another_burst_rate_is_another_results_file() -> None:
+    from benchmarks.tuner import FULL, QUICK, results_name, with_burst_rate
+
+    assert results_name(FULL) == results_name(QUICK) == "tuner_e2e"
+    burst256 = with_burst_rate(FULL, 256.0)
+    assert results_name(burst256) == "tuner_e2e_burst256"
+    assert [p.rate_per_s for p in burst256.phases] == [16.0, 256.0, 128.0, 16.0]
