@@ -122,6 +122,6 @@ def load_profile_priors(
     else:
         priors, why = read()
     # A profile that exists but cannot be used is worth a warning; a missing one is not.
-    unusable = not priors and "not used" in why
+    unusable = not priors and (Path(profiles_dir) / f"{model}.json").is_file()
     log.log(logging.WARNING if unusable else logging.INFO, "%s", why)
     return priors

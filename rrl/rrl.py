@@ -91,20 +91,23 @@ class RRL:
 
     # -- the region update -----------------------------------------------------------------
 
-    def estimates(self) -> np.ndarray:
-        """Q^(s, .) for every configuration: measured means where measured, the distance-
-        weighted mean of the covering measured configurations elsewhere, NaN where uncovered."""
+    def estimates(self, rows: np.ndarray | None = None) -> np.ndarray:
+        """Q^(s, .) for every configuration (or those of ``rows``): measured means where
+        measured, the distance-weighted mean of the covering measured configurations elsewhere,
+        NaN where uncovered. ``rows`` keeps one configuration's estimate O(measured)."""
+        rows = np.arange(self.problem.space.size) if rows is None else rows
         measured = self.obs.measured
-        q_hat = np.full(self.problem.space.size, np.nan)
+        q_hat = np.full(rows.size, np.nan)
         if measured.size == 0:
             return q_hat
-        d = self.distances[:, measured]
+        d = self.distances[np.ix_(rows, measured)]
         in_region = d <= self.settings.radius + 1e-9
         with np.errstate(divide="ignore"):
             w = np.where(in_region, 1.0 / np.maximum(d, 1e-9), 0.0)
         covered = in_region.any(axis=1)
         q_hat[covered] = (w[covered] @ self.obs.mean[measured]) / w[covered].sum(axis=1)
-        q_hat[measured] = self.obs.mean[measured]  # measured values override estimates
+        known = self.obs.n[rows] > 0
+        q_hat[known] = self.obs.mean[rows][known]  # measured values override estimates
         return q_hat
 
     def covered(self) -> np.ndarray:
@@ -168,19 +171,20 @@ class RRL:
         fresh = ties[self.obs.n[ties] == 0]
         return int(fresh[0] if fresh.size else ties[0])
 
-    def _greedy_estimates(self) -> np.ndarray:
+    def _greedy_estimates(self, rows: np.ndarray | None = None) -> np.ndarray:
         """``expected``, except that an unmeasured direct neighbour (distance <= 1) of measured
         configurations is estimated by the best of them: a distance-weighted mean of the region
         also averages in configurations on the far side, so it never points downhill, while the
         nearest evidence says "as good as my neighbour until measured". With a profile prior of
         this state the calibrated prior says more than the neighbours, and what the profile
         left out was left out for a reason: no neighbour rule then."""
-        q_hat = self.expected()
+        rows = np.arange(self.problem.space.size) if rows is None else rows
+        q_hat = self.expected(rows)
         measured = self.obs.measured
         if measured.size and not self.prior_exact:
-            adjacent = self.distances[:, measured] <= 1.0 + 1e-9
+            adjacent = self.distances[np.ix_(rows, measured)] <= 1.0 + 1e-9
             nearest = np.where(adjacent, self.obs.mean[measured][None, :], np.inf).min(axis=1)
-            use = (self.obs.n == 0) & np.isfinite(nearest)
+            use = (self.obs.n[rows] == 0) & np.isfinite(nearest)
             q_hat[use] = nearest[use]
         return q_hat
 
@@ -222,7 +226,7 @@ class RRL:
     def observe(self, flat: int, value: float, measurement: Measurement) -> None:
         if self.settings.estimate_error and self.obs.n[flat] == 0 and self.obs.measured.size:
             # What the table expected of it before its first measurement: the estimates' error.
-            guess = self._greedy_estimates()[flat]
+            guess = self._greedy_estimates(np.array([flat]))[0]
             if np.isfinite(guess) and guess > 0 and value > 0:
                 self._errors.append(float(np.log(value / guess)))
         self.obs.add(flat, value)  # Q <- Q + (1/n)(J - Q); the region follows in estimates()
@@ -230,23 +234,25 @@ class RRL:
 
     def predicted(self, flat: int) -> float:
         """What this table expects of ``flat`` before running it (``expected``)."""
-        return float(self.expected()[flat])
+        return float(self.expected(np.array([flat]))[0])
 
-    def expected(self) -> np.ndarray:
-        """What this table expects of every configuration: the measured mean; else the region
+    def expected(self, rows: np.ndarray | None = None) -> np.ndarray:
+        """What this table expects of every configuration (or those of ``rows``): the measured
+        mean; else the region
         estimate and then the warm-start prior, or, when the prior was measured in this very
         state (a profile), the prior first, scaled by ``prior_scale``: a direct measurement of
         a configuration says more than an estimate from its neighbours; NaN when nothing is
         known."""
-        q = self.estimates()
+        rows = np.arange(self.problem.space.size) if rows is None else rows
+        q = self.estimates(rows)
         if self.prior is None:
             return q
-        unmeasured = self.obs.n == 0
+        unmeasured = self.obs.n[rows] == 0
         if self.prior_exact:
-            prior = self.prior * self.prior_scale()
+            prior = self.prior[rows] * self.prior_scale()
             use = unmeasured & np.isfinite(prior)
         else:
-            prior = self.prior
+            prior = self.prior[rows]
             use = unmeasured & np.isnan(q) & np.isfinite(prior)
         return np.where(use, prior, q)
 
