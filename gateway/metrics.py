@@ -100,8 +100,8 @@ class GatewayMetrics:
         # The online tuner's state (gateway.tuning), per tuned model.
         self.tuner_decisions = Counter(
             "iotgw_tuner_decisions",
-            "Tuner decisions by kind (explore, exploit, backoff, veto, hold, idle, workload, "
-            "failed).",
+            "Tuner decisions by kind (explore, exploit, backoff, veto, hold, drain, idle, "
+            "workload, failed).",
             ["model", "version", "kind"],
             registry=r,
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import itertools
 import logging
 import time
 from collections import deque
@@ -47,6 +48,11 @@ class WindowStats:
     slo_violations: int
     rejected: int
     queue_depth: int
+    arrived: int = 0
+    """Requests that reached the model in the window, answered yet or not: the offered load.
+    Completions lag it whenever a queue builds (a step up in rate), so a rate judged from them
+    reads a burst as a fraction of itself."""
+    arrived_rows: int = 0
 
 
 class ModelHost:
@@ -96,6 +102,7 @@ class ModelHost:
         # (completion time, latency s, rows, violated SLO) of recent requests.
         self._done: deque[tuple[float, float, int, bool]] = deque(maxlen=_STATS_WINDOW)
         self._rejected: deque[float] = deque(maxlen=_STATS_WINDOW)
+        self._arrived: deque[tuple[float, int]] = deque(maxlen=_STATS_WINDOW)  # (time, rows)
 
     @property
     def metadata(self) -> ModelMetadata:
@@ -149,6 +156,7 @@ class ModelHost:
                 + (f": {self.reason}" if self.reason else "")
             )
         started = time.monotonic()
+        self._arrived.append((started, rows))
         budget = timeout_s if timeout_s is not None else self.config.slo_ms / 1000.0
         try:
             result = await self._batcher.submit(
@@ -203,6 +211,8 @@ class ModelHost:
         now = time.monotonic()
         since = now - window_s
         recent = [d for d in self._done if d[0] >= since]
+        # Appended in time order: the window's arrivals are the newest ones.
+        arrived = list(itertools.takewhile(lambda a: a[0] >= since, reversed(self._arrived)))
         latencies = np.array([d[1] for d in recent], dtype=np.float64) * 1000.0
         p50, p95, p99 = (
             np.percentile(latencies, [50, 95, 99]).tolist() if latencies.size else [0.0] * 3
@@ -210,7 +220,7 @@ class ModelHost:
         return WindowStats(
             window_s=window_s,
             completed=len(recent),
-            rate_per_s=len(recent) / window_s,
+            rate_per_s=len(recent) / window_s if window_s > 0 else 0.0,
             rows_per_request=float(np.mean([d[2] for d in recent])) if recent else 0.0,
             p50_ms=p50,
             p95_ms=p95,
@@ -218,6 +228,8 @@ class ModelHost:
             slo_violations=sum(1 for d in recent if d[3]),
             rejected=sum(1 for t in self._rejected if t >= since),
             queue_depth=self._batcher.queue_depth,
+            arrived=len(arrived),
+            arrived_rows=sum(a[1] for a in arrived),
         )
 
     def record_request(self, transport: str, outcome: str, seconds: float) -> None:

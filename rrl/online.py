@@ -30,6 +30,12 @@ Safety and pacing, the rules between the tuner and the gateway:
   that keep the current threads and concurrency runs (request-level knobs only, no rebuild), or
   the current one again when none measured is better (a replicate, which the tuner uses to
   estimate noise);
+- **drain**: an interval that starts with a backlog in the queue (a state change served by the
+  previous state's configuration, an exploration that could not keep up) and ends with a
+  shorter one measured the backlog draining, not its configuration: it is not learned (it
+  would make whatever drains it look as bad as what left it), and the configuration draining
+  it keeps running until the backlog is gone. A backlog that does not shrink is measured as
+  usual: it is what that configuration is worth under this load;
 - **idle**: an interval without ``min_requests`` requests teaches nothing and changes nothing;
   an interval in which the workload state changed is discarded (it mixes two workloads), and
   the tuner switches to the new state's table (warm-started from the profile's prior for that
@@ -90,6 +96,13 @@ class AgentSettings:
     explore_regret: float = 2.0
     """A proposal expected to score more than this many times the best known configuration's
     estimate is not explored (bounds what exploration may cost the devices)."""
+    backlog_s: float = 0.25
+    min_backlog: int = 8
+    """A queue holding more than ``backlog_s`` seconds of arrivals (and at least
+    ``min_backlog`` requests) when an interval starts is a backlog: left by a state change or
+    by an exploration. An interval that starts with one and ends with a shorter queue measured
+    the backlog draining, not its configuration: it is not learned, and that configuration
+    keeps running until the backlog is gone (see the module docstring)."""
     history: int = 200
     """Decisions kept for the HTTP endpoint."""
     monitor: MonitorSettings = field(default_factory=MonitorSettings)
@@ -101,7 +114,7 @@ class Decision:
 
     at: float  # wall clock (time.time())
     model: str
-    kind: str  # explore | exploit | backoff | veto | hold | idle | workload | failed
+    kind: str  # explore | exploit | backoff | veto | hold | drain | idle | workload | failed
     config: Config
     workload: WorkloadState | None
     reason: str = ""
@@ -177,6 +190,7 @@ class ModelAgent:
         self._backoff_reason = ""
         self._last_measured: tuple[Config, float] | None = None
         self._fresh_state = False  # no measurement yet in the current workload state
+        self._draining = False  # the last interval drained a backlog (and was not learned)
         self._idle = False
         self._last_tick = time.monotonic()
         self._priors = priors
@@ -222,7 +236,8 @@ class ModelAgent:
         self._idle = False
         # Knobs may have been set by hand while paused: start from what is in effect.
         self.current = current_config(self.control, self.model, self.space)
-        config, kind, reason = await asyncio.to_thread(self.choose)
+        # The queue is read here, on the loop: choose runs in a thread.
+        config, kind, reason = await asyncio.to_thread(self.choose, self._queue_depth())
         rebuilt = False
         if config != self.current:
             try:
@@ -238,6 +253,7 @@ class ModelAgent:
                 return
         applied_at = time.monotonic()
         cpu_start = self._cpu_clock()
+        queued_at_start = self._queue_depth()
         measurement, state_changed = await self._collect(applied_at)
         if state_changed:
             self._record(
@@ -247,20 +263,20 @@ class ModelAgent:
                     "workload",
                     config,
                     self.workload,
-                    reason=f"rate {self.monitor.rate_per_s:.1f}/s",
+                    reason=f"rate {self._change_rate():.1f}/s",
                     rebuilt=rebuilt,
                 )
             )
             self._enter_state()
-            self._backoff = False
             return
         if measurement is None:
             self._set_idle(f"fewer than {s.min_requests} requests in {s.max_interval_s:g}s")
             return
+        queued = (queued_at_start, self._queue_depth())
         if self.objective.name == "cost":
             cpu = (self._cpu_clock() - cpu_start) / max(time.monotonic() - applied_at, 1e-9)
             measurement = _with_cpu(measurement, cpu)
-        self.learn(config, measurement, kind, reason, rebuilt)
+        self.learn(config, measurement, kind, reason, rebuilt, queued=queued)
 
     def _set_idle(self, reason: str) -> None:
         """Record one 'idle' decision when the model goes quiet (not one per interval)."""
@@ -271,11 +287,35 @@ class ModelAgent:
             )
 
     def learn(
-        self, config: Config, measurement: Measurement, kind: str, reason: str, rebuilt: bool
+        self,
+        config: Config,
+        measurement: Measurement,
+        kind: str,
+        reason: str,
+        rebuilt: bool,
+        *,
+        queued: tuple[int, int] = (0, 0),
     ) -> Decision:
-        """Tell the tuner what ran and what it gave; arm the back-off if it was that bad.
-        Runs on the event loop (an observation is cheap), so the history and the snapshot are
-        only ever changed there."""
+        """Tell the tuner what ran and what it gave; arm the back-off if it was that bad. An
+        interval that drained a backlog (``queued``: the queue depth at its start and end) is
+        recorded but not learned (the drain rule). Runs on the event loop (an observation is
+        cheap), so the history and the snapshot are only ever changed there."""
+        start, end = queued
+        self._draining = self._is_backlog(start) and end < start
+        if self._draining:
+            decision = Decision(
+                time.time(),
+                self.model,
+                "drain",
+                config,
+                self.workload,
+                reason=f"{kind}: queue {start} -> {end} requests, measured the backlog "
+                "draining (not learned)",
+                measurement=measurement,
+                rebuilt=rebuilt,
+            )
+            self._record(decision)
+            return decision
         value = self.objective(config, measurement)
         self._last_measured = (config, value)
         self._fresh_state = False
@@ -308,9 +348,14 @@ class ModelAgent:
         self._record(decision)
         return decision
 
-    def choose(self) -> tuple[Config, str, str]:
-        """The next configuration and why (runs in a worker thread: BO fits a GP)."""
+    def choose(self, queued: int = 0) -> tuple[Config, str, str]:
+        """The next configuration and why, with ``queued`` requests waiting now (runs in a
+        worker thread: BO fits a GP)."""
         assert self.current is not None
+        if self._draining and self._is_backlog(queued):
+            # The running configuration is draining a backlog: let it; what runs meanwhile
+            # could not be measured anyway, and a change (a rebuild above all) slows the drain.
+            return self.current, "drain", f"backlog of {queued} requests draining"
         best = self.tuner.recommend()
         if self._backoff:
             return best, "backoff", self._backoff_reason
@@ -333,6 +378,14 @@ class ModelAgent:
             meanwhile = self._best_without_rebuild()
             return meanwhile, "hold", f"{proposal} waits {wait:.1f}s for the rebuild pace"
         return proposal, kind, ""
+
+    def _queue_depth(self) -> int:
+        return int(self.control.stats(self.model, window_s=0.0).queue_depth)
+
+    def _is_backlog(self, queued: int) -> bool:
+        """Whether ``queued`` requests are a backlog at the current arrival rate."""
+        s = self.settings
+        return queued >= max(s.min_backlog, self.monitor.rate_per_s * s.backlog_s)
 
     def _current_violates(self) -> bool:
         """Whether the configuration running now was last measured worse than p95 at the SLO
@@ -429,6 +482,10 @@ class ModelAgent:
         not paced (see ``choose``)."""
         self.tuner.set_workload(self.workload)  # type: ignore[arg-type]
         self._fresh_state = True
+        # The new state's first configuration runs whatever the last one left: a backlog is
+        # drained by it, not by the previous state's configuration.
+        self._backoff = False
+        self._draining = False
 
     async def _tick(self) -> bool:
         """Feed the monitor the arrivals since the last tick; True if the state changed."""
@@ -438,10 +495,10 @@ class ModelAgent:
             return False
         self._last_tick = now
         stats = self.control.stats(self.model, window_s=span)
-        arrivals = stats.completed + stats.rejected
-        state = self.monitor.update(
-            now, arrivals, stats.rows_per_request * stats.completed + stats.rejected
-        )
+        # Arrivals, not completions: while a queue builds (a step up, served by a configuration
+        # that cannot keep up) completions read a burst as a fraction of itself, and the state
+        # would first be judged a level or more short.
+        state = self.monitor.update(now, stats.arrived, stats.arrived_rows)
         known = self.monitor.state is not None
         if known and state != self.workload:
             self.workload = state

@@ -46,3 +46,31 @@ async def test_the_gateway_service_is_a_model_control(mlp_repo: Path) -> None:
     finally:
         await service.close()
         executor.shutdown()
+
+
+async def test_requests_count_as_arrivals_when_they_reach_the_model(mlp_repo: Path) -> None:
+    """The workload monitor reads ``arrived``: requests still queued count, so a burst is seen
+    at its own rate while completions lag it."""
+    executor = ThreadPoolExecutor(2)
+    service = InferenceService(executor=executor, metrics=GatewayMetrics())
+    service.add_versions(scan_repository(mlp_repo))
+    await service.load_all()
+    try:
+        x = np.zeros((2, 32), dtype=np.float32)  # two rows per request
+        traffic = asyncio.gather(
+            *(
+                service.infer(InferenceRequest("sensor_mlp", {"features": x}), transport="test")
+                for _ in range(30)
+            )
+        )
+        await asyncio.sleep(0)  # every request reaches the batcher; none is answered yet
+        waiting = service.stats("sensor_mlp", window_s=30.0)
+        assert (waiting.arrived, waiting.arrived_rows, waiting.completed) == (30, 60, 0)
+        assert waiting.queue_depth == 30
+        await traffic
+        done = service.stats("sensor_mlp", window_s=30.0)
+        assert (done.arrived, done.arrived_rows, done.completed) == (30, 60, 30)
+        assert service.stats("sensor_mlp", window_s=0.0).arrived == 0
+    finally:
+        await service.close()
+        executor.shutdown()

@@ -247,6 +247,44 @@ async def test_a_configuration_measured_that_badly_is_left_at_once(
         assert agent.choose()[1] != "backoff"
 
 
+async def test_an_interval_that_drained_a_backlog_is_not_learned(
+    mlp_repo: Path, tmp_path: Path
+) -> None:
+    async with gateway(mlp_repo, tmp_path, enabled=False) as gw:
+        agent = _agent(gw, TINY)
+        good, bad = TINY.at(0), TINY.at(1)
+        agent.learn(good, measurement(10.0), "exploit", "", False)
+        # The interval started with 200 queued requests (a state change, an exploration) and
+        # ended with 120: it measured the backlog draining, not the configuration.
+        decision = agent.learn(
+            bad, measurement(240.0, violations=50), "explore", "", False, queued=(200, 120)
+        )
+        assert decision.kind == "drain" and decision.objective is None
+        assert "200 -> 120" in decision.reason
+        assert [n for c, _, n in agent.tuner.estimates() if c == bad] == [0]  # not learned
+        assert agent.counts["drain"] == 1
+        # While the backlog lasts, what drains it keeps running; once it is gone, the tuner
+        # decides again.
+        agent.current = bad
+        assert agent.choose(queued=120) == (bad, "drain", "backlog of 120 requests draining")
+        assert agent.choose(queued=3)[1] != "drain"
+        # A backlog that does not shrink is what the configuration is worth under this load:
+        # learned, and here bad enough to be left at once.
+        decision = agent.learn(
+            bad, measurement(240.0, violations=50), "explore", "", False, queued=(200, 260)
+        )
+        assert decision.kind == "explore" and decision.objective is not None
+        assert [n for c, _, n in agent.tuner.estimates() if c == bad] == [1]
+        assert agent.choose(queued=260) == (
+            good,
+            "backoff",
+            "previous configuration broke the SLO badly",
+        )
+        # A small queue is no backlog: learned as usual.
+        decision = agent.learn(good, measurement(11.0), "backoff", "", False, queued=(6, 0))
+        assert decision.kind == "backoff" and decision.objective is not None
+
+
 async def test_thread_changes_are_paced(mlp_repo: Path, tmp_path: Path) -> None:
     space = ConfigSpace.for_machine(2, max_batch_size=4, max_timeout_ms=1.0)
     async with gateway(mlp_repo, tmp_path, enabled=False) as gw:
