@@ -210,9 +210,13 @@ class ModelHost:
     def stats(self, window_s: float = 10.0) -> WindowStats:
         now = time.monotonic()
         since = now - window_s
-        recent = [d for d in self._done if d[0] >= since]
-        # Appended in time order: the window's arrivals are the newest ones.
+        # Each record is appended when it happens, so the window's are the newest ones: read
+        # from the end, a short window costs what it holds, not the whole history.
+        recent = list(itertools.takewhile(lambda d: d[0] >= since, reversed(self._done)))
         arrived = list(itertools.takewhile(lambda a: a[0] >= since, reversed(self._arrived)))
+        rejected = sum(
+            1 for _ in itertools.takewhile(lambda t: t >= since, reversed(self._rejected))
+        )
         latencies = np.array([d[1] for d in recent], dtype=np.float64) * 1000.0
         p50, p95, p99 = (
             np.percentile(latencies, [50, 95, 99]).tolist() if latencies.size else [0.0] * 3
@@ -226,7 +230,7 @@ class ModelHost:
             p95_ms=p95,
             p99_ms=p99,
             slo_violations=sum(1 for d in recent if d[3]),
-            rejected=sum(1 for t in self._rejected if t >= since),
+            rejected=rejected,
             queue_depth=self._batcher.queue_depth,
             arrived=len(arrived),
             arrived_rows=sum(a[1] for a in arrived),
