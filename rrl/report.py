@@ -215,6 +215,10 @@ def _fmt(value: Any) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
+        if abs(value) < 1e5 and value * 2 == round(value * 2):
+            # Medians of counts are whole or half numbers: shown exactly (3 significant
+            # figures printed 251.5 as 252 beside a JSON saying 251.5).
+            return f"{value:g}"
         return f"{value:.3g}"
     return str(value)
 

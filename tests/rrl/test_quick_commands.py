@@ -132,3 +132,17 @@ def test_evaluation_quick_report(evaluation: tuple[Path, dict[str, Any]]) -> Non
     for png in pngs:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
         assert f"({png.parent.name}/{png.name})" in md
+    # Medians of counts are printed exactly as the JSON holds them (whole or half numbers).
+    _, doc = evaluation
+    for tuner in ("rrl", "qlearning", "bo", "adaptive"):
+        key = f"{tuner}_measurements_to_5pct"
+        value = doc["summary"][key]
+        shown = "never" if value is None else f"{value:g}"
+        assert f"| `{key}` | {shown} |" in md
+
+
+def test_report_prints_medians_of_counts_exactly() -> None:
+    from rrl.report import _fmt
+
+    assert [_fmt(v) for v in (251.5, 100.5, 100.0, 0.0)] == ["251.5", "100.5", "100", "0"]
+    assert [_fmt(v) for v in (7.9123, 1236.4, None)] == ["7.91", "1.24e+03", "never"]
