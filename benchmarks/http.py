@@ -341,7 +341,8 @@ async def run_load(job: LoadJob) -> dict[str, Any]:
         elif job.client == "raw":
             host, port, raw = encode_http_request(job.url, job.body, job.header_length)
             conns = [await RawHttpConnection.open(host, port) for _ in range(job.concurrency)]
-            stack.callback(lambda: [c.close() for c in conns])
+            for c in conns:
+                stack.callback(c.close)
 
             def raw_sender(i: int) -> Callable[[], Awaitable[tuple[int, bytes]]]:
                 async def send() -> tuple[int, bytes]:
@@ -819,7 +820,7 @@ class Bench:
         client runs in this process."""
         kind, processes = setup
         max_requests = max_requests or self.plan.max_requests_per_run
-        common = {
+        common: dict[str, Any] = {
             "url": url,
             "body": model.body,
             "header_length": model.header_length,
@@ -897,7 +898,7 @@ class Bench:
                     continue
                 r = Repeated.of(values)
                 batch_ms = _ms(b * inst / r.median)
-                entry = {
+                entry: dict[str, Any] = {
                     "figure": "inprocess_limit_sweep",
                     "model": name,
                     "intra_op_threads": intra,
@@ -1009,7 +1010,7 @@ class Bench:
             for knobs, rs in zip(applied, results, strict=True):
                 fig = _load_figure(rs)
                 n = max(2, min(cap, (knobs["concurrency"] + 1) * knobs["max_batch_size"]))
-                entry = {
+                entry: dict[str, Any] = {
                     "figure": "gateway_knob_sweep",
                     "model": m.name,
                     "knobs": knobs,
@@ -1064,7 +1065,7 @@ class Bench:
             entries = []
             for (setup, n), rs in results.items():
                 fig = _load_figure(rs)
-                entry = {
+                entry: dict[str, Any] = {
                     "figure": "gateway_saturation_sweep",
                     "model": m.name,
                     **_setup_fields(setup),
@@ -1160,7 +1161,7 @@ class Bench:
                 )
                 ratio = pair_ratios.median
                 cpu = _cpu_efficiency(gw_results[key], lim_per_core)
-                entry = {
+                entry: dict[str, Any] = {
                     "figure": "throughput_ratio",
                     "model": m.name,
                     "headline": key == "headline",
@@ -1253,7 +1254,7 @@ class Bench:
                         gw_server[kind].append(stats)
             rt_runs.append(runner.call_latencies(one_row, plan.low_requests))
         rt_p = [percentiles([_ms(x) for x in lat]) for lat in rt_runs]
-        runtime = {
+        runtime: dict[str, Any] = {
             "intra_op_threads": 1,
             "p50_ms": Repeated.of(p["p50"] for p in rt_p),
             "p99_ms": Repeated.of(p["p99"] for p in rt_p),
@@ -1263,7 +1264,7 @@ class Bench:
             echo = _load_figure(echo_runs[kind])
             gw = _load_figure(gw_runs[kind])
             server_side = gw_server[kind]
-            entry = {
+            entry: dict[str, Any] = {
                 "figure": "low_load_latency",
                 "model": model.name,
                 "headline": kind == "aiohttp",

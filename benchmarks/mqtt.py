@@ -225,7 +225,8 @@ def serve_echo(port: int) -> None:
             props.ResponseTopic,  # type: ignore[union-attr]
             message.payload,
             qos=message.qos,
-            properties=_Packed(b"\x09" + _string(props.CorrelationData)),  # type: ignore[union-attr]
+            # Pre-packed bytes where paho wants Properties: it only calls pack() (see _Packed).
+            properties=_Packed(b"\x09" + _string(props.CorrelationData)),  # type: ignore[union-attr,arg-type]
         )
 
     _receive_with(client, on_message)
@@ -280,7 +281,7 @@ def run_mqtt_load(job: MqttJob) -> dict[str, Any]:
         n = next(seq)
         key = b"%d" % n
         which = n % len(request_topics)  # several topics: alternated request by request
-        props = _Packed(response_topic + b"\x09" + _string(key))
+        props: Any = _Packed(response_topic + b"\x09" + _string(key))  # see _Packed
         phase.issued += 1
         sent[key] = (clock(), phase.record, which)
         client.publish(request_topics[which], job.payload, qos=job.qos, properties=props)

@@ -194,7 +194,7 @@ def call_latency(
 ) -> float:
     """Median seconds per call over back-to-back calls for about ``run_s``."""
     runtime.infer(feed)  # warm: first-call allocations and lazy initialisation
-    times = []
+    times: list[float] = []
     deadline = time.perf_counter() + run_s
     while len(times) < min_calls or time.perf_counter() < deadline:
         start = time.perf_counter()

@@ -93,7 +93,7 @@ ONLINE = ("bo", "rrl", "adaptive-rrl")
 DEFAULT_ALGORITHM = "adaptive-rrl"  # what `iotgw serve` runs unless told otherwise
 
 
-def static_configs(model: str) -> dict[str, dict[str, Any]]:
+def static_configs(model: str) -> dict[str, Any]:
     """The two static arms' knobs: TF Serving's guidance, and the profile's oracle for the
     first phase (the profile's load nearest to it)."""
     from rrl.objective import make_objective

@@ -154,6 +154,6 @@ def make_process(kind: str, params: dict[str, float]) -> ArrivalProcess:
             f"unknown arrival process {kind!r}; expected one of {sorted(builders)}"
         ) from None
     try:
-        return cls(**params)  # type: ignore[no-any-return]
+        return cls(**params)
     except TypeError as exc:
         raise ValueError(f"arrival process {kind!r}: {exc}") from None

@@ -55,7 +55,7 @@ async def require_loopback(host: str) -> None:
         infos = await asyncio.get_running_loop().getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
     except socket.gaierror as exc:
         raise ValueError(f"cannot resolve {host!r}: {exc}") from None
-    addresses = {info[4][0] for info in infos}
+    addresses = {str(info[4][0]) for info in infos}
     remote = sorted(a for a in addresses if not ipaddress.ip_address(a.split("%")[0]).is_loopback)
     if remote:
         raise ValueError(

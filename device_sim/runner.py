@@ -347,7 +347,8 @@ async def simulate(options: SimOptions, progress: TextIO | None = sys.stderr) ->
         ledger.unexpected_reply(request_index(request_tag, rid))
 
     connections, devices = _devices(options, plan, on_unmatched)
-    async with open_all(connections, options.connect_concurrency):
+    links: list[AbstractAsyncContextManager[Any]] = list(connections)
+    async with open_all(links, options.connect_concurrency):
         elapsed = await run_plan(
             plan,
             bodies,

@@ -24,7 +24,8 @@ _LEN = struct.Struct("<I")
 
 
 class RequestBody(Protocol):
-    content_type: str
+    @property
+    def content_type(self) -> str: ...
 
     def mqtt(self, request_id: str) -> bytes:
         """The MQTT payload carrying ``request_id``."""

@@ -72,9 +72,9 @@ class Gateway:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.settings.http.host, self.settings.http.port)
         await site.start()
-        server = site._server
-        if server is not None and getattr(server, "sockets", None):
-            self.http_port = server.sockets[0].getsockname()[1]
+        addresses = self._runner.addresses  # the bound ones: port 0 picks a free port
+        if addresses:
+            self.http_port = int(addresses[0][1])
         log.info("HTTP listening on http://%s:%d", self.settings.http.host, self.http_port)
         self._loading = asyncio.create_task(self._load(), name="load-models")
         if self.settings.mqtt.enabled:

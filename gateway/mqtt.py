@@ -381,6 +381,8 @@ class MqttAdapter:
             tls_context = ssl.create_default_context(cafile=s.ca_file)
             if s.cert_file is not None:
                 tls_context.load_cert_chain(s.cert_file, s.key_file)
+        # MQTT 5 spells a persistent session as clean_start=False (clean_session is 3.1.1's).
+        v5_session: dict[str, Any] = {"clean_start": False} if self._v5 else {}
         client = aiomqtt.Client(
             self._address.host,
             self._address.port,
@@ -390,7 +392,7 @@ class MqttAdapter:
             protocol=aiomqtt.ProtocolVersion.V5 if self._v5 else aiomqtt.ProtocolVersion.V311,
             # A persistent session: requests published while we reconnect wait for us.
             clean_session=None if self._v5 else False,
-            **({"clean_start": False} if self._v5 else {}),
+            **v5_session,
             properties=properties,
             keepalive=s.keepalive_s,
             tls_context=tls_context,

@@ -21,7 +21,7 @@ _ABANDONED_AFTER_S = 3600.0
 
 
 def build_once(
-    dest: Path, build: Callable[[Path], None], is_complete: Callable[[Path], bool]
+    dest: Path, build: Callable[[Path], object], is_complete: Callable[[Path], bool]
 ) -> Path:
     """Return ``dest`` once ``is_complete(dest)``, calling ``build(tmp)`` only if needed.
 

@@ -172,7 +172,7 @@ def content_hash(architecture: Mapping[str, Any], tensors: Mapping[str, Any]) ->
 
 
 def sha256_of(array: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(array).reshape(-1).view(np.uint8)).hexdigest()
+    return hashlib.sha256(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data).hexdigest()
 
 
 # -- writing ----------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -204,7 +205,7 @@ def _conv_kernel(g: GraphBuilder, i: int, p: LayerParams) -> str:
 
 
 def _activated(
-    g: GraphBuilder, op: str, inputs: list[str], out: str, activation: str, **attrs: object
+    g: GraphBuilder, op: str, inputs: list[str], out: str, activation: str, **attrs: Any
 ) -> str:
     if activation == "linear":
         return g.node(op, inputs, out, **attrs)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -24,7 +26,7 @@ class GraphBuilder:
         return proto.name
 
     def node(
-        self, op: str, inputs: list[str], output: str, *, domain: str = "", **attrs: object
+        self, op: str, inputs: list[str], output: str, *, domain: str = "", **attrs: Any
     ) -> str:
         self.nodes.append(
             helper.make_node(op, inputs, [output], name=output, domain=domain or None, **attrs)

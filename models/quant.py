@@ -295,10 +295,10 @@ def unpack_codes(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
     offsets = np.empty((groups, 8), np.uint8)
     for j in range(8):
         offsets[:, j] = (words >> np.uint64(bits * j)) & mask
-    offsets = offsets.reshape(-1)
-    if offsets[count:].any():
+    unpacked = offsets.reshape(-1)
+    if unpacked[count:].any():
         raise QuantizationError("non-zero padding bits after the last code")
-    return (offsets[:count].astype(np.int16) - half).astype(np.int8)
+    return (unpacked[:count].astype(np.int16) - half).astype(np.int8)
 
 
 def pack_int4_deepspeed(codes: np.ndarray) -> np.ndarray:

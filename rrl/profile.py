@@ -164,7 +164,7 @@ def profile_model(
             ]
             if not cells:
                 continue
-            rng.shuffle(cells)  # type: ignore[arg-type]
+            rng.shuffle(cells)
             _measure_group(version, plan, timing, space, (conc, intra, inter), cells, done, rng)
             doc["cells"] = [_cell(k, done[k]) for k in sorted(done)]
             doc["load_conditions"]["load_average_by_group"].append(

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on a fresh machine: creates the virtual environment if needed,
-# installs the project with its test dependencies, checks style, runs every test (slow ones
+# installs the project with its test dependencies, checks style and types, runs every test (slow ones
 # included). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,4 +26,5 @@ fi
 
 "$venv/bin/ruff" check .
 "$venv/bin/ruff" format --check .
+"$venv/bin/mypy" gateway rrl models device_sim benchmarks
 exec "$venv/bin/python" -m pytest -q -ra "$@"

@@ -24,13 +24,11 @@ _TO_NUMPY: dict[str, np.dtype] = {
 _TO_LABEL = {dt.name: label for label, dt in _TO_NUMPY.items()}
 
 
-def numpy_dtype(label: str, *, what: str) -> np.dtype:
-    try:
-        return _TO_NUMPY[label]
-    except (KeyError, TypeError):
-        raise BadRequest(
-            f"{what}: unknown datatype {label!r}; expected one of {sorted(_TO_NUMPY)}"
-        ) from None
+def numpy_dtype(label: object, *, what: str) -> np.dtype:
+    dtype = _TO_NUMPY.get(label) if isinstance(label, str) else None
+    if dtype is None:
+        raise BadRequest(f"{what}: unknown datatype {label!r}; expected one of {sorted(_TO_NUMPY)}")
+    return dtype
 
 
 def dtype_label(dtype: np.dtype) -> str:

@@ -24,7 +24,17 @@ import numpy as np
 from models.checkpoint import Checkpoint
 from models.importers.report import ImportFailed, ImportReport, QuantOptions
 from models.importers.zoo_import import quantize_zoo
-from models.zoo import Conv2D, Dense, Flatten, Input, Layer, MaxPool2D, ModelSpec, Params
+from models.zoo import (
+    Activation,
+    Conv2D,
+    Dense,
+    Flatten,
+    Input,
+    Layer,
+    MaxPool2D,
+    ModelSpec,
+    Params,
+)
 
 _SKIPPED = ("InputLayer", "Dropout", "SpatialDropout1D", "SpatialDropout2D", "GaussianDropout")
 
@@ -155,7 +165,13 @@ def _fold(layers: list[Layer], activation: str, name: str) -> bool:
 def _convert(layer: Any, kind: str, config: dict[str, Any]) -> tuple[Layer, Params | None]:
     name = layer.name
     activation = _activation(config)
-    act = "linear" if activation == "softmax" else activation
+    act: Activation
+    if activation in ("linear", "softmax"):  # a final softmax is folded away (argmax kept)
+        act = "linear"
+    elif activation == "relu":
+        act = "relu"
+    else:
+        raise ImportFailed(f"{name}: activation {activation!r} is not supported")
     if kind == "Dense":
         return Dense(config["units"], act), _params(layer, config)
     if kind == "Conv2D":

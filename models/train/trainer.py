@@ -404,7 +404,7 @@ class Trainer:
     def save_state(self, directory: Path) -> Path:
         """Write the whole training state to ``directory`` (replaced atomically file by file)."""
         directory.mkdir(parents=True, exist_ok=True)
-        arrays: dict[str, np.ndarray] = {}
+        arrays: dict[str, Any] = {}  # (np.savez's keywords)
         for i, v in enumerate(self.network.parameters):
             arrays[f"param.{i}"] = v.numpy()
         for i, v in enumerate(self.optimizer.variables):
