@@ -26,5 +26,5 @@ fi
 
 "$venv/bin/ruff" check .
 "$venv/bin/ruff" format --check .
-"$venv/bin/mypy" gateway rrl models device_sim benchmarks
+"$venv/bin/mypy" gateway rrl models device_sim benchmarks tests
 exec "$venv/bin/python" -m pytest -q -ra "$@"

@@ -108,7 +108,7 @@ class MqttResponder:
 
     async def _answer(self, message: aiomqtt.Message, model: str, device: str, error: bool) -> None:
         await asyncio.sleep(self.service_s)
-        payload = bytes(message.payload)  # type: ignore[arg-type]
+        payload = bytes(message.payload)
         header, _, binary = parse_request(payload)
         self.binary_requests += binary
         request_id = header.get("id")

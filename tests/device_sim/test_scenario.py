@@ -67,7 +67,7 @@ def test_plan_assigns_devices_and_models_reproducibly() -> None:
     scenario = parse_scenario(tomllib.loads(SCENARIO_TOML))
     devices = [f"d{i}" for i in range(8)]
 
-    def plan(seed: int):  # type: ignore[no-untyped-def]
+    def plan(seed: int):
         return plan_from_scenario(
             scenario,
             np.random.default_rng(seed),

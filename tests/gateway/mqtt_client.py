@@ -72,7 +72,7 @@ class Device:
         self.v5 = v5
         self.prefix = prefix
         self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
-        self.replies: list[tuple[str, dict[str, Any]]] = []  # (key, reply) of every reply
+        self.replies: list[tuple[str | None, dict[str, Any]]] = []  # (key, reply) of every reply
         self._reader: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -96,7 +96,7 @@ class Device:
             correlation = getattr(message.properties, "CorrelationData", None)
             key = correlation.decode() if correlation is not None else reply.get("id")
             self.replies.append((key, reply))
-            future = self._waiting.pop(key, None)
+            future = self._waiting.pop(key, None) if key is not None else None
             if future is not None and not future.done():
                 future.set_result(reply)
 

@@ -385,7 +385,7 @@ async def test_body_over_the_size_limit_is_a_413(
         assert "4096" in error and str(len(body)) in error
 
         # The same without a Content-Length (chunked): refused while reading.
-        async def chunks():  # type: ignore[no-untyped-def]
+        async def chunks():
             for i in range(0, len(body), 1000):
                 yield body[i : i + 1000]
 

@@ -13,7 +13,9 @@ from gateway.types import InferenceResponse
 
 
 def _request(**extra: object) -> bytes:
-    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
+    body: dict[str, object] = {
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]
+    }
     body.update(extra)
     return json.dumps(body).encode()
 

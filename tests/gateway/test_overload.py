@@ -75,6 +75,7 @@ async def test_impossible_deadline_is_refused_with_503(
     # The gateway keeps serving a request with a reachable deadline, correctly.
     status, outputs, _ = await infer_binary(http, url, "vision_cnn", image16)
     assert status == 200, outputs
+    assert isinstance(outputs, dict)
     np.testing.assert_array_equal(
         outputs["probabilities"], reference.infer("vision_cnn", image16)["probabilities"]
     )

@@ -58,7 +58,7 @@ STEPS: list[dict[str, Any]] = [
 ]
 # The last change arrives through both interfaces at the same moment; both must take effect.
 LAST_HTTP = {"intra_op_threads": 2, "batch_timeout_ms": 1.0}
-LAST_PYTHON = {"concurrency": 3, "max_batch_size": 32}
+LAST_PYTHON: dict[str, object] = {"concurrency": 3, "max_batch_size": 32}
 
 
 @dataclass

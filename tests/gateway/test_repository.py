@@ -103,6 +103,7 @@ async def test_the_healthy_models_serve(
     # The default version of sensor_mlp is the highest that is ready: 1.
     status, outputs, _ = await infer_binary(http, url, "sensor_mlp", {"features": FEATURES})
     assert status == 200, outputs
+    assert isinstance(outputs, dict)
     np.testing.assert_array_equal(
         outputs["probabilities"],
         reference.infer("sensor_mlp", {"features": FEATURES})["probabilities"],
@@ -110,6 +111,7 @@ async def test_the_healthy_models_serve(
     x = {"accel": np.ones((2, 3), np.float32), "temperature": np.ones((2, 1), np.float32)}
     status, outputs, _ = await infer_binary(http, url, "sensor_fusion_tf", x)
     assert status == 200, outputs
+    assert isinstance(outputs, dict)
     np.testing.assert_array_equal(
         outputs["probabilities"], reference.infer("sensor_fusion_tf", x)["probabilities"]
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -48,7 +49,7 @@ def _torch_state_dict(spec: ModelSpec, names: list[str]) -> dict[str, np.ndarray
     return state
 
 
-def _mapping(spec: ModelSpec, names: list[str]) -> dict[str, object]:
+def _mapping(spec: ModelSpec, names: list[str]) -> dict[str, Any]:
     doc = spec_to_doc(spec)
     it = iter(names)
     for layer in doc["layers"]:
@@ -74,7 +75,8 @@ def test_state_dict_import_is_the_quantizer_on_the_source_weights(tmp_path: Path
         expected = quantize_blocks(state[f"{name}.weight"], 8, 16)
         assert np.array_equal(tensor.data.codes, expected.codes)
         assert np.array_equal(tensor.data.scales, expected.scales)
-        assert np.array_equal(checkpoint.tensors[f"layers.{index}.bias"], state[f"{name}.bias"])
+        bias = checkpoint.tensors[f"layers.{index}.bias"]
+        assert isinstance(bias, np.ndarray) and np.array_equal(bias, state[f"{name}.bias"])
     assert [d.name for d in report.quantized] == [
         "layers.0.weight (from fc1.weight)",
         "layers.1.weight (from fc2.weight)",
@@ -101,7 +103,7 @@ def test_sharded_state_dict_gives_the_same_checkpoint(tmp_path: Path) -> None:
         "model-00001-of-00002.safetensors": names[:3],
         "model-00002-of-00002.safetensors": names[3:],
     }
-    weight_map = {}
+    weight_map: dict[str, str] = {}
     for file, keys in shards.items():
         save_file({k: state[k] for k in keys}, str(sharded / file))
         weight_map |= dict.fromkeys(keys, file)
@@ -162,7 +164,9 @@ def test_pytorch_cnn_flatten_order(tmp_path: Path) -> None:
         tmp_path / "model.safetensors", mapping, QuantOptions(8, 16, keep_float=KEEP_ALL_FLOAT)
     )
     _, wrong_params = zoo_params(wrong, tmp_path)
-    assert not np.array_equal(dequantized_weights(spec, wrong_params)[2].kernel, dense.kernel)
+    wrong_dense = dequantized_weights(spec, wrong_params)[2]
+    assert wrong_dense is not None
+    assert not np.array_equal(wrong_dense.kernel, dense.kernel)
 
 
 def test_fp16_state_dict(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from models.backends import load_runtime
-from models.checkpoint import load_checkpoint, save_checkpoint
+from models.checkpoint import QuantizedTensor, load_checkpoint, save_checkpoint
 from models.demo import QUANTIZED_DEMO_MODELS, DemoModel
 from models.repository import ModelConfig, ModelVersion
 from models.runtime import ModelLoadError, Runtime, Threads
@@ -421,7 +421,9 @@ def test_onnxruntime_im2col_convolutions_use_matmul_nbits(spec: ModelSpec, bits:
     reference = reference_forward(spec, dequantized_weights(spec, params), feed)
     convs = sum(isinstance(layer, Conv2D) for layer in spec.layers)
     dense = sum(isinstance(layer, Dense) for layer in spec.layers)
-    weights = sum(p.kernel.data.codes.size for p in params if p is not None)
+    kernels = [p.kernel for p in params if p is not None]
+    assert all(isinstance(k, QuantizedTensor) for k in kernels)
+    weights = sum(k.data.codes.size for k in kernels if isinstance(k, QuantizedTensor))
     for level, tolerance in ((0, SUMMATION_TOLERANCE), (4, IM2COL_INT8_ACTIVATION_TOLERANCE)):
         model = build_onnx(spec, params, accuracy_level=level, conv_im2col="always")
         ops = [n.op_type for n in model.graph.node]

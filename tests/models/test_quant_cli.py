@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gateway.cli import main
 from models.export_onnx import export_onnx
 from models.repository import ModelVersion, scan_repository
-from models.zoo import SENSOR_MLP, init_weights
+from models.zoo import SENSOR_MLP, Dense, init_weights
 from models.zoo_checkpoint import to_output_major
 
 
@@ -19,13 +20,13 @@ def _state_dict_source(folder: Path) -> tuple[Path, Path]:
 
     folder.mkdir()
     state = {}
-    mapping = {
+    mapping: dict[str, Any] = {
         "name": "mlp",
         "inputs": [{"name": "features", "shape": [32]}],
         "layers": [],
     }
     for i, (layer, p) in enumerate(zip(SENSOR_MLP.layers, init_weights(SENSOR_MLP), strict=True)):
-        assert p is not None
+        assert p is not None and isinstance(layer, Dense)
         state[f"net.{i}.weight"] = to_output_major(layer, p.kernel)
         state[f"net.{i}.bias"] = p.bias
         mapping["layers"].append(

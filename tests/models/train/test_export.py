@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from models.backends import load_runtime
+from models.checkpoint import QuantizedTensor
 from models.demo import config_toml
 from models.repository import (
     CONFIG_FILE,
@@ -63,11 +64,13 @@ def test_exported_codes_are_those_of_the_last_forward_pass(trained: Trainer) -> 
     assert trained.forward_params is not None
     for position, index in enumerate(trained.network.param_layers):
         stored = checkpoint.tensors[f"layers.{index}.weight"]
+        assert isinstance(stored, QuantizedTensor)
         recorded = trained.forward_codes[position]
         np.testing.assert_array_equal(stored.data.codes, recorded.data.codes)
         np.testing.assert_array_equal(stored.data.scales, recorded.data.scales)
         # computed from the master weights that step read, not the updated ones
         layer = trained.network.layer_of(position)
+        assert trained.config.qwz is not None
         again = quantize_zoo_kernel(layer, trained.forward_params[2 * position], trained.config.qwz)
         np.testing.assert_array_equal(again.data.codes, recorded.data.codes)
         np.testing.assert_array_equal(

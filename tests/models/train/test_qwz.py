@@ -3,6 +3,8 @@ and the straight-through gradient is the float gradient of the dequantized weigh
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import tensorflow as tf
 
@@ -25,7 +27,7 @@ def test_forward_kernel_is_dequantized_codes_of_the_checkpoint_layout() -> None:
     for bits in (8, 6, 4, 3, 2):
         config = QwZConfig(bits, 16)
         for layer, kernel in _kernels():
-            recorded = []
+            recorded: list[Any] = []
             got = qwz_kernel(tf.constant(kernel), layer, config, recorded.append).numpy()
             # The checkpoint layout, written out by hand: output-major rows, blocks along input.
             if isinstance(layer, Dense):

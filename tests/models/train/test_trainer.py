@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from models.train.trainer import TrainConfig, Trainer
 SIMI = SimiGradConfig(target=0.9, min_micro_batch=2, max_micro_batch=16)
 # Two nodes of one worker each: both qgZ hops and both SimiGrad halves, and a step traced in
 # a fraction of the time eight workers take.
-SMALL = {"nodes": 2, "per_node": 1}
+SMALL: dict[str, Any] = {"nodes": 2, "per_node": 1}
 CONFIG = TrainConfig(
     bits=4, micro_batch=2, simigrad=SIMI, error_feedback=True, eval_every=2, **SMALL
 )
