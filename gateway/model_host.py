@@ -210,13 +210,9 @@ class ModelHost:
     def stats(self, window_s: float = 10.0) -> WindowStats:
         now = time.monotonic()
         since = now - window_s
-        # Each record is appended when it happens, so the window's are the newest ones: read
-        # from the end, a short window costs what it holds, not the whole history.
-        recent = list(itertools.takewhile(lambda d: d[0] >= since, reversed(self._done)))
-        arrived = list(itertools.takewhile(lambda a: a[0] >= since, reversed(self._arrived)))
-        rejected = sum(
-            1 for _ in itertools.takewhile(lambda t: t >= since, reversed(self._rejected))
-        )
+        recent = _newest(self._done, since)
+        arrived = _newest(self._arrived, since)
+        rejected = len(_newest(self._rejected, since))
         latencies = np.array([d[1] for d in recent], dtype=np.float64) * 1000.0
         p50, p95, p99 = (
             np.percentile(latencies, [50, 95, 99]).tolist() if latencies.size else [0.0] * 3
@@ -266,3 +262,14 @@ class ModelHost:
 
     def _describe(self) -> str:
         return ", ".join(f"{k}={v:g}" for k, v in self._knobs.as_dict().items())
+
+
+def _newest(records: deque[Any], since: float) -> list[Any]:
+    """The records stamped at or after ``since`` (a time, or a tuple led by one). Each is
+    appended when it happens, so they are the newest: read from the end, a short window costs
+    what it holds, not the whole history."""
+    return list(
+        itertools.takewhile(
+            lambda r: (r[0] if isinstance(r, tuple) else r) >= since, reversed(records)
+        )
+    )
