@@ -13,6 +13,8 @@ class GatewayError(Exception):
         super().__init__(message)
         self.message = message
         self.retry_after = retry_after
+        # The refused request's id when it could be read: MQTT 3.1.1 devices match replies by it.
+        self.request_id: str | None = None
 
 
 class BadRequest(GatewayError):
@@ -53,6 +55,21 @@ class DeadlineUnmeetable(GatewayError):
     reason = "deadline"
 
 
+class InsufficientMemory(GatewayError):
+    """Taking the request now would exceed a memory bound; the client should retry later."""
+
+    status = 503
+    reason = "memory"
+
+
+class MemoryBudgetExceeded(GatewayError):
+    """The bytes of requests already queued or running fill the gateway's budget
+    (``serving.max_queued_bytes``); the client should retry after ``retry_after`` seconds."""
+
+    status = 503
+    reason = "memory"
+
+
 class ModelUnavailable(GatewayError):
     """The model exists but is not ready (loading, failed to load, or shutting down)."""
 
@@ -63,3 +80,11 @@ class ModelUnavailable(GatewayError):
 class InternalError(GatewayError):
     status = 500
     reason = "internal"
+
+
+class BatchTimeout(GatewayError):
+    """The backend did not finish the request's batch within the watchdog limit
+    (``serving.batch_watchdog_s``); the stuck runtime instance was taken out of service."""
+
+    status = 504
+    reason = "batch_timeout"

@@ -13,7 +13,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 from aiohttp import web
@@ -22,9 +22,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from gateway import __version__
 from gateway.codecs import oip, tfserving
 from gateway.codecs.datatypes import dtype_label
+from gateway.codecs.limits import DEFAULT_LIMITS, DecodeLimits
+from gateway.edge import Edge
 from gateway.errors import (
     BadRequest,
-    GatewayError,
     ModelUnavailable,
     NotFound,
     PayloadTooLarge,
@@ -40,13 +41,10 @@ SERVICE_KEY = web.AppKey("service", InferenceService)
 SETTINGS_KEY = web.AppKey("settings", HttpSettings)
 EXECUTOR_KEY = web.AppKey("executor", Executor)
 TUNING_KEY = web.AppKey("tuning", TuningService)
+EDGE_KEY = web.AppKey("edge", Edge)
 TRANSPORT = "http"
-# Bodies above this are parsed on the executor: decoding megabytes of JSON would stall the loop
-# (and every other device's request) for tens of milliseconds.
-_OFFLOAD_BODY_BYTES = 256 * 1024
 _JSON = "application/json"
 
-_T = TypeVar("_T")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -63,22 +61,30 @@ def _error_response(status: int, message: str, retry_after: float | None = None)
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every failure ends as an error reply (the edge maps and counts it); none reaches aiohttp,
+    whose own 500 page would carry a traceback."""
     try:
         return await handler(request)
-    except GatewayError as exc:
-        return _error_response(exc.status, exc.message, exc.retry_after)
-    except web.HTTPRequestEntityTooLarge as exc:
-        return _error_response(413, f"request body too large: {exc.text}")
-    except web.HTTPException as exc:
-        if exc.status < 400:
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app[SETTINGS_KEY].max_body_bytes
+        exc: BaseException = PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+    except web.HTTPException as http_exc:
+        if http_exc.status < 400:
             raise
         message = (
-            exc.reason if exc.status != 404 else f"no route for {request.method} {request.path}"
+            f"no route for {request.method} {request.path}"
+            if http_exc.status == 404
+            else http_exc.reason
         )
-        return _error_response(exc.status, message)
-    except Exception:
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        return _error_response(500, "internal error; see the gateway log")
+        return _error_response(http_exc.status, message)
+    except asyncio.CancelledError:
+        raise  # the client went away: there is no one to answer
+    except Exception as caught:  # also RecursionError and MemoryError (both are Exceptions)
+        exc = caught
+    err = request.app[EDGE_KEY].reject(
+        exc, phase="infer", model=request.match_info.get("model", "")
+    )
+    return _error_response(err.status, err.message, err.retry_after)
 
 
 async def _read_body(request: web.Request) -> bytes:
@@ -91,13 +97,6 @@ async def _read_body(request: web.Request) -> bytes:
         return await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes") from None
-
-
-async def _offload(request: web.Request, size: int, fn: Callable[[], _T]) -> _T:
-    if size < _OFFLOAD_BODY_BYTES:
-        return fn()
-    # Large bodies: the parse runs on the executor so the loop keeps serving others.
-    return await asyncio.get_running_loop().run_in_executor(request.app[EXECUTOR_KEY], fn)
 
 
 def _version(request: web.Request) -> str | None:
@@ -209,6 +208,8 @@ async def repository_index(request: web.Request) -> web.Response:
 
 async def infer(request: web.Request) -> web.Response:
     service = request.app[SERVICE_KEY]
+    name, version = request.match_info["model"], _version(request)
+    request.app[EDGE_KEY].check_model(name, version)  # 404 before the body is even read
     body = await _read_body(request)
     raw_len = request.headers.get(oip.HEADER_LENGTH)
     header_length: int | None = None
@@ -217,17 +218,8 @@ async def infer(request: web.Request) -> web.Response:
             header_length = int(raw_len)
         except ValueError:
             raise BadRequest(f"{oip.HEADER_LENGTH} must be an integer, got {raw_len!r}") from None
-    name, version = request.match_info["model"], _version(request)
-    service.host(name, version)  # unknown model or version: 404 before parsing the body
-    req, fmt = await _offload(
-        request,
-        len(body),
-        lambda: oip.decode_request(
-            body,
-            model=name,
-            version=int(version) if version else None,
-            header_length=header_length,
-        ),
+    req, fmt = await request.app[EDGE_KEY].decode_oip(
+        body, model=name, version=version, header_length=header_length
     )
     response = await service.infer(req, transport=TRANSPORT)
     payload, json_len = oip.encode_response(response, fmt)
@@ -315,15 +307,10 @@ _TF_DTYPES = {
 async def tfs_predict(request: web.Request) -> web.Response:
     service = request.app[SERVICE_KEY]
     name, version = request.match_info["model"], _version(request)
+    edge = request.app[EDGE_KEY]
+    edge.check_model(name, version)  # 404 before the body is even read
     body = await _read_body(request)
-    metadata = service.metadata(name, version)
-    req, rows = await _offload(
-        request,
-        len(body),
-        lambda: tfserving.decode_predict(
-            body, metadata, model=name, version=int(version) if version else None
-        ),
-    )
+    req, rows = await edge.decode_tfs(body, model=name, version=version)
     response = await service.infer(req, transport=TRANSPORT)
     return web.Response(body=tfserving.encode_predict(response, rows=rows), content_type=_JSON)
 
@@ -439,12 +426,14 @@ def build_app(
     settings: HttpSettings,
     executor: Executor,
     tuning: TuningService | None = None,
+    limits: DecodeLimits = DEFAULT_LIMITS,
 ) -> web.Application:
     # aiohttp's own size check is a second line behind _read_body's (chunked bodies).
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[error_middleware])
     app[SERVICE_KEY] = service
     app[SETTINGS_KEY] = settings
     app[EXECUTOR_KEY] = executor
+    app[EDGE_KEY] = Edge(service=service, executor=executor, limits=limits, transport=TRANSPORT)
     if tuning is not None:
         app[TUNING_KEY] = tuning
     model = "{model:[A-Za-z0-9][A-Za-z0-9_.-]*}"

@@ -50,6 +50,13 @@ class GatewayMetrics:
             ["model", "version", "reason"],
             registry=r,
         )
+        self.error_replies = Counter(
+            "iotgw_error_replies",
+            "Requests answered with an error reply, by transport and reason (malformed, "
+            "too large, unknown model, overload, ...).",
+            ["transport", "reason"],
+            registry=r,
+        )
         self.queue_seconds = Histogram(
             "iotgw_queue_seconds",
             "Time a request waited in its model's queue.",
@@ -94,6 +101,25 @@ class GatewayMetrics:
             "iotgw_model_ready",
             "1 when the model version serves.",
             ["model", "version"],
+            registry=r,
+        )
+        self.batch_watchdog = Counter(
+            "iotgw_batch_watchdog",
+            "Batches the watchdog gave up on (runtime call past serving.batch_watchdog_s); each "
+            "abandons its runtime instance.",
+            ["model", "version"],
+            registry=r,
+        )
+        self.abandoned_calls = Gauge(
+            "iotgw_abandoned_calls",
+            "Executor threads still held by backend calls the watchdog gave up on (a thread "
+            "cannot be stopped; it frees itself if the call ever returns).",
+            registry=r,
+        )
+        self.queued_bytes = Gauge(
+            "iotgw_queued_bytes",
+            "Bytes of request tensors waiting in the model queues or running, charged against "
+            "serving.max_queued_bytes.",
             registry=r,
         )
 

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from gateway.codecs.datatypes import dtype_label, numpy_dtype
-from gateway.errors import BadRequest
+from gateway.codecs.limits import DEFAULT_LIMITS, DecodeLimits, check_scalar_parameters, load_json
+from gateway.errors import BadRequest, GatewayError
 from gateway.types import InferenceRequest, InferenceResponse
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -40,23 +41,52 @@ class OutputFormat:
 
 
 def decode_request(
-    body: bytes, *, model: str, version: int | None, header_length: int | None = None
+    body: bytes,
+    *,
+    model: str,
+    version: int | None,
+    header_length: int | None = None,
+    limits: DecodeLimits = DEFAULT_LIMITS,
 ) -> tuple[InferenceRequest, OutputFormat]:
-    """Parse an inference request body (JSON, or JSON header + binary tensors)."""
-    if header_length is None:
-        header_bytes, binary = body, b""
-    else:
-        if not 0 <= header_length <= len(body):
-            raise BadRequest(
-                f"{HEADER_LENGTH} is {header_length} but the body has {len(body)} bytes"
-            )
-        header_bytes, binary = body[:header_length], body[header_length:]
-    header = _load_json(header_bytes)
-    if not isinstance(header, dict):
-        raise BadRequest("the request body must be a JSON object")
+    """Parse an inference request body (JSON, or JSON header + binary tensors). An error raised
+    once the header is read carries the request's ``id`` (``GatewayError.request_id``), so the
+    reply can name the request it refuses."""
+    header = _header(body, header_length)
     request_id = header.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise BadRequest("'id' must be a string")
+    try:
+        return _decode_header(header, body, model, version, header_length, limits)
+    except GatewayError as exc:
+        exc.request_id = request_id
+        raise
+
+
+def _header(body: bytes, header_length: int | None) -> dict[str, Any]:
+    if header_length is None:
+        header = load_json(body)
+    else:
+        if not 0 <= header_length <= len(body):
+            raise BadRequest(
+                f"the JSON header length ({HEADER_LENGTH} over HTTP, the OIPB frame's over "
+                f"MQTT) is {header_length} but the body has {len(body)} bytes"
+            )
+        header = load_json(body[:header_length])
+    if not isinstance(header, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return header
+
+
+def _decode_header(
+    header: dict[str, Any],
+    body: bytes,
+    model: str,
+    version: int | None,
+    header_length: int | None,
+    limits: DecodeLimits,
+) -> tuple[InferenceRequest, OutputFormat]:
+    binary = b"" if header_length is None else body[header_length:]
+    request_id = header.get("id")
     params = _parameters(header.get("parameters"), what="request")
     timeout_s = _timeout(params)
     priority = _int_param(params, "priority", 0, _MAX_PRIORITY)
@@ -65,14 +95,17 @@ def decode_request(
     raw_inputs = header.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise BadRequest("'inputs' must be a non-empty list")
+    limits.check_input_count(len(raw_inputs))
     inputs: dict[str, np.ndarray] = {}
-    offset = 0
+    offset = elements = 0
     for i, entry in enumerate(raw_inputs):
-        name, arr, used = _decode_input(entry, i, binary, offset)
+        name, arr, used = _decode_input(entry, i, binary, offset, limits)
         if name in inputs:
             raise BadRequest(f"input {name!r} is given twice")
         inputs[name] = arr
         offset += used
+        elements += arr.size
+        limits.check_elements(elements)
     if offset != len(binary):
         raise BadRequest(f"binary section has {len(binary)} bytes but the inputs declare {offset}")
 
@@ -83,6 +116,7 @@ def decode_request(
     if raw_outputs is not None:
         if not isinstance(raw_outputs, list):
             raise BadRequest("'outputs' must be a list")
+        limits.check_input_count(len(raw_outputs))
         outputs = []
         for entry in raw_outputs:
             if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
@@ -158,7 +192,7 @@ def frame(body: bytes, header_length: int) -> bytes:
 
 
 def _decode_input(
-    entry: Any, index: int, binary: bytes, offset: int
+    entry: Any, index: int, binary: bytes, offset: int, limits: DecodeLimits
 ) -> tuple[str, np.ndarray, int]:
     if not isinstance(entry, dict):
         raise BadRequest(f"inputs[{index}] must be an object")
@@ -172,7 +206,7 @@ def _decode_input(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
     ):
         raise BadRequest(f"{what}: 'shape' must be a list of non-negative integers")
-    count = math.prod(shape)
+    count = limits.check_shape(shape, what)
     params = _parameters(entry.get("parameters"), what=what)
     size = params.get("binary_data_size")
     if size is not None:
@@ -189,6 +223,7 @@ def _decode_input(
         return name, arr, size
     if "data" not in entry:
         raise BadRequest(f"{what}: needs 'data' or a 'binary_data_size' parameter")
+    limits.check_data_depth(entry["data"], what)
     return name, _from_json_data(entry["data"], dtype, shape, count, what), 0
 
 
@@ -312,18 +347,12 @@ def _to_json_data(arr: np.ndarray) -> list[Any]:
 # -- parameters ------------------------------------------------------------------------------
 
 
-def _load_json(raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadRequest(f"malformed JSON: {exc}") from None
-
-
 def _parameters(value: Any, *, what: str) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
         raise BadRequest(f"{what}: 'parameters' must be an object")
+    check_scalar_parameters(value, what)
     return value
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from gateway.codecs.limits import DEFAULT_LIMITS, DecodeLimits, load_json
 from gateway.codecs.oip import convert_values
 from gateway.errors import BadRequest
 from gateway.types import InferenceRequest, InferenceResponse
@@ -19,13 +20,15 @@ SIGNATURE = "serving_default"
 
 
 def decode_predict(
-    body: bytes, metadata: ModelMetadata, *, model: str, version: int | None
+    body: bytes,
+    metadata: ModelMetadata,
+    *,
+    model: str,
+    version: int | None,
+    limits: DecodeLimits = DEFAULT_LIMITS,
 ) -> tuple[InferenceRequest, bool]:
     """Returns the request and whether it used the row format (``instances``)."""
-    try:
-        doc = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadRequest(f"malformed JSON: {exc}") from None
+    doc = load_json(body)
     if not isinstance(doc, dict):
         raise BadRequest("the request body must be a JSON object")
     signature = doc.get("signature_name", SIGNATURE)
@@ -38,7 +41,19 @@ def decode_predict(
     columns = (
         _rows_to_columns(doc["instances"], specs) if has_rows else _columns(doc["inputs"], specs)
     )
-    inputs = {name: _to_array(value, specs[name]) for name, value in columns.items()}
+    inputs: dict[str, np.ndarray] = {}
+    elements = 0
+    for name, value in columns.items():
+        # Rows were gathered into a list: one more level than each row's own data.
+        limits.check_data_depth(value if not has_rows else value[0], f"input {name!r}")
+        inputs[name] = _to_array(value, specs[name])
+        elements += inputs[name].size
+        limits.check_elements(elements)
+        if inputs[name].ndim > limits.max_dims:
+            raise BadRequest(
+                f"input {name!r}: {inputs[name].ndim} dimensions exceed the limit of "
+                f"{limits.max_dims}"
+            )
     return InferenceRequest(model=model, version=version, inputs=inputs), has_rows
 
 
