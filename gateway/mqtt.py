@@ -38,7 +38,9 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties, VariableByteIntegers
 
 from gateway.codecs import oip
-from gateway.errors import BadRequest, GatewayError, InternalError, PayloadTooLarge
+from gateway.edge import Edge, Phase, error_document
+from gateway.errors import BadRequest, GatewayError, Overloaded, PayloadTooLarge
+from gateway.mqtt_trust import DeviceTrust, ReplyNamespace
 from gateway.service import InferenceService
 from gateway.settings import MqttSettings
 from gateway.types import InferenceRequest
@@ -73,20 +75,38 @@ class BrokerAddress:
 
 @dataclass(frozen=True, slots=True)
 class _Route:
+    """Where a request came from and where its reply goes.
+
+    ``refusal`` is set when the request may not be served as sent (a Response Topic outside the
+    device's reply namespace, a publisher identity that does not match the topic's device,
+    gateway/mqtt_trust.py); ``reply_topic`` is then the device's own default reply topic. The
+    request path calls ``raise_if_refused`` before decoding, so the refusal is answered like any
+    other ``GatewayError`` (a 403 error reply on ``reply_topic``) and acknowledged."""
+
     model: str
     device: str
     reply_topic: str
     correlation: bytes | None
     v5: bool
+    refusal: GatewayError | None = None
+
+    def raise_if_refused(self) -> None:
+        if self.refusal is not None:
+            raise self.refusal
 
 
 @dataclass(slots=True)
-class _Taken:
-    """A request taken from the broker whose acknowledgement waits for its reply's PUBACK."""
+class _Delivery:
+    """One request taken from the broker, from receipt until it ends: what its reply and its
+    acknowledgement need (``mid``/``qos`` of the request, where the reply goes, the key under
+    which it counts as seen for duplicate detection)."""
 
+    connection: _Connection
     mid: int
     qos: int
-    key: tuple[str, bytes] | None
+    route: _Route
+    key: tuple[str, bytes] | None = None
+    ended: bool = False
 
 
 @dataclass(slots=True)
@@ -95,7 +115,7 @@ class _Connection:
     answered on it whose reply the broker has not acknowledged yet (by the reply's packet id)."""
 
     client: paho.Client
-    awaiting_puback: dict[int, _Taken] = field(default_factory=dict)
+    awaiting_puback: dict[int, _Delivery] = field(default_factory=dict)
     alive: bool = True
 
 
@@ -257,8 +277,10 @@ class MqttAdapter:
         settings: MqttSettings,
         address: BrokerAddress,
         protocol: str,
+        edge: Edge,
     ) -> None:
         self._service = service
+        self._edge = edge.for_transport(TRANSPORT)
         self._settings = settings
         self._address = address
         self._v5 = protocol == "5"
@@ -273,10 +295,17 @@ class MqttAdapter:
         self._idle = asyncio.Event()
         self._idle.set()
         self._backlog: deque[tuple[_Connection, Message]] = deque()
+        self._backlog_limit = settings.max_backlog
         self._resume_scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._routes: dict[str, tuple[str, str] | None] = {}
-        # (device, correlation or id) -> monotonic time first seen: redeliveries are answered once.
+        self._trust = DeviceTrust(
+            namespace=ReplyNamespace(settings.response_topic_pattern, self._prefix),
+            identity=settings.device_identity,
+            identity_property=settings.identity_property,
+        )
+        # (device, reply topic + correlation or id) -> monotonic time first seen: redeliveries
+        # are answered once.
         self._seen: OrderedDict[tuple[str, bytes], float] = OrderedDict()
         self._connection: _Connection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -358,9 +387,8 @@ class MqttAdapter:
             return
         connection.alive = False
         self._backlog.clear()
-        for taken in connection.awaiting_puback.values():
-            self._forget(taken.key)
-            self._finish()
+        for delivery in list(connection.awaiting_puback.values()):
+            self._end(delivery, acknowledge=False)
         connection.awaiting_puback.clear()
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=self._settings.drain_timeout_s)
@@ -376,6 +404,10 @@ class MqttAdapter:
             properties = Properties(PacketTypes.CONNECT)
             properties.SessionExpiryInterval = s.session_expiry_s
             properties.ReceiveMaximum = s.receive_maximum
+            # The broker never sends us a packet above this (it drops it instead): what a
+            # device can make the gateway read into memory. Twice the payload limit, so a
+            # payload over the limit by less than that still gets its 413 error reply.
+            properties.MaximumPacketSize = 2 * s.max_payload_bytes + 65536
         tls_context: ssl.SSLContext | None = None
         if self._address.tls:
             tls_context = ssl.create_default_context(cafile=s.ca_file)
@@ -449,7 +481,10 @@ class MqttAdapter:
         if connection is None or not connection.alive or self._stopping.is_set():
             return  # not acknowledged: the broker redelivers it to the next session
         if self._in_flight >= self._limit:
-            self._backlog.append((connection, message))
+            if len(self._backlog) < self._backlog_limit:
+                self._backlog.append((connection, message))
+            else:
+                self._refuse_overflow(connection, message)
             return
         self._take(connection, message)
 
@@ -479,13 +514,12 @@ class MqttAdapter:
         def on_publish(
             client: paho.Client, userdata: object, mid: int, reason: Any, props: Any
         ) -> None:
-            taken = connection.awaiting_puback.pop(mid, None)
-            if taken is None:
+            delivery = connection.awaiting_puback.pop(mid, None)
+            if delivery is None:
                 if aiomqtt_on_publish is not None:  # a publish of aiomqtt's own
                     aiomqtt_on_publish(client, userdata, mid, reason, props)
                 return
-            self._acknowledge(connection, taken.mid, taken.qos)
-            self._finish()
+            self._end(delivery, acknowledge=True)
 
         return on_publish
 
@@ -537,89 +571,115 @@ class MqttAdapter:
     # -- one request -----------------------------------------------------------------------
 
     def _take(self, connection: _Connection, message: Message) -> None:
-        """Decode and check a request in the receive callback; errors are answered at once,
-        a valid request gets one task that awaits its inference."""
+        """Take a request from the broker: from here on it ends exactly once (``_end``):
+        answered (with its inference or an error) and acknowledged, or, when its connection is
+        gone, left unacknowledged for the broker to redeliver. One task per request does the
+        rest, so a slow decode or inference never holds up the receive callback."""
         self._in_flight += 1
         self._idle.clear()
-        route = self._route(message)
+        try:
+            route = self._route(message)
+        except Exception as exc:  # a topic or property nobody can answer to
+            log.debug("MQTT: request on %r cannot be routed: %s", message.topic, exc)
+            route = None
         if route is None:  # not a request topic of ours: nothing to answer, only acknowledge
             self._acknowledge(connection, message.mid, message.qos)
             self._finish()
             return
-        payload = bytes(message.payload)  # paho hands over bytes: no copy
-        key: tuple[str, bytes] | None = None
-        try:
-            limit = self._settings.max_payload_bytes
-            if len(payload) > limit:
-                raise PayloadTooLarge(
-                    f"payload of {len(payload)} bytes exceeds the limit of {limit}"
-                )
-            request, fmt = self._decode(message, route, payload)
-            key = self._dedupe_key(route, request.id)
-            if key is not None and self._is_duplicate(key, time.monotonic()):
-                log.debug("MQTT: duplicate of %s from %s ignored", key[1], route.device)
-                # Answered (or being answered) by the first delivery.
-                self._acknowledge(connection, message.mid, message.qos)
-                self._finish()
-                return
-        except Exception as exc:
-            if not isinstance(exc, GatewayError):  # a bug: still an answer, never silence
-                log.exception("MQTT: request from %s failed", route.device)
-                exc = InternalError(f"model {route.model}: {exc}")
-            # The id, when the payload could be read that far, lets MQTT 3.1.1 devices match
-            # the error to their request.
-            request_id = None if exc.status == 413 else _peek_id(payload)
-            self._reply(connection, message, route, None, *_error_reply(exc, request_id))
-            return
-        task = asyncio.get_running_loop().create_task(
-            self._serve(connection, message, route, request, fmt, key)
-        )
+        delivery = _Delivery(connection, message.mid, message.qos, route)
+        task = asyncio.get_running_loop().create_task(self._serve(delivery, message))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _serve(
-        self,
-        connection: _Connection,
-        message: Message,
-        route: _Route,
-        request: InferenceRequest,
-        fmt: oip.OutputFormat,
-        key: tuple[str, bytes] | None,
-    ) -> None:
+    def _refuse_overflow(self, connection: _Connection, message: Message) -> None:
+        """Beyond the in-flight limit and a full backlog (a broker that does not enforce
+        Receive Maximum, e.g. MQTT 3.1.1): answered at once with a retryable error, never
+        dropped in silence and never buffered without bound."""
+        self._in_flight += 1
+        self._idle.clear()
         try:
-            response = await self._service.infer(request, transport=TRANSPORT)
-            reply, json_len = oip.encode_response(response, fmt)
-        except Exception as exc:
-            if not isinstance(exc, GatewayError):  # a bug: still an answer, never silence
-                log.exception("MQTT: request from %s failed", route.device)
-                exc = InternalError(f"model {route.model}: inference failed: {exc}")
-            self._reply(connection, message, route, key, *_error_reply(exc, request.id))
-            return
-        except BaseException:
-            # Cancelled: unanswered, so the redelivery must not be taken for a duplicate.
-            self._forget(key)
+            route = self._route(message)
+        except Exception:
+            route = None
+        if route is None:
+            self._acknowledge(connection, message.mid, message.qos)
             self._finish()
-            raise
-        if json_len is None:
-            self._reply(connection, message, route, key, _with_status(reply), False, 200)
-        else:
-            self._reply(connection, message, route, key, oip.frame(reply, json_len), True, 200)
+            return
+        delivery = _Delivery(connection, message.mid, message.qos, route)
+        busy = Overloaded(
+            f"the gateway has {self._in_flight - 1} MQTT requests in flight and "
+            f"{len(self._backlog)} waiting; retry later",
+            retry_after=1.0,
+        )
+        self._reply_error(delivery, busy, None)
 
-    def _reply(
-        self,
-        connection: _Connection,
-        message: Message,
-        route: _Route,
-        key: tuple[str, bytes] | None,
-        body: bytes,
-        binary: bool,
-        status: int,
-    ) -> None:
+    async def _serve(self, delivery: _Delivery, message: Message) -> None:
+        route = delivery.route
+        try:
+            phase: Phase = "decode"
+            try:
+                request, fmt = await self._decode(message, route)
+                delivery.key = self._dedupe_key(route, request.id)
+                if delivery.key is not None and self._is_duplicate(delivery.key, time.monotonic()):
+                    log.debug("MQTT: duplicate of %s from %s ignored", request.id, route.device)
+                    delivery.key = None  # the first delivery's key: not ours to forget
+                    self._end(delivery, acknowledge=True)  # answered by the first delivery
+                    return
+                phase = "infer"
+                response = await self._service.infer(request, transport=TRANSPORT)
+                reply, json_len = oip.encode_response(response, fmt)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # RecursionError and MemoryError included
+                err = self._edge.reject(exc, phase=phase, model=route.model)
+                self._reply_error(delivery, err, None)
+                return
+            if json_len is None:
+                self._reply(delivery, _with_status(reply), False, 200)
+            else:
+                self._reply(delivery, oip.frame(reply, json_len), True, 200)
+        except BaseException:
+            # Cancelled (shutdown, connection lost) or a failure while replying: unanswered, so
+            # the broker's redelivery must be answered rather than taken for a duplicate.
+            self._end(delivery, acknowledge=False)
+            raise
+
+    async def _decode(
+        self, message: Message, route: _Route
+    ) -> tuple[InferenceRequest, oip.OutputFormat]:
+        route.raise_if_refused()  # answered as 403 on the device's own reply topic
+        payload = message.payload
+        limit = self._settings.max_payload_bytes
+        if len(payload) > limit:
+            raise PayloadTooLarge(f"payload of {len(payload)} bytes exceeds the limit of {limit}")
+        body, header_length = oip.unframe(bytes(payload))  # paho hands over bytes: no copy
+        request, fmt = await self._edge.decode_oip(
+            body, model=route.model, version=None, header_length=header_length
+        )
+        if route.correlation is None and request.id is None:
+            raise BadRequest(
+                "a request without Correlation Data (e.g. MQTT 3.1.1) needs an 'id' to "
+                "correlate the reply"
+            )
+        if request.timeout_s is None:
+            expiry = _property(message, "MessageExpiryInterval")
+            if expiry:
+                request.timeout_s = float(expiry)
+        # A binary request gets binary outputs unless it chose otherwise.
+        if header_length is not None and not fmt.binary and request.outputs is None:
+            fmt = oip.OutputFormat(binary_all=True)
+        return request, fmt
+
+    def _reply_error(self, delivery: _Delivery, err: GatewayError, request_id: str | None) -> None:
+        doc = error_document(err, request_id)
+        self._reply(delivery, json.dumps(doc).encode(), False, err.status)
+
+    def _reply(self, delivery: _Delivery, body: bytes, binary: bool, status: int) -> None:
         """Hand the reply to paho; the request is acknowledged once the broker has the reply
         (its PUBACK at QoS 1; at QoS 0 the request's PUBACK follows the reply on the wire)."""
+        connection, route = delivery.connection, delivery.route
         if not connection.alive:
-            self._forget(key)
-            self._finish()
+            self._end(delivery, acknowledge=False)
             return
         properties = reply_properties(binary, status, route.correlation) if route.v5 else None
         try:
@@ -631,8 +691,7 @@ class MqttAdapter:
             )
         except ValueError as exc:  # e.g. a Response Topic with wildcards: never answerable
             log.warning("MQTT: reply to %s cannot be published: %s", route.device, exc)
-            self._acknowledge(connection, message.mid, message.qos)
-            self._finish()
+            self._end(delivery, acknowledge=True)
             return
         if info.rc != paho.MQTT_ERR_SUCCESS:
             log.warning(
@@ -640,14 +699,25 @@ class MqttAdapter:
                 route.device,
                 paho.error_string(info.rc),
             )
-            self._forget(key)
-            self._finish()
+            self._end(delivery, acknowledge=False)
             return
         if self._reply_qos == 0:
-            self._acknowledge(connection, message.mid, message.qos)
-            self._finish()
+            self._end(delivery, acknowledge=True)
         else:
-            connection.awaiting_puback[info.mid] = _Taken(message.mid, message.qos, key)
+            connection.awaiting_puback[info.mid] = delivery
+
+    def _end(self, delivery: _Delivery, *, acknowledge: bool) -> None:
+        """The one way a request ends: acknowledged (answered), or not (the broker redelivers
+        it, and then it must be answered again, not taken for a duplicate). Idempotent, so
+        no path can free its in-flight slot twice."""
+        if delivery.ended:
+            return
+        delivery.ended = True
+        if acknowledge:
+            self._acknowledge(delivery.connection, delivery.mid, delivery.qos)
+        else:
+            self._forget(delivery.key)
+        self._finish()
 
     def _acknowledge(self, connection: _Connection, mid: int, qos: int) -> None:
         if qos > 0 and connection.alive:
@@ -672,27 +742,6 @@ class MqttAdapter:
         if key is not None:
             self._seen.pop(key, None)  # let the redelivery be answered
 
-    def _decode(
-        self, message: Message, route: _Route, payload: bytes
-    ) -> tuple[InferenceRequest, oip.OutputFormat]:
-        body, header_length = oip.unframe(payload)
-        request, fmt = oip.decode_request(
-            body, model=route.model, version=None, header_length=header_length
-        )
-        if route.correlation is None and request.id is None:
-            raise BadRequest(
-                "a request without Correlation Data (e.g. MQTT 3.1.1) needs an 'id' to "
-                "correlate the reply"
-            )
-        if request.timeout_s is None:
-            expiry = _property(message, "MessageExpiryInterval")
-            if expiry:
-                request.timeout_s = float(expiry)
-        # A binary request gets binary outputs unless it chose otherwise.
-        if header_length is not None and not fmt.binary and request.outputs is None:
-            fmt = oip.OutputFormat(binary_all=True)
-        return request, fmt
-
     def _route(self, message: Message) -> _Route | None:
         topic: str = message.topic
         if topic in self._routes:
@@ -708,8 +757,11 @@ class MqttAdapter:
         props = message.properties
         response_topic = getattr(props, "ResponseTopic", None) if props is not None else None
         correlation = getattr(props, "CorrelationData", None) if props is not None else None
-        reply = response_topic or f"{self._prefix}/infer/{model}/res/{device}"
-        return _Route(model, device, reply, correlation, self._v5)
+        user_properties = getattr(props, "UserProperty", None) if props is not None else None
+        refusal = self._trust.refusal(model, device, response_topic, user_properties)
+        default = f"{self._prefix}/infer/{model}/res/{device}"
+        reply = default if refusal is not None or not response_topic else response_topic
+        return _Route(model, device, reply, correlation, self._v5, refusal)
 
     def _parse_topic(self, topic: str) -> tuple[str, str] | None:
         if not topic.startswith(self._head):
@@ -717,15 +769,24 @@ class MqttAdapter:
         parts = topic[len(self._head) :].split("/")
         if len(parts) != 3 or parts[1] != "req" or not parts[0] or not parts[2]:
             return None
+        if any("+" in p or "#" in p for p in parts):
+            return None  # not a topic name (a broker never delivers one): no device to answer
         return parts[0], parts[2]
 
     @staticmethod
     def _dedupe_key(route: _Route, request_id: str | None) -> tuple[str, bytes] | None:
+        """(device, kind + reply topic + correlation or id): a device's ids are its own, so
+        another device reusing them (on its own topic, or on this one without an ACL that
+        stops it) is a different request unless it also names this device's reply topic. The
+        reply topic is length-prefixed (MQTT caps it at 65535 bytes) so no two keys collide."""
         if route.correlation is not None:
-            return route.device, b"c:" + route.correlation
-        if request_id is not None:
-            return route.device, b"i:" + request_id.encode()
-        return None
+            kind, value = b"c", route.correlation
+        elif request_id is not None:
+            kind, value = b"i", request_id.encode()
+        else:
+            return None
+        topic = route.reply_topic.encode()
+        return route.device, kind + _U16.pack(len(topic)) + topic + value
 
     def _is_duplicate(self, key: tuple[str, bytes], now: float) -> bool:
         while self._seen:
@@ -745,31 +806,9 @@ async def _until_disconnected(client: aiomqtt.Client) -> None:
     raise aiomqtt.MqttError("message stream ended")
 
 
-def _error_reply(exc: GatewayError, request_id: str | None) -> tuple[bytes, bool, int]:
-    doc: dict[str, Any] = {"status": exc.status, "reason": exc.reason, "error": exc.message}
-    if request_id is not None:
-        doc["id"] = request_id
-    if exc.retry_after is not None:
-        doc["retry_after_s"] = round(exc.retry_after, 3)
-    return json.dumps(doc).encode(), False, exc.status
-
-
 def _property(message: Message, name: str) -> Any:
     props = message.properties
     return getattr(props, name, None) if props is not None else None
-
-
-def _peek_id(payload: object) -> str | None:
-    """The request ``id`` if the payload's JSON header can be read, for error replies."""
-    if not isinstance(payload, bytes):
-        return None
-    try:
-        body, header_length = oip.unframe(payload)
-        doc = json.loads(body if header_length is None else body[:header_length])
-    except (BadRequest, ValueError):
-        return None
-    value = doc.get("id") if isinstance(doc, dict) else None
-    return value if isinstance(value, str) else None
 
 
 def _with_status(reply: bytes) -> bytes:

@@ -10,12 +10,20 @@ import socket
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
+)
+
+from gateway.codecs.limits import DecodeLimits
+from gateway.mqtt_trust import check_pattern
+from gateway.settings_security import (
+    check_admin_exposure,
+    check_tls_pair,
+    resolve_secret_files,
 )
 
 
@@ -31,6 +39,64 @@ class HttpSettings(BaseModel):
         None,
         description="When set, the /admin endpoints require 'Authorization: Bearer <token>'.",
     )
+    admin_token_file: Path | None = Field(
+        None,
+        description="File holding admin_token (trailing newline stripped); read once at start.",
+    )
+    inference_token: SecretStr | None = Field(
+        None,
+        description="When set, /v2/models/..., /v2/repository/... and /v1/... require "
+        "'Authorization: Bearer <token>'; the health endpoints stay open for probes.",
+    )
+    inference_token_file: Path | None = Field(
+        None, description="File holding inference_token (trailing newline stripped)."
+    )
+    metrics_token: SecretStr | None = Field(
+        None, description="When set, /metrics requires 'Authorization: Bearer <token>'."
+    )
+    metrics_token_file: Path | None = Field(
+        None, description="File holding metrics_token (trailing newline stripped)."
+    )
+    allow_unauthenticated_admin: bool = Field(
+        False,
+        description="Start even though host is not a loopback address and admin_token is "
+        "unset (anyone who reaches the port can change knobs and the tuner).",
+    )
+    tls_cert_file: Path | None = Field(
+        None, description="PEM certificate chain: with tls_key_file, serve HTTPS (TLS 1.2+)."
+    )
+    tls_key_file: Path | None = Field(None, description="PEM private key of tls_cert_file.")
+    max_connections: int = Field(
+        1024,
+        ge=1,
+        description="Open HTTP connections served at once; a request on a connection beyond "
+        "them gets 503 (reason connection_limit) and the connection is closed.",
+    )
+    read_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Time a request body may take to arrive in full; a slower one gets 408 and "
+        "its connection is closed.",
+    )
+    keepalive_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="An idle connection is closed after this long; also the time a new "
+        "connection has to send its first request head.",
+    )
+
+    @model_validator(mode="after")
+    def _check_security(self) -> HttpSettings:
+        resolve_secret_files(
+            self, ("admin_token", "inference_token", "metrics_token"), section="http"
+        )
+        check_tls_pair(self.tls_cert_file, self.tls_key_file)
+        check_admin_exposure(
+            self.host,
+            admin_token_set=self.admin_token is not None,
+            allowed=self.allow_unauthenticated_admin,
+        )
+        return self
 
 
 class ServingSettings(BaseModel):
@@ -52,6 +118,50 @@ class ServingSettings(BaseModel):
     max_concurrency: int = Field(
         16, ge=1, le=64, description="Upper bound of the concurrency knob (instances per model)."
     )
+    shutdown_grace_s: float = Field(
+        25.0,
+        ge=0,
+        description="On SIGTERM/SIGINT, how long requests already taken (HTTP and MQTT) may take "
+        "to be answered before the gateway stops anyway; 25 s fits Kubernetes' default 30 s.",
+    )
+    max_inputs: int = Field(
+        64, ge=1, le=4096, description="Most tensors (inputs, requested outputs) in a request."
+    )
+    max_dims: int = Field(
+        8, ge=1, le=32, description="Most dimensions of a tensor (and nesting of its JSON data)."
+    )
+    max_elements: int = Field(
+        16 * 1024 * 1024, ge=1, description="Most tensor elements in one request, all inputs."
+    )
+
+    def decode_limits(self) -> DecodeLimits:
+        return DecodeLimits(
+            max_inputs=self.max_inputs, max_dims=self.max_dims, max_elements=self.max_elements
+        )
+
+    batch_watchdog_s: float = Field(
+        30.0,
+        gt=0,
+        description="Longest a runtime call may run before its batch is failed with 504 and its "
+        "instance replaced. Batches here take milliseconds and first-call graph builds a few "
+        "seconds, so 30 s is only reached by a hung backend, and it answers before the usual "
+        "30-60 s client timeouts do.",
+    )
+    batch_watchdog_max_stuck: int = Field(
+        2,
+        ge=1,
+        description="Stuck runtime calls a model may leave running (Python cannot stop a "
+        "thread; each holds an executor thread until it returns). At this many the model is "
+        "marked unavailable instead of getting another instance. Whatever this says, stuck "
+        "calls never hold more than half of executor_threads across all models.",
+    )
+    max_queued_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=1,
+        description="Bytes of request tensors that may wait in the model queues or run at once, "
+        "across all models; a request that does not fit gets 503 (reason memory), one larger "
+        "than the whole budget 413.",
+    )
 
 
 class MqttSettings(BaseModel):
@@ -66,8 +176,20 @@ class MqttSettings(BaseModel):
     embedded_port: int = Field(
         1883, ge=0, le=65535, description="Port of the embedded broker (0 picks a free one)."
     )
+    embedded_broker: Literal["auto", "mosquitto", "amqtt"] = Field(
+        "auto",
+        description="Embedded broker: mosquitto (a managed child process, MQTT 5), amqtt "
+        "(in-process, MQTT 3.1.1), or auto = mosquitto when installed, else amqtt.",
+    )
+    embedded_password_file: Path | None = Field(
+        None,
+        description="Password file of the embedded broker (mosquitto_passwd's format); when set, "
+        "anonymous clients are refused and the gateway connects with username/password.",
+    )
     protocol: Literal["5", "3.1.1"] = Field(
-        "5", description="MQTT version towards an external broker (the embedded one is 3.1.1)."
+        "5",
+        description="MQTT version towards an external broker (the embedded one: 5 with "
+        "mosquitto, 3.1.1 with amqtt).",
     )
     client_id: str = Field(
         default_factory=lambda: f"iotgw-{socket.gethostname()}"[:64],
@@ -75,6 +197,9 @@ class MqttSettings(BaseModel):
     )
     username: str | None = Field(None, description="Broker user name.")
     password: SecretStr | None = Field(None, description="Broker password.")
+    password_file: Path | None = Field(
+        None, description="File holding password (trailing newline stripped); read once at start."
+    )
     ca_file: Path | None = Field(None, description="CA bundle for mqtts:// (system CAs if unset).")
     cert_file: Path | None = Field(None, description="Client certificate for mqtts://.")
     key_file: Path | None = Field(None, description="Client key for mqtts://.")
@@ -94,13 +219,42 @@ class MqttSettings(BaseModel):
         64, ge=1, le=65535, description="Most unacknowledged requests the broker sends at once."
     )
     max_payload_bytes: int = Field(
-        4 * 1024 * 1024, ge=1024, description="Largest request payload; bigger ones get 413."
+        4 * 1024 * 1024,
+        ge=1024,
+        description="Largest request payload; bigger ones get 413. Under MQTT 5 the broker is "
+        "told (Maximum Packet Size) to drop packets above twice this, unanswered.",
+    )
+    max_backlog: int = Field(
+        1024,
+        ge=0,
+        description="Requests held waiting for an in-flight slot when the broker sends more "
+        "than receive_maximum (MQTT 3.1.1 brokers do); beyond it they get a 503 error reply.",
     )
     dedupe_window_s: float = Field(
         60.0,
         ge=0,
-        description="A request with the (device, correlation data or id) of one seen "
-        "this recently is a redelivery and is not answered again.",
+        description="A request with the (device, reply topic, correlation data or id) of one "
+        "seen this recently is a redelivery and is not answered again.",
+    )
+    response_topic_pattern: str = Field(
+        "{prefix}/infer/+/res/{device}/#",
+        description="MQTT topic filter a request's Response Topic must match, with {prefix}, "
+        "{model} and {device} filled in ('#' also matches its parent level). A Response Topic "
+        "outside it gets a 403 error reply on the device's own reply topic instead. '#' lets "
+        "a device make the gateway publish on any topic the gateway's account may write.",
+    )
+    device_identity: Literal["topic", "user_property"] = Field(
+        "topic",
+        description="topic: the request topic's device level is the device (bound to the "
+        "publisher's account only by the broker's ACL, deploy/mosquitto/acl); user_property: "
+        "also require the MQTT 5 user property identity_property, stamped by the broker, to "
+        "name the same device (403 otherwise).",
+    )
+    identity_property: str = Field(
+        "iotgw-sender",
+        min_length=1,
+        description="User property a broker plugin or rule sets to the publisher's "
+        "authenticated id (device_identity = user_property).",
     )
     drain_timeout_s: float = Field(
         10.0, ge=0, description="On shutdown, how long requests already taken may take to finish."
@@ -108,6 +262,22 @@ class MqttSettings(BaseModel):
     keepalive_s: int = Field(30, ge=5, le=3600, description="MQTT keep-alive.")
     reconnect_min_s: float = Field(0.2, gt=0, description="First reconnect delay.")
     reconnect_max_s: float = Field(10.0, gt=0, description="Longest reconnect delay.")
+
+    @field_validator("response_topic_pattern")
+    @classmethod
+    def _valid_topic_filter(cls, pattern: str) -> str:
+        return check_pattern(pattern)
+
+    @model_validator(mode="after")
+    def _identity_needs_mqtt5(self) -> MqttSettings:
+        if self.device_identity == "user_property" and self.protocol != "5":
+            raise ValueError("device_identity = user_property needs protocol 5 (user properties)")
+        return self
+
+    @model_validator(mode="after")
+    def _read_password_file(self) -> MqttSettings:
+        resolve_secret_files(self, ("password",), section="mqtt")
+        return self
 
 
 class TunerSettings(BaseModel):
