@@ -5,6 +5,10 @@ arrival of the oldest waiting request) for ``max_batch_size`` rows, runs the bat
 loop, and fans the outputs (or the error) back to every caller. Knobs are read once per batch, so
 they can change at any moment. A request that cannot meet its deadline is refused at once rather
 than served late, and a full queue is refused with a retry hint.
+
+Two guards keep a model serving through faults: a watchdog fails a batch whose runtime call runs
+past ``watchdog_s`` (504) and has the pool abandon and replace its instance, and a supervisor
+restarts the dispatch loop if a bug kills it, with every queued request kept.
 """
 
 from __future__ import annotations
@@ -21,7 +25,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gateway.errors import DeadlineUnmeetable, GatewayError, InternalError, Overloaded
+from gateway.errors import (
+    BatchTimeout,
+    DeadlineUnmeetable,
+    GatewayError,
+    InternalError,
+    Overloaded,
+)
 from gateway.instances import Instance, InstancePool
 from gateway.knobs import Knobs
 from gateway.service_time import ServiceTimeEstimate
@@ -31,6 +41,9 @@ log = logging.getLogger("gateway.batcher")
 DEFAULT_PRIORITY_LEVEL = 5
 # Bounds the scan for requests that fit a batch, so forming one stays cheap with a long queue.
 _MAX_SKIPPED_PER_BATCH = 64
+# Pause before restarting a dispatch loop that died, doubled while it keeps dying without
+# dispatching a batch: a bug that fires on every iteration must not spin the event loop.
+_RESTART_BACKOFF_S = (0.05, 5.0)
 Inputs = dict[str, np.ndarray]
 Outputs = dict[str, np.ndarray]
 
@@ -66,6 +79,8 @@ class Batcher:
         knobs: Callable[[], Knobs],
         max_queue_size: int,
         on_batch: Callable[[BatchRecord], None] | None = None,
+        watchdog_s: float = 30.0,
+        on_stuck: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
@@ -74,6 +89,8 @@ class Batcher:
         self._knobs = knobs
         self.max_queue_size = max_queue_size
         self._on_batch = on_batch
+        self.watchdog_s = watchdog_s
+        self._on_stuck = on_stuck
         self._clock = clock
         self._heap: list[_Pending] = []
         self._queued_rows = 0
@@ -81,18 +98,15 @@ class Batcher:
         self._arrival = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
+        self._dispatched = 0  # batches launched: tells the supervisor a restarted loop works
         self.service_time = ServiceTimeEstimate()
 
     @property
     def queue_depth(self) -> int:
         return len(self._heap)
 
-    @property
-    def queued_rows(self) -> int:
-        return self._queued_rows
-
     def start(self) -> None:
-        self._loop_task = asyncio.create_task(self._dispatch_loop(), name=f"batcher:{self.name}")
+        self._loop_task = asyncio.create_task(self._supervise(), name=f"batcher:{self.name}")
 
     async def stop(self) -> None:
         """Stop taking batches, let running ones finish, refuse what is still queued."""
@@ -102,10 +116,14 @@ class Batcher:
             self._loop_task = None
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.refuse_queued(DeadlineUnmeetable(f"model {self.name} is shutting down"))
+
+    def refuse_queued(self, error: GatewayError) -> None:
+        """Fail every request still waiting in the queue with ``error``."""
         while self._heap:
             item = heapq.heappop(self._heap)
             if not item.future.done():
-                item.future.set_exception(DeadlineUnmeetable(f"model {self.name} is shutting down"))
+                item.future.set_exception(error)
         self._queued_rows = 0
 
     async def submit(
@@ -157,11 +175,37 @@ class Batcher:
         fill_wait = knobs.batch_timeout_s if self._queued_rows + rows < knobs.max_batch_size else 0
         return waves * per_batch + fill_wait
 
+    def drain_time(self) -> float:
+        """Seconds until the queue, as it stands, is worked off (at least 1): a retry hint."""
+        return self._drain_time()
+
     def _drain_time(self) -> float:
         knobs = self._knobs()
         per_batch = self.service_time.predict(knobs.max_batch_size) or 0.1
         batches = math.ceil(self._queued_rows / knobs.max_batch_size)
         return max(1.0, batches * per_batch / max(self._pool.size, 1))
+
+    async def _supervise(self) -> None:
+        """Run the dispatch loop; if a bug kills it, log that once and start it again. Without
+        it every request queued on this model would wait until its client gave up. ``stop``
+        cancels this task, which ends it for good."""
+        backoff = _RESTART_BACKOFF_S[0]
+        while True:
+            dispatched = self._dispatched
+            try:
+                await self._dispatch_loop()
+            except Exception:
+                log.exception(
+                    "model %s: the dispatch loop failed; restarting it in %.2f s with %d "
+                    "request(s) queued",
+                    self.name,
+                    backoff,
+                    len(self._heap),
+                )
+            if self._dispatched > dispatched:
+                backoff = _RESTART_BACKOFF_S[0]
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, _RESTART_BACKOFF_S[1])
 
     async def _dispatch_loop(self) -> None:
         while True:
@@ -169,18 +213,35 @@ class Batcher:
                 self._arrival.clear()
                 await self._arrival.wait()
             inst = await self._pool.acquire()
+            batch: list[_Pending] = []
             try:
                 knobs = self._knobs()  # read once per batch: changes apply from the next one
                 batch = await self._collect(knobs)
+                if batch:
+                    self._launch(inst, batch)
             except BaseException:
+                # Whatever went wrong, the requests taken go back to the queue: the restarted
+                # loop (or ``stop``) answers them.
+                self._requeue(batch)
                 await self._pool.release(inst)
                 raise
             if not batch:
                 await self._pool.release(inst)
-                continue
-            task = asyncio.create_task(self._run_batch(inst, batch), name=f"batch:{self.name}")
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+
+    def _launch(self, inst: Instance, batch: list[_Pending]) -> None:
+        task = asyncio.create_task(self._run_batch(inst, batch), name=f"batch:{self.name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        self._dispatched += 1
+
+    def _requeue(self, items: list[_Pending]) -> None:
+        """Put taken requests back; their sort keys keep their places in line."""
+        for item in items:
+            if not item.future.done():
+                heapq.heappush(self._heap, item)
+                self._queued_rows += item.rows
+        if items:
+            self._arrival.set()
 
     async def _collect(self, knobs: Knobs) -> list[_Pending]:
         if not self._heap:
@@ -243,25 +304,77 @@ class Batcher:
             inputs = {n: np.concatenate([item.inputs[n] for item in batch]) for n in names}
         rows = sum(item.rows for item in batch)
         started = self._clock()
-        loop = asyncio.get_running_loop()
+        call = self._start_call(inst, inputs)
+        abandoned = False
         try:
-            # The backend call blocks for the whole batch: it runs on the owned executor.
-            outputs, infer_s = await loop.run_in_executor(
-                self._executor, _timed_call, inst.runtime.infer, inputs
-            )
+            result = await self._watch(call)
+            if result is None:
+                abandoned = True
+                self._pool.abandon(inst, call.done)
+                self._fail(batch, self._stuck_error(rows))
+                if self._on_stuck is not None:
+                    self._on_stuck()
+                return
         except Exception as exc:
-            error = (
-                exc
-                if isinstance(exc, GatewayError)
-                else InternalError(f"model {self.name}: inference failed: {exc}")
-            )
             log.exception("model %s: batch of %d rows failed", self.name, rows)
-            for item in batch:
-                if not item.future.done():
-                    item.future.set_exception(error)
+            self._fail(batch, exc)
             return
         finally:
-            await self._pool.release(inst)
+            if not abandoned:
+                await self._pool.release(inst)
+        outputs, infer_s = result
+        self._fan_out(batch, outputs, started, rows, infer_s)
+
+    def _start_call(self, inst: Instance, inputs: Inputs) -> _RuntimeCall:
+        loop = asyncio.get_running_loop()
+        began: asyncio.Future[None] = loop.create_future()
+
+        def signal_start() -> None:
+            # Runs on the executor thread as the call starts: the watchdog times the call, not
+            # the wait for a free thread (a busy executor is no fault of the instance).
+            loop.call_soon_threadsafe(_resolve, began)
+
+        # The backend call blocks for the whole batch: it runs on the owned executor.
+        done = loop.run_in_executor(
+            self._executor, _timed_call, inst.runtime.infer, inputs, signal_start
+        )
+        return _RuntimeCall(began, done)
+
+    async def _watch(self, call: _RuntimeCall) -> tuple[Outputs, float] | None:
+        """The call's result, or None when it runs past the watchdog limit (it keeps running:
+        a thread cannot be stopped from outside)."""
+        await asyncio.wait((call.began, call.done), return_when=asyncio.FIRST_COMPLETED)
+        finished, _ = await asyncio.wait((call.done,), timeout=self.watchdog_s)
+        if not finished:
+            return None
+        return call.done.result()
+
+    def _stuck_error(self, rows: int) -> BatchTimeout:
+        log.error(
+            "model %s: a batch of %d rows ran past the %g s watchdog limit; its runtime "
+            "instance is abandoned (its thread cannot be stopped) and replaced",
+            self.name,
+            rows,
+            self.watchdog_s,
+        )
+        return BatchTimeout(
+            f"model {self.name}: the backend did not finish the batch within the "
+            f"{self.watchdog_s:g} s watchdog limit (serving.batch_watchdog_s)"
+        )
+
+    def _fail(self, batch: list[_Pending], exc: Exception) -> None:
+        error = (
+            exc
+            if isinstance(exc, GatewayError)
+            else InternalError(f"model {self.name}: inference failed: {exc}")
+        )
+        for item in batch:
+            if not item.future.done():
+                item.future.set_exception(error)
+
+    def _fan_out(
+        self, batch: list[_Pending], outputs: Outputs, started: float, rows: int, infer_s: float
+    ) -> None:
         compute = self._clock() - started
         # The call's own duration, not the wait for an executor thread (a session rebuild may
         # hold one): admission plans with what a batch costs.
@@ -279,7 +392,21 @@ class Batcher:
             self._on_batch(BatchRecord(rows, len(batch), queue_times, compute))
 
 
-def _timed_call(fn: Callable[[Inputs], Outputs], inputs: Inputs) -> tuple[Outputs, float]:
+@dataclass(frozen=True, slots=True)
+class _RuntimeCall:
+    began: asyncio.Future[None]  # resolved when an executor thread starts the call
+    done: asyncio.Future[tuple[Outputs, float]]
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _timed_call(
+    fn: Callable[[Inputs], Outputs], inputs: Inputs, on_start: Callable[[], None]
+) -> tuple[Outputs, float]:
+    on_start()
     started = time.perf_counter()
     outputs = fn(inputs)
     return outputs, time.perf_counter() - started

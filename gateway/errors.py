@@ -29,6 +29,13 @@ class Unauthorized(GatewayError):
     reason = "unauthorized"
 
 
+class Forbidden(GatewayError):
+    """The caller is known but may not do this (e.g. name another device's reply topic)."""
+
+    status = 403
+    reason = "forbidden"
+
+
 class NotFound(GatewayError):
     """Unknown model, version or route."""
 

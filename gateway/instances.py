@@ -4,6 +4,9 @@ Operation-level threads are fixed when a backend session is created, so a thread
 new generation of instances off the event loop, warms them, swaps them in, and closes the old
 ones once the batches running on them are done. Batches never see a half-built or closed
 instance, so a swap fails no request.
+
+An instance whose call the batcher's watchdog gave up on is abandoned: out of the set for good,
+closed only if its call ever returns, and replaced by a fresh one through ``replenish``.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -34,6 +38,21 @@ class Instance:
     retired: bool = field(default=False)
 
 
+class StuckCalls:
+    """Executor threads held by runtime calls the watchdog gave up on, across every model of the
+    process. Python cannot stop a thread, so each such call keeps its executor thread until the
+    backend returns, if it ever does; ``limit`` bounds how many may be held before models stop
+    getting replacement instances, so that stuck calls cannot take the whole executor."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    @property
+    def full(self) -> bool:
+        return self.held >= self.limit
+
+
 class InstancePool:
     """Hands idle instances to the batcher; resizes and re-threads the set without failing any
     batch. All methods run on the event loop; blocking backend work goes to ``executor``."""
@@ -44,6 +63,7 @@ class InstancePool:
         factory: RuntimeFactory,
         executor: Executor,
         warmup_batch_sizes: tuple[int, ...] = (1,),
+        stuck_calls: StuckCalls | None = None,
     ) -> None:
         self._factory = factory
         self._executor = executor
@@ -51,6 +71,10 @@ class InstancePool:
         self._idle: deque[Instance] = deque()
         self._busy: set[Instance] = set()
         self._active: list[Instance] = []
+        self._stuck: set[Instance] = set()  # abandoned, their calls still running
+        self._stuck_calls = stuck_calls if stuck_calls is not None else StuckCalls(limit=1 << 30)
+        self._closing: set[asyncio.Task[None]] = set()
+        self._target = 0  # the concurrency asked for: what ``replenish`` rebuilds to
         self._available = asyncio.Condition()
         self._reconfigure_lock = asyncio.Lock()
         self._generation = 0
@@ -70,6 +94,11 @@ class InstancePool:
     @property
     def busy(self) -> int:
         return sum(1 for inst in self._busy if not inst.retired)
+
+    @property
+    def stuck(self) -> int:
+        """This model's abandoned instances whose calls have not returned yet."""
+        return len(self._stuck)
 
     async def start(self, concurrency: int, threads: Threads) -> None:
         await self.reconfigure(concurrency=concurrency, threads=threads)
@@ -99,12 +128,35 @@ class InstancePool:
         """Make the active set ``concurrency`` instances with ``threads``; returns once the new
         instances serve. Concurrent calls are applied one after the other."""
         async with self._reconfigure_lock:
+            self._target = concurrency
             if threads != self._threads:
                 await self._replace_all(concurrency, threads)
             elif concurrency > len(self._active):
                 await self._grow(concurrency - len(self._active))
             elif concurrency < len(self._active):
                 await self._shrink(len(self._active) - concurrency)
+
+    def abandon(self, inst: Instance, call: asyncio.Future[Any]) -> None:
+        """Take a busy instance whose ``call`` is stuck out of service for good: it is never
+        handed out again. The call cannot be stopped (a Python thread cannot be killed), so it
+        keeps its executor thread; if it ever returns, the runtime is closed then."""
+        self._busy.discard(inst)
+        inst.retired = True
+        if inst in self._active:
+            self._active.remove(inst)
+        self._stuck.add(inst)
+        self._stuck_calls.held += 1
+        call.add_done_callback(lambda done: self._stuck_call_returned(inst, done))
+
+    async def replenish(self) -> int:
+        """Build instances (off the loop, warmed) until the set is back at the concurrency asked
+        for, e.g. after ``abandon``; returns how many were built."""
+        async with self._reconfigure_lock:
+            missing = self._target - len(self._active)
+            if missing <= 0 or self._closed or self._threads is None:
+                return 0
+            await self._grow(missing)
+            return missing
 
     async def close(self) -> None:
         async with self._reconfigure_lock:
@@ -117,6 +169,8 @@ class InstancePool:
             async with self._available:
                 self._available.notify_all()
             await self._close(idle)
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
 
     async def _replace_all(self, concurrency: int, threads: Threads) -> None:
         self._generation += 1
@@ -194,6 +248,22 @@ class InstancePool:
             runtime.close()
             raise
         return runtime
+
+    def _stuck_call_returned(self, inst: Instance, call: asyncio.Future[Any]) -> None:
+        self._stuck.discard(inst)
+        self._stuck_calls.held -= 1
+        if not call.cancelled() and call.exception() is not None:
+            log.info("an abandoned runtime call returned with: %r", call.exception())
+        # The closing task is owned here and awaited by ``close``.
+        task = asyncio.create_task(self._close_quietly(inst), name="close-abandoned-instance")
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def _close_quietly(self, inst: Instance) -> None:
+        try:
+            await self._close([inst])
+        except Exception:  # the executor may be shut down already: nothing else to release
+            log.warning("could not close an abandoned runtime instance", exc_info=True)
 
     async def _close(self, instances: list[Instance]) -> None:
         if not instances:

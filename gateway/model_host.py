@@ -16,7 +16,7 @@ import numpy as np
 
 from gateway.batcher import Batcher, BatchRecord
 from gateway.errors import InternalError, ModelUnavailable
-from gateway.instances import InstancePool, RuntimeFactory
+from gateway.instances import InstancePool, RuntimeFactory, StuckCalls
 from gateway.knobs import KnobLimits, Knobs, apply_changes
 from gateway.metrics import GatewayMetrics
 from models.repository import ModelConfig
@@ -25,6 +25,15 @@ from models.runtime import ModelMetadata, Threads
 log = logging.getLogger("gateway.model")
 
 _STATS_WINDOW = 20_000  # completed requests remembered for the tuner's snapshots
+
+
+@dataclass(frozen=True, slots=True)
+class Watchdog:
+    """How long a runtime call may run, and how many stuck calls a model may leave behind."""
+
+    limit_s: float = 30.0
+    max_stuck: int = 2
+    stuck_calls: StuckCalls | None = None  # shared by every model of the process
 
 
 class ModelState(enum.StrEnum):
@@ -66,6 +75,7 @@ class ModelHost:
         executor: Executor,
         metrics: GatewayMetrics,
         limits: KnobLimits | None = None,
+        watchdog: Watchdog | None = None,
     ) -> None:
         self.name = name
         self.version = version
@@ -84,7 +94,14 @@ class ModelHost:
         )
         self.limits = limits or KnobLimits(max_batch_size=config.max_batch_size)
         warm_rows = tuple(sorted({1, b.max_batch_size}))
-        self._pool = InstancePool(factory=factory, executor=executor, warmup_batch_sizes=warm_rows)
+        self._watchdog = watchdog or Watchdog()
+        self._stuck_calls = self._watchdog.stuck_calls or StuckCalls(self._watchdog.max_stuck)
+        self._pool = InstancePool(
+            factory=factory,
+            executor=executor,
+            warmup_batch_sizes=warm_rows,
+            stuck_calls=self._stuck_calls,
+        )
         self._batcher = Batcher(
             name=f"{name}/{version}",
             pool=self._pool,
@@ -92,7 +109,10 @@ class ModelHost:
             knobs=lambda: self._knobs,
             max_queue_size=b.max_queue_size,
             on_batch=self._record_batch,
+            watchdog_s=self._watchdog.limit_s,
+            on_stuck=self._batch_stuck,
         )
+        self._replacing: set[asyncio.Task[None]] = set()
         self._knob_lock = asyncio.Lock()
         self._request_children: dict[tuple[str, str], tuple[Any, Any]] = {}
         self._batch_rows = metrics.batch_size.labels(*self._labels)
@@ -144,6 +164,9 @@ class ModelHost:
     async def unload(self) -> None:
         self.state = ModelState.UNLOADING
         self._metrics.model_ready.labels(*self._labels).set(0)
+        for task in self._replacing:
+            task.cancel()
+        await asyncio.gather(*self._replacing, return_exceptions=True)
         await self._batcher.stop()
         await self._pool.close()
 
@@ -167,8 +190,7 @@ class ModelHost:
         except Exception as exc:
             reason = getattr(exc, "reason", None)
             if reason in ("queue_full", "deadline"):
-                self._rejected.append(time.monotonic())
-                self._metrics.rejections.labels(*self._labels, reason).inc()
+                self.record_rejection(reason)
             raise
         finished = time.monotonic()
         latency = finished - started
@@ -232,6 +254,15 @@ class ModelHost:
             arrived_rows=sum(a[1] for a in arrived),
         )
 
+    def drain_time(self) -> float:
+        """Seconds until this model's queue is worked off (at least 1): a retry hint."""
+        return self._batcher.drain_time()
+
+    def record_rejection(self, reason: str) -> None:
+        """Count a request refused before computing (by reason, and for the tuner's stats)."""
+        self._rejected.append(time.monotonic())
+        self._metrics.rejections.labels(*self._labels, reason).inc()
+
     def record_request(self, transport: str, outcome: str, seconds: float) -> None:
         """Count one request. The labelled metric children are looked up once per
         (transport, outcome): prometheus-client's ``labels()`` costs microseconds per call,
@@ -255,6 +286,47 @@ class ModelHost:
         for q in record.queue_s:
             self._queue_seconds.observe(q)
         self._queue_depth_gauge.set(self._batcher.queue_depth)
+
+    def _batch_stuck(self) -> None:
+        """The batcher abandoned an instance whose call ran past the watchdog: replace it, unless
+        stuck calls hold too many executor threads already (this model's or the process's)."""
+        self._metrics.batch_watchdog.labels(*self._labels).inc()
+        if self.state is not ModelState.READY:
+            return
+        if self._pool.stuck >= self._watchdog.max_stuck or self._stuck_calls.full:
+            held = max(self._pool.stuck, self._stuck_calls.held)
+            self._mark_unavailable(
+                f"{held} runtime call(s) stuck past the {self._watchdog.limit_s:g} s watchdog "
+                "limit still hold executor threads; restart the gateway once the backend is fixed"
+            )
+            return
+        task = asyncio.create_task(self._replace_stuck(), name=f"replace:{self.name}")
+        self._replacing.add(task)
+        task.add_done_callback(self._replacing.discard)
+
+    async def _replace_stuck(self) -> None:
+        try:
+            built = await self._pool.replenish()
+        except Exception as exc:
+            log.exception("model %s version %d: no replacement instance", self.name, self.version)
+            if self._pool.size == 0:
+                self._mark_unavailable(f"no runtime instance left: replacement failed: {exc}")
+            return
+        log.info(
+            "model %s version %d: %d replacement instance(s) serving",
+            self.name,
+            self.version,
+            built,
+        )
+
+    def _mark_unavailable(self, reason: str) -> None:
+        self.state = ModelState.UNAVAILABLE
+        self.reason = reason
+        self._metrics.model_ready.labels(*self._labels).set(0)
+        log.error("model %s version %d is unavailable: %s", self.name, self.version, reason)
+        self._batcher.refuse_queued(
+            ModelUnavailable(f"model {self.name} version {self.version} is unavailable: {reason}")
+        )
 
     def _publish_knobs(self) -> None:
         for knob, value in self._knobs.as_dict().items():

@@ -2,28 +2,41 @@
 
 HTTP and MQTT adapters call ``infer``; the tuner calls the control methods (``knobs``,
 ``set_knobs``, ``stats``). Nothing here knows about a wire format.
+
+Process-wide bounds live here: the bytes of request tensors queued or running
+(``serving.max_queued_bytes``) and the executor threads stuck runtime calls may hold (half of
+``serving.executor_threads``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
 import numpy as np
 
 from gateway.codecs.datatypes import dtype_label
-from gateway.errors import BadRequest, ModelUnavailable, NotFound
+from gateway.errors import (
+    BadRequest,
+    MemoryBudgetExceeded,
+    ModelUnavailable,
+    NotFound,
+    PayloadTooLarge,
+)
+from gateway.instances import StuckCalls
 from gateway.knobs import KnobLimits, Knobs
 from gateway.metrics import GatewayMetrics
-from gateway.model_host import ModelHost, ModelState, WindowStats
+from gateway.model_host import ModelHost, ModelState, Watchdog, WindowStats
+from gateway.settings import ServingSettings
 from gateway.types import InferenceRequest, InferenceResponse
 from models.repository import BrokenVersion, ModelVersion
-from models.runtime import ModelMetadata, RuntimeError_
+from models.runtime import ModelMetadata, Runtime, RuntimeError_, Threads
 
 log = logging.getLogger("gateway.service")
 
@@ -36,21 +49,65 @@ class VersionStatus:
     reason: str
 
 
+RuntimeLoader = Callable[[ModelVersion, Threads], Runtime]
+
+
+class ByteBudget:
+    """Bytes of request tensors charged while they wait in a queue or run. Used from the event
+    loop only, so a check and the charge that follows it cannot interleave."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.charged = 0
+
+    def fits(self, nbytes: int) -> bool:
+        return self.charged + nbytes <= self.limit
+
+    @contextlib.contextmanager
+    def hold(self, nbytes: int) -> Iterator[None]:
+        """Charge ``nbytes`` for the block; released exactly once however it ends."""
+        self.charged += nbytes
+        try:
+            yield
+        finally:
+            self.charged -= nbytes
+
+
 class InferenceService:
     def __init__(
-        self, *, executor: Executor, metrics: GatewayMetrics, max_concurrency: int = 16
+        self,
+        *,
+        executor: Executor,
+        metrics: GatewayMetrics,
+        serving: ServingSettings | None = None,
+        load_runtime: RuntimeLoader | None = None,
     ) -> None:
+        serving = serving or ServingSettings()
         self._executor = executor
-        self._max_concurrency = max_concurrency
+        self._max_concurrency = serving.max_concurrency
+        self._load_runtime = load_runtime
         self.metrics = metrics
         self._hosts: dict[str, dict[int, ModelHost]] = {}
         self._broken: dict[str, dict[int, BrokenVersion]] = {}
+        # Python cannot stop a stuck thread: half the executor may be lost to stuck calls, the
+        # other half stays for the batches of healthy instances, loads and rebuilds.
+        self._watchdog = Watchdog(
+            limit_s=serving.batch_watchdog_s,
+            max_stuck=serving.batch_watchdog_max_stuck,
+            stuck_calls=StuckCalls(limit=max(1, serving.executor_threads // 2)),
+        )
+        self.byte_budget = ByteBudget(serving.max_queued_bytes)
+        stuck_calls = self._watchdog.stuck_calls
+        assert stuck_calls is not None
+        metrics.abandoned_calls.set_function(lambda: stuck_calls.held)
+        metrics.queued_bytes.set_function(lambda: self.byte_budget.charged)
 
     # -- lifecycle -------------------------------------------------------------------------
 
     def add_versions(self, found: Iterable[ModelVersion | BrokenVersion]) -> list[ModelHost]:
         from models.backends import load_runtime  # backends import TF lazily
 
+        load = self._load_runtime or load_runtime
         added: list[ModelHost] = []
         for entry in found:
             if isinstance(entry, BrokenVersion):
@@ -63,13 +120,14 @@ class InferenceService:
                 name=entry.name,
                 version=entry.version,
                 config=entry.config,
-                factory=functools.partial(load_runtime, entry),
+                factory=functools.partial(load, entry),
                 executor=self._executor,
                 metrics=self.metrics,
                 limits=KnobLimits(
                     max_batch_size=entry.config.max_batch_size,
                     max_concurrency=self._max_concurrency,
                 ),
+                watchdog=self._watchdog,
             )
             self._hosts.setdefault(entry.name, {})[entry.version] = host
             added.append(host)
@@ -152,13 +210,16 @@ class InferenceService:
             rows = validate_request(
                 request, metadata, host.config.max_batch_size, host.config.allow_nonfinite
             )
+            nbytes = tensor_bytes(request.inputs)
+            self._check_byte_budget(host, nbytes)
             try:
-                outputs, queue_s, compute_s = await host.infer(
-                    request.inputs,
-                    rows=rows,
-                    timeout_s=request.timeout_s,
-                    priority=request.priority,
-                )
+                with self.byte_budget.hold(nbytes):
+                    outputs, queue_s, compute_s = await host.infer(
+                        request.inputs,
+                        rows=rows,
+                        timeout_s=request.timeout_s,
+                        priority=request.priority,
+                    )
             except RuntimeError_ as exc:  # backend failure surfaced outside a batch
                 raise ModelUnavailable(str(exc)) from exc
             if request.outputs is not None:
@@ -181,6 +242,28 @@ class InferenceService:
                 # Unknown model names are not counted: a label per name a client invents
                 # would grow the metrics without bound.
                 self.metrics.requests.labels(request.model, "", transport, outcome).inc()
+
+    def _check_byte_budget(self, host: ModelHost, nbytes: int) -> None:
+        budget = self.byte_budget
+        if nbytes > budget.limit:
+            host.record_rejection(PayloadTooLarge.reason)
+            raise PayloadTooLarge(
+                f"model {host.name}: the request's tensors take {nbytes} bytes, more than the "
+                f"gateway's whole budget for queued requests ({budget.limit} bytes, "
+                "serving.max_queued_bytes)"
+            )
+        if not budget.fits(nbytes):
+            host.record_rejection(MemoryBudgetExceeded.reason)
+            raise MemoryBudgetExceeded(
+                f"model {host.name}: the gateway's budget for queued requests is full "
+                f"({budget.charged} of {budget.limit} bytes in use, serving.max_queued_bytes; "
+                f"this request needs {nbytes})",
+                # The bytes free up as the queues drain: the slowest queue's drain time.
+                retry_after=max((h.drain_time() for h in self._all_hosts()), default=1.0),
+            )
+
+    def _all_hosts(self) -> list[ModelHost]:
+        return [h for versions in self._hosts.values() for h in versions.values()]
 
     # -- control (the tuner's surface) -----------------------------------------------------
 
@@ -207,6 +290,20 @@ def _parse_version(model: str, version: int | str) -> int:
     except ValueError:
         raise NotFound(f"model {model!r} has no version {version!r}") from None
     return v
+
+
+def tensor_bytes(inputs: Mapping[str, np.ndarray]) -> int:
+    """Bytes a request's tensors hold: ``nbytes`` of numeric ones, the element lengths of
+    object (BYTES / string) ones, whose ``nbytes`` counts only pointers."""
+    total = 0
+    for arr in inputs.values():
+        if arr.dtype.kind == "O":
+            total += sum(
+                len(e) if isinstance(e, bytes | bytearray | str) else arr.itemsize for e in arr.flat
+            )
+        else:
+            total += arr.nbytes
+    return total
 
 
 def validate_request(

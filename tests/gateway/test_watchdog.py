@@ -1,0 +1,141 @@
+"""The batch watchdog: a runtime call that hangs fails its batch with 504 and its instance is
+replaced, so the model keeps serving at its concurrency; the stuck instance is never used
+again and is closed once its call returns; too many stuck calls mark the model unavailable."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gateway.errors import BatchTimeout, ModelUnavailable
+from gateway.model_host import ModelState
+from gateway.service import InferenceService
+from gateway.types import InferenceRequest, InferenceResponse
+from models.backends import load_runtime
+from models.repository import ModelVersion, scan_repository
+from models.runtime import Runtime, Threads
+from tests.gateway.gated_runtime import (
+    EVENT_DEADLINE_S,
+    MODEL,
+    Gate,
+    features,
+    gated_service,
+    mlp_repo,
+    write_sensor_mlp,
+)
+from tests.gateway.helpers import metric_samples
+
+# Far above what a sensor_mlp batch takes (well under a millisecond), short enough for a test.
+WATCHDOG_S = 1.5
+# One instance, one request per batch: the second request waits behind the stuck one.
+BATCHING = {"concurrency": 1, "max_batch_size": 1, "batch_timeout_ms": 0.0}
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_sensor_mlp(tmp_path_factory.mktemp("mlp-source"))
+
+
+@pytest.fixture(scope="module")
+def reference(source: Path) -> Iterator[Runtime]:
+    (version,) = [v for v in scan_repository(source) if isinstance(v, ModelVersion)]
+    runtime = load_runtime(version, Threads(1, 1))
+    yield runtime
+    runtime.close()
+
+
+def _request(seed: int) -> InferenceRequest:
+    return InferenceRequest(MODEL, features(1, seed), timeout_s=60.0)
+
+
+async def _stick_one_batch(
+    service: InferenceService, gate: Gate
+) -> tuple[asyncio.Task[InferenceResponse], asyncio.Task[InferenceResponse]]:
+    """Send a request whose batch hangs, then one that queues behind it."""
+    gate.arm()
+    stuck = asyncio.create_task(service.infer(_request(1), transport="test"))
+    # The call blocks on an executor thread: wait for it there, not on the loop.
+    assert await asyncio.to_thread(gate.entered.wait, EVENT_DEADLINE_S)
+    queued = asyncio.create_task(service.infer(_request(2), transport="test"))
+    return stuck, queued
+
+
+async def test_a_stuck_batch_fails_with_504_and_a_fresh_instance_serves_on(
+    source: Path, tmp_path: Path, reference: Runtime
+) -> None:
+    gate = Gate()
+    repo = mlp_repo(tmp_path / "repo", source, **BATCHING)
+    async with gated_service(repo, gate, batch_watchdog_s=WATCHDOG_S) as service:
+        host = service.host(MODEL)
+        stuck, queued = await _stick_one_batch(service, gate)
+
+        with pytest.raises(BatchTimeout) as caught:
+            await stuck
+        err = caught.value
+        assert (err.status, err.reason) == (504, "batch_timeout")
+        assert MODEL in err.message and f"{WATCHDOG_S:g} s" in err.message
+
+        # The request queued behind it is answered, by a replacement instance.
+        response = await queued
+        want = reference.infer(features(1, 2))
+        np.testing.assert_array_equal(response.outputs["probabilities"], want["probabilities"])
+        assert gate.stuck is not None
+        replacements = [r for r in gate.runtimes.values() if r is not gate.stuck and r.calls]
+        assert replacements, "no other runtime instance answered after the stuck one"
+        assert host.state is ModelState.READY
+        assert host._pool.size == BATCHING["concurrency"]
+        assert host._pool.stuck == 1
+
+        # More requests are served, never by the stuck instance.
+        calls_before = gate.stuck.calls
+        for seed in range(3, 8):
+            await service.infer(_request(seed), transport="test")
+        assert gate.stuck.calls == calls_before
+        assert service.byte_budget.charged == 0
+
+        samples = metric_samples(service.metrics.render().decode())
+        assert ("iotgw_batch_watchdog_total", {"model": MODEL, "version": "1"}, 1.0) in samples
+        assert ("iotgw_abandoned_calls", {}, 1.0) in samples
+        timed_out = {
+            "model": MODEL,
+            "version": "1",
+            "transport": "test",
+            "outcome": "batch_timeout",
+        }
+        assert ("iotgw_requests_total", timed_out, 1.0) in samples
+
+        # Once the hung call returns, its thread is free and its runtime closed.
+        gate.open()
+        assert await asyncio.to_thread(gate.stuck.closed.wait, EVENT_DEADLINE_S)
+        assert host._pool.stuck == 0
+        samples = metric_samples(service.metrics.render().decode())
+        assert ("iotgw_abandoned_calls", {}, 0.0) in samples
+
+
+async def test_at_the_stuck_limit_the_model_is_marked_unavailable(
+    source: Path, tmp_path: Path
+) -> None:
+    gate = Gate()
+    repo = mlp_repo(tmp_path / "repo", source, **BATCHING)
+    async with gated_service(
+        repo, gate, batch_watchdog_s=WATCHDOG_S, batch_watchdog_max_stuck=1
+    ) as service:
+        host = service.host(MODEL)
+        stuck, queued = await _stick_one_batch(service, gate)
+        with pytest.raises(BatchTimeout):
+            await stuck
+        # No replacement: what waited is refused rather than left waiting.
+        with pytest.raises(ModelUnavailable) as caught:
+            await queued
+        assert caught.value.status == 503
+        assert host.state is ModelState.UNAVAILABLE
+        assert "watchdog" in host.reason
+        (status,) = service.statuses()
+        assert status.state == "UNAVAILABLE" and "watchdog" in status.reason
+        with pytest.raises(ModelUnavailable):
+            await service.infer(_request(3), transport="test")
+        assert service.byte_budget.charged == 0
