@@ -48,7 +48,7 @@ class Gateway:
         self.service = InferenceService(
             executor=self.executor,
             metrics=self.metrics,
-            max_concurrency=settings.serving.max_concurrency,
+            serving=settings.serving,
         )
         self.tuning: TuningService | None = (
             TuningService(self.service, settings.tuner, self.metrics)
