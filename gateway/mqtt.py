@@ -314,6 +314,12 @@ class MqttAdapter:
         self.subscribed_topic: str | None = None
 
     @property
+    def in_flight(self) -> int:
+        """Requests taken from the broker and not yet ended (answered and acknowledged, or
+        released for redelivery)."""
+        return self._in_flight
+
+    @property
     def request_filter(self) -> str:
         return f"{self._prefix}/infer/+/req/+"
 
@@ -349,8 +355,9 @@ class MqttAdapter:
                 # Anything else is a bug or a bad setting; HTTP keeps serving meanwhile.
                 log.exception("MQTT: adapter failed; retrying in %.1f s", delay)
             finally:
+                # Readiness turns 503 at once, not after the taken requests finished.
+                self.connected.clear()
                 await self._connection_closed()
-            self.connected.clear()
             with contextlib.suppress(TimeoutError):  # jitter spreads replicas' reconnects
                 await asyncio.wait_for(self._stopping.wait(), delay * (0.5 + random.random()))
             delay = min(delay * 2, self._settings.reconnect_max_s)
