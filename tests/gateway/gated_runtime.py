@@ -106,6 +106,12 @@ def write_sensor_mlp(root: Path) -> Path:
     return root
 
 
+def open_reference(source_root: Path) -> Runtime:
+    """A runtime of the same model, opened directly: what the gateway's answers must equal."""
+    (version,) = [v for v in scan_repository(source_root) if isinstance(v, ModelVersion)]
+    return load_runtime(version, Threads(1, 1))
+
+
 @contextlib.asynccontextmanager
 async def gated_service(
     repo: Path, gate: Gate, *, executor_threads: int = 4, **serving: Any

@@ -15,9 +15,7 @@ from gateway.errors import BatchTimeout, ModelUnavailable
 from gateway.model_host import ModelState
 from gateway.service import InferenceService
 from gateway.types import InferenceRequest, InferenceResponse
-from models.backends import load_runtime
-from models.repository import ModelVersion, scan_repository
-from models.runtime import Runtime, Threads
+from models.runtime import Runtime
 from tests.gateway.gated_runtime import (
     EVENT_DEADLINE_S,
     MODEL,
@@ -25,6 +23,7 @@ from tests.gateway.gated_runtime import (
     features,
     gated_service,
     mlp_repo,
+    open_reference,
     write_sensor_mlp,
 )
 from tests.gateway.helpers import metric_samples
@@ -42,8 +41,7 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def reference(source: Path) -> Iterator[Runtime]:
-    (version,) = [v for v in scan_repository(source) if isinstance(v, ModelVersion)]
-    runtime = load_runtime(version, Threads(1, 1))
+    runtime = open_reference(source)
     yield runtime
     runtime.close()
 
