@@ -91,15 +91,14 @@ class InferenceService:
         self._broken: dict[str, dict[int, BrokenVersion]] = {}
         # Python cannot stop a stuck thread: half the executor may be lost to stuck calls, the
         # other half stays for the batches of healthy instances, loads and rebuilds.
+        self._stuck_calls = StuckCalls(limit=max(1, serving.executor_threads // 2))
         self._watchdog = Watchdog(
             limit_s=serving.batch_watchdog_s,
             max_stuck=serving.batch_watchdog_max_stuck,
-            stuck_calls=StuckCalls(limit=max(1, serving.executor_threads // 2)),
+            stuck_calls=self._stuck_calls,
         )
         self.byte_budget = ByteBudget(serving.max_queued_bytes)
-        stuck_calls = self._watchdog.stuck_calls
-        assert stuck_calls is not None
-        metrics.abandoned_calls.set_function(lambda: stuck_calls.held)
+        metrics.abandoned_calls.set_function(lambda: self._stuck_calls.held)
         metrics.queued_bytes.set_function(lambda: self.byte_budget.charged)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -147,6 +146,13 @@ class InferenceService:
         await asyncio.gather(*(h.unload() for h in hosts), return_exceptions=True)
 
     # -- queries ---------------------------------------------------------------------------
+
+    @property
+    def stuck_calls(self) -> int:
+        """Executor threads held by runtime calls the watchdog gave up on. While any is held,
+        shutting the executor down with ``wait=True`` would wait for a call that may never
+        return."""
+        return self._stuck_calls.held
 
     @property
     def ready(self) -> bool:

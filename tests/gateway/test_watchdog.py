@@ -114,13 +114,20 @@ async def test_a_stuck_batch_fails_with_504_and_a_fresh_instance_serves_on(
         assert ("iotgw_abandoned_calls", {}, 0.0) in samples
 
 
+# The model's own limit (one stuck call), or the process's: with 2 executor threads at most one
+# may be held by a stuck call, whatever the model's limit says.
+@pytest.mark.parametrize(("max_stuck", "executor_threads"), [(1, 4), (5, 2)])
 async def test_at_the_stuck_limit_the_model_is_marked_unavailable(
-    source: Path, tmp_path: Path
+    source: Path, tmp_path: Path, max_stuck: int, executor_threads: int
 ) -> None:
     gate = Gate()
     repo = mlp_repo(tmp_path / "repo", source, **BATCHING)
     async with gated_service(
-        repo, gate, batch_watchdog_s=WATCHDOG_S, batch_watchdog_max_stuck=1
+        repo,
+        gate,
+        executor_threads=executor_threads,
+        batch_watchdog_s=WATCHDOG_S,
+        batch_watchdog_max_stuck=max_stuck,
     ) as service:
         host = service.host(MODEL)
         stuck, queued = await _stick_one_batch(service, gate)
@@ -137,3 +144,5 @@ async def test_at_the_stuck_limit_the_model_is_marked_unavailable(
         with pytest.raises(ModelUnavailable):
             await service.infer(_request(3), transport="test")
         assert service.byte_budget.charged == 0
+        assert service.stuck_calls == 1
+        assert host._pool.size == BATCHING["concurrency"] - 1  # not replaced
