@@ -18,8 +18,12 @@ COPY benchmarks ./benchmarks
 RUN pip install . && rm -rf /root/.cache
 
 USER iotgw
+# The container listens on every interface, which the gateway refuses while /admin has no token;
+# the image allows it so that it starts as it is. Operators should mount a token and set
+# IOTGW_HTTP__ADMIN_TOKEN_FILE (and IOTGW_HTTP__INFERENCE_TOKEN_FILE, IOTGW_HTTP__METRICS_TOKEN_FILE).
 ENV IOTGW_SERVING__CACHE_DIR=/home/iotgw/.cache/iotgw \
-    IOTGW_HTTP__HOST=0.0.0.0
+    IOTGW_HTTP__HOST=0.0.0.0 \
+    IOTGW_HTTP__ALLOW_UNAUTHENTICATED_ADMIN=true
 RUN python -c "from pathlib import Path; from models.demo import ensure_demo_repository; \
 ensure_demo_repository(Path('/home/iotgw/.cache/iotgw/demo-repo-v1'))"
 
