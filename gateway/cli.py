@@ -47,7 +47,7 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument(
         "--max-concurrency", type=int, help="upper bound of a model's concurrency knob (default 16)"
     )
-    p.add_argument("--admin-token", help="require 'Authorization: Bearer TOKEN' on /admin")
+    _security_arguments(p)
     m = p.add_argument_group("MQTT")
     m.add_argument(
         "--broker",
@@ -69,7 +69,14 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "(default iotgw-<hostname>); give each replica its own",
     )
     m.add_argument("--mqtt-username", help="broker user name")
-    m.add_argument("--mqtt-password", help="broker password (or IOTGW_MQTT__PASSWORD)")
+    m.add_argument(
+        "--mqtt-password",
+        help="broker password (shown in ps to every user: prefer --mqtt-password-file or "
+        "IOTGW_MQTT__PASSWORD_FILE)",
+    )
+    m.add_argument(
+        "--mqtt-password-file", type=Path, help="file holding the broker password (not shown in ps)"
+    )
     m.add_argument("--mqtt-ca-file", type=Path, help="CA bundle for mqtts://")
     m.add_argument("--mqtt-cert-file", type=Path, help="client certificate for mqtts://")
     m.add_argument("--mqtt-key-file", type=Path, help="client key for mqtts://")
@@ -98,6 +105,73 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
+def _security_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "HTTP security and bounds",
+        "A secret given as a flag is visible to every user of this machine (ps, "
+        "/proc/<pid>/cmdline); give it in a file (--*-token-file, or IOTGW_HTTP__*_TOKEN_FILE) "
+        "or in the environment (IOTGW_HTTP__*_TOKEN), which ps does not show.",
+    )
+    for name, guards in (
+        ("admin", "/admin"),
+        ("inference", "/v2/models/..., /v2/repository/... and /v1/..."),
+        ("metrics", "/metrics"),
+    ):
+        g.add_argument(
+            f"--{name}-token",
+            metavar="TOKEN",
+            help=f"require 'Authorization: Bearer TOKEN' on {guards} (shown in ps: prefer "
+            f"--{name}-token-file)",
+        )
+        g.add_argument(
+            f"--{name}-token-file",
+            type=Path,
+            metavar="FILE",
+            help=f"file holding the {name} token (trailing newline stripped)",
+        )
+    g.add_argument(
+        "--allow-unauthenticated-admin",
+        action="store_true",
+        default=None,
+        help="start on a non-loopback --host without an admin token (anyone reaching the port "
+        "can change knobs and the tuner)",
+    )
+    g.add_argument("--tls-cert-file", type=Path, help="PEM certificate chain: serve HTTPS")
+    g.add_argument("--tls-key-file", type=Path, help="PEM private key of --tls-cert-file")
+    g.add_argument(
+        "--max-connections",
+        type=int,
+        help="HTTP connections served at once (default 1024); beyond: 503 and closed",
+    )
+    g.add_argument(
+        "--read-timeout",
+        type=float,
+        help="seconds a request body may take to arrive (default 30); slower: 408 and closed",
+    )
+    g.add_argument(
+        "--keepalive-timeout",
+        type=float,
+        help="seconds before an idle HTTP connection is closed (default 60)",
+    )
+
+
+def _security_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "admin_token": args.admin_token,
+        "admin_token_file": args.admin_token_file,
+        "inference_token": args.inference_token,
+        "inference_token_file": args.inference_token_file,
+        "metrics_token": args.metrics_token,
+        "metrics_token_file": args.metrics_token_file,
+        "allow_unauthenticated_admin": args.allow_unauthenticated_admin,
+        "tls_cert_file": args.tls_cert_file,
+        "tls_key_file": args.tls_key_file,
+        "max_connections": args.max_connections,
+        "read_timeout_s": args.read_timeout,
+        "keepalive_timeout_s": args.keepalive_timeout,
+    }
+
+
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     http = {
         k: v
@@ -105,7 +179,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
             "host": args.host,
             "port": args.http_port,
             "max_body_bytes": args.max_body_bytes,
-            "admin_token": args.admin_token,
+            **_security_overrides(args),
         }.items()
         if v is not None
     }
@@ -128,6 +202,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
             "client_id": args.mqtt_client_id,
             "username": args.mqtt_username,
             "password": args.mqtt_password,
+            "password_file": args.mqtt_password_file,
             "ca_file": args.mqtt_ca_file,
             "cert_file": args.mqtt_cert_file,
             "key_file": args.mqtt_key_file,

@@ -19,7 +19,7 @@ import numpy as np
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from gateway import __version__
+from gateway import __version__, http_security
 from gateway.codecs import oip, tfserving
 from gateway.codecs.datatypes import dtype_label
 from gateway.codecs.limits import DEFAULT_LIMITS, DecodeLimits
@@ -434,6 +434,7 @@ def build_app(
     app[SETTINGS_KEY] = settings
     app[EXECUTOR_KEY] = executor
     app[EDGE_KEY] = Edge(service=service, executor=executor, limits=limits, transport=TRANSPORT)
+    http_security.install(app, settings, service.metrics)  # tokens, connection cap, body deadline
     if tuning is not None:
         app[TUNING_KEY] = tuning
     model = "{model:[A-Za-z0-9][A-Za-z0-9_.-]*}"

@@ -1,28 +1,39 @@
-"""Wiring: settings -> executor, metrics, service, HTTP server. Nothing else lives here."""
+"""Wiring: settings -> executor, metrics, service, HTTP server, MQTT adapter and embedded broker,
+each started through one ``AsyncExitStack`` so that whatever a failed start opened is closed
+again, and stopped by draining before closing. Nothing else lives here."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import gc
 import logging
 import signal
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 
 from aiohttp import web
 
-from gateway.broker import EmbeddedBroker
+from gateway.broker import EmbeddedBroker, embedded_broker
+from gateway.edge import Edge
 from gateway.http import build_app
+from gateway.http_security import http_runner, server_ssl_context
+from gateway.lifecycle import InFlight, Readiness, StartupError, models_check
 from gateway.metrics import GatewayMetrics
 from gateway.mqtt import BrokerAddress, MqttAdapter
 from gateway.service import InferenceService
 from gateway.settings import GatewaySettings
 from gateway.tuning import TuningService
-from models.repository import scan_repository
+from models.repository import RepositoryError, scan_repository
 
 log = logging.getLogger("gateway")
+
+# After the drain, what aiohttp may still take to close idle keep-alive connections and
+# finish writing the last responses.
+_HTTP_CLOSE_S = 2.0
 
 
 def resolve_model_repo(settings: GatewaySettings) -> Path:
@@ -37,7 +48,9 @@ def resolve_model_repo(settings: GatewaySettings) -> Path:
 
 class Gateway:
     """The running gateway. ``async with Gateway(settings) as gw`` starts HTTP at once and loads
-    the models in the background (``/v2/health/ready`` says when they serve)."""
+    the models in the background; ``gw.readiness`` (``/v2/health/ready``) says when every
+    configured ingest takes requests. ``start`` raises ``StartupError`` after closing whatever
+    it had opened; ``stop`` drains (``drain``), then closes everything in reverse order."""
 
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
@@ -55,54 +68,118 @@ class Gateway:
             if settings.tuner.enabled
             else None
         )
-        self._runner: web.AppRunner | None = None
+        self.readiness = Readiness()
         self.broker: EmbeddedBroker | None = None
         self.mqtt: MqttAdapter | None = None
+        self.http_port: int = settings.http.port
+        self._http_in_flight = InFlight()
+        self._http_listening = False
         self._mqtt_task: asyncio.Task[None] | None = None
         self._loading: asyncio.Task[None] | None = None
-        self.http_port: int = settings.http.port
+        self._stack: contextlib.AsyncExitStack | None = None
 
     async def start(self, *, wait_ready: bool = False) -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            await self._start(stack)
+            self._stack = stack.pop_all()  # started: the undo steps now wait for ``close``
+        if wait_ready:
+            await self.wait_loaded()
+
+    async def _start(self, stack: contextlib.AsyncExitStack) -> None:
+        # Each step registers its undo right after it succeeds; they run in reverse order.
+        stack.callback(self.executor.shutdown, wait=True, cancel_futures=True)
+        external = _external_broker(self.settings) if self.settings.mqtt.enabled else None
         loop = asyncio.get_running_loop()
         # Building the demo repository exports TF models (seconds): keep the loop free.
         repo = await loop.run_in_executor(self.executor, resolve_model_repo, self.settings)
-        self.service.add_versions(scan_repository(repo))
-        app = build_app(self.service, self.settings.http, self.executor, self.tuning)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.settings.http.host, self.settings.http.port)
-        await site.start()
-        addresses = self._runner.addresses  # the bound ones: port 0 picks a free port
+        try:
+            self.service.add_versions(scan_repository(repo))
+        except RepositoryError as exc:
+            raise StartupError(f"{exc} (set --model-repo)") from exc
+        stack.push_async_callback(self.service.close)
+        if self.settings.mqtt.enabled and external is None:
+            await self._start_embedded_broker(stack)
+        await self._start_http(stack)
+        self.readiness.require(models_check(self.service))
+        self._loading = asyncio.create_task(self._load(), name="load-models")
+        stack.push_async_callback(self._stop_loading)
+        if self.settings.mqtt.enabled:
+            self._start_mqtt(stack, external)
+
+    async def _start_http(self, stack: contextlib.AsyncExitStack) -> None:
+        http = self.settings.http
+        app = build_app(
+            self.service,
+            http,
+            self.executor,
+            self.tuning,
+            limits=self.settings.serving.decode_limits(),
+            readiness=self.readiness,
+        )
+        app.middlewares.append(self._http_in_flight.middleware)
+        runner = http_runner(
+            app, http, access_log=None, handle_signals=False, shutdown_timeout=_HTTP_CLOSE_S
+        )
+        await runner.setup()
+        stack.push_async_callback(runner.cleanup)
+        try:
+            await web.TCPSite(
+                runner, http.host, http.port, ssl_context=server_ssl_context(http)
+            ).start()
+        except OSError as exc:
+            raise StartupError(_bind_error(http.host, http.port, exc)) from exc
+        addresses = runner.addresses  # the bound ones: port 0 picks a free port
         if addresses:
             self.http_port = int(addresses[0][1])
-        log.info("HTTP listening on http://%s:%d", self.settings.http.host, self.http_port)
-        self._loading = asyncio.create_task(self._load(), name="load-models")
-        if self.settings.mqtt.enabled:
-            await self._start_mqtt()
-        if wait_ready:
-            await self._loading
+        self._http_listening = True
+        self.readiness.require(lambda: None if self._http_listening else "http: not listening")
+        scheme = "https" if http.tls_cert_file else "http"
+        log.info("HTTP listening on %s://%s:%d", scheme, http.host, self.http_port)
+
+    async def _start_embedded_broker(self, stack: contextlib.AsyncExitStack) -> None:
+        broker = embedded_broker(self.settings.mqtt, self.settings.serving.cache_dir)
+        await broker.start()
+        stack.push_async_callback(broker.stop)
+        self.broker = broker
+        log.info(
+            "no --broker given: devices can publish to %s (embedded %s, MQTT %s)",
+            broker.url,
+            broker.name,
+            broker.protocol,
+        )
+
+    def _start_mqtt(self, stack: contextlib.AsyncExitStack, external: BrokerAddress | None) -> None:
+        mqtt = self.settings.mqtt
+        protocol: str = mqtt.protocol
+        if external is not None:
+            address = external
+        else:
+            assert self.broker is not None
+            address = BrokerAddress(self.broker.host, self.broker.port, False)
+            protocol = self.broker.protocol
+        edge = Edge(
+            service=self.service,
+            executor=self.executor,
+            limits=self.settings.serving.decode_limits(),
+            transport="mqtt",
+        )
+        adapter = MqttAdapter(
+            service=self.service, settings=mqtt, address=address, protocol=protocol, edge=edge
+        )
+        self.mqtt = adapter
+        self._mqtt_task = asyncio.create_task(self._run_mqtt(adapter), name="mqtt")
+        stack.push_async_callback(self._stop_mqtt, mqtt.drain_timeout_s + 5)
+        where = f"{address.host}:{address.port}"
+        # ``connected`` is set once the request subscription is granted, cleared when the
+        # connection is lost: requests published before then would find no subscriber.
+        self.readiness.require(
+            lambda: None if adapter.connected.is_set() else f"mqtt: not subscribed ({where})"
+        )
 
     async def _load(self) -> None:
         await self.service.load_all()
         if self.tuning is not None:
             self.tuning.start()  # agents need loaded models: their knobs, limits and SLO
-
-    async def _start_mqtt(self) -> None:
-        mqtt = self.settings.mqtt
-        if mqtt.broker is None:
-            self.broker = EmbeddedBroker(port=mqtt.embedded_port)
-            await self.broker.start()
-            address, protocol = BrokerAddress("127.0.0.1", self.broker.port, False), "3.1.1"
-            log.info(
-                "no --broker given: devices can publish to %s (embedded, MQTT 3.1.1)",
-                self.broker.url,
-            )
-        else:
-            address, protocol = BrokerAddress.parse(mqtt.broker), mqtt.protocol
-        self.mqtt = MqttAdapter(
-            service=self.service, settings=mqtt, address=address, protocol=protocol
-        )
-        self._mqtt_task = asyncio.create_task(self._run_mqtt(self.mqtt), name="mqtt")
 
     async def _run_mqtt(self, adapter: MqttAdapter) -> None:
         # Subscribe only once the models are loaded: the broker may hold a backlog of requests
@@ -113,31 +190,66 @@ class Gateway:
 
     async def wait_loaded(self) -> None:
         if self._loading is not None:
-            await self._loading
+            await asyncio.shield(self._loading)
 
-    async def stop(self) -> None:
+    async def drain(self, grace_s: float) -> bool:
+        """Readiness turns 503; MQTT stops taking requests and answers those it took; the
+        HTTP requests in flight finish (the server still listens meanwhile, so a load balancer
+        reads the 503). True when all of it ended within ``grace_s``."""
+        self.readiness.shutting_down()
+        if self.tuning is not None:
+            await self.tuning.stop()  # no knob change may start while the gateway drains
+        mqtt_done, http_done = await asyncio.gather(
+            self._stop_mqtt(grace_s), self._http_in_flight.wait_idle(grace_s)
+        )
+        if not http_done:
+            log.warning(
+                "%d HTTP requests still running after the %.0f s grace period",
+                self._http_in_flight.count,
+                grace_s,
+            )
+        return mqtt_done and http_done
+
+    async def _stop_mqtt(self, timeout_s: float) -> bool:
+        task = self._mqtt_task
+        if self.mqtt is None or task is None:
+            return True
+        # Drain first: requests already taken from the broker are answered and acknowledged.
+        await self.mqtt.shutdown()
+        done, _ = await asyncio.wait({task}, timeout=max(timeout_s, 0.0))
+        if not done:
+            log.warning(
+                "MQTT adapter did not stop in time; unanswered requests will be "
+                "redelivered by the broker"
+            )
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return bool(done)
+
+    async def _stop_loading(self) -> None:
         if self._loading is not None and not self._loading.done():
             self._loading.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loading
         if self.tuning is not None:
             await self.tuning.stop()  # no knob change may start while the models unload
-        if self.mqtt is not None and self._mqtt_task is not None:
-            # Drain first: requests already taken from the broker are answered and acknowledged.
-            await self.mqtt.shutdown()
-            try:
-                await asyncio.wait_for(self._mqtt_task, self.settings.mqtt.drain_timeout_s + 5)
-            except TimeoutError:
-                log.warning(
-                    "MQTT adapter did not stop in time; unanswered requests will be "
-                    "redelivered by the broker"
-                )
-        if self.broker is not None:
-            await self.broker.stop()
-        if self._runner is not None:
-            await self._runner.cleanup()
-        await self.service.close()
-        self.executor.shutdown(wait=True, cancel_futures=True)
+
+    async def close(self) -> None:
+        """Undo every start-up step, newest first (MQTT, loading, broker, HTTP, models,
+        executor); no drain."""
+        stack, self._stack = self._stack, None
+        self._http_listening = False
+        if stack is not None:
+            await stack.aclose()
+
+    async def stop(self) -> bool:
+        """Drain within ``serving.shutdown_grace_s``, then close; True when the drain was clean."""
+        clean = True
+        if self._stack is not None:
+            clean = await self.drain(self.settings.serving.shutdown_grace_s)
+        await self.close()
+        return clean
 
     async def __aenter__(self) -> Gateway:
         await self.start()
@@ -152,23 +264,72 @@ class Gateway:
         await self.stop()
 
 
-async def serve(settings: GatewaySettings) -> None:
-    """Run until SIGINT or SIGTERM, then drain and stop."""
+def _external_broker(settings: GatewaySettings) -> BrokerAddress | None:
+    if settings.mqtt.broker is None:
+        return None
+    try:
+        return BrokerAddress.parse(settings.mqtt.broker)
+    except ValueError as exc:
+        raise StartupError(f"{exc} (set --broker)") from None
+
+
+def _bind_error(host: str, port: int, exc: OSError) -> str:
+    if exc.errno == errno.EADDRINUSE:
+        return f"HTTP port {port} is in use (set --http-port)"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"HTTP host {host} is not an address of this machine (set --host)"
+    return f"cannot listen on HTTP {host}:{port}: {exc.strerror or exc} (set --host/--http-port)"
+
+
+async def serve(settings: GatewaySettings) -> int:
+    """Run until SIGINT or SIGTERM, then drain and stop. Returns the exit code: 0 after a clean
+    drain, 1 when the start failed (one line on stderr) or the grace period ran out."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with Gateway(settings) as gw:
-        await gw.wait_loaded()
-        # Everything allocated so far (TF, sessions, modules) lives as long as the process:
-        # moved out of the collector's reach, a full collection no longer walks it (~0.25 s
-        # with TF loaded, a pause every device would feel).
-        gc.collect()
-        gc.freeze()
-        for s in gw.service.statuses():
-            log.info(
-                "  %s v%d: %s%s", s.name, s.version, s.state, f" ({s.reason})" if s.reason else ""
-            )
-        log.info("ready: http://%s:%d/v2", settings.http.host, gw.http_port)
+    gw = Gateway(settings)
+    try:
+        await gw.start()
+    except Exception as exc:
+        return _start_failed(exc, settings)
+    try:
+        await _until_loaded(gw, stop)
         await stop.wait()
-        log.info("shutting down")
+        grace = settings.serving.shutdown_grace_s
+        log.info("shutting down: draining requests for up to %.0f s", grace)
+        clean = await gw.drain(grace)
+    finally:
+        await gw.close()
+    log.info("stopped%s", "" if clean else " (the grace period ran out)")
+    return 0 if clean else 1
+
+
+async def _until_loaded(gw: Gateway, stop: asyncio.Event) -> None:
+    """Wait for the models (a signal during the load stops at once), then log what serves."""
+    waits = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(gw.wait_loaded())}
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiting in waits:
+            waiting.cancel()
+    if stop.is_set():
+        return
+    # Everything allocated so far (TF, sessions, modules) lives as long as the process: moved
+    # out of the collector's reach, a full collection no longer walks it (~0.25 s with TF
+    # loaded, a pause every device would feel).
+    gc.collect()
+    gc.freeze()
+    for s in gw.service.statuses():
+        log.info("  %s v%d: %s%s", s.name, s.version, s.state, f" ({s.reason})" if s.reason else "")
+    scheme = "https" if gw.settings.http.tls_cert_file else "http"
+    log.info("ready: %s://%s:%d/v2", scheme, gw.settings.http.host, gw.http_port)
+
+
+def _start_failed(exc: Exception, settings: GatewaySettings) -> int:
+    debug = settings.log_level == "DEBUG"
+    if debug:
+        log.error("start failed", exc_info=exc)
+    reason = str(exc) if isinstance(exc, StartupError) else f"{type(exc).__name__}: {exc}"
+    print(f"iotgw serve: {reason}", file=sys.stderr)
+    return 1

@@ -50,8 +50,9 @@ def mosquitto_binary() -> str:
 
 
 @contextlib.contextmanager
-def mosquitto(folder: Path, *, extra: str = "") -> Iterator[Broker]:
-    port = free_port()
+def mosquitto(folder: Path, *, extra: str = "", port: int | None = None) -> Iterator[Broker]:
+    """``port`` when a client already waits on a known one."""
+    port = port or free_port()
     config = folder / "mosquitto.conf"
     config.write_text(
         f"listener {port} 127.0.0.1\n"

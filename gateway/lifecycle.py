@@ -1,0 +1,93 @@
+"""The gateway's life as the outside world sees it: whether it is ready (every configured ingest
+live), why a start failed, and which HTTP requests a shutdown must wait for."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from gateway.model_host import ModelState
+from gateway.service import InferenceService
+
+# A check answers None when its part is live, else what it waits for ("mqtt: not subscribed").
+Check = Callable[[], str | None]
+
+
+class StartupError(Exception):
+    """A start that cannot succeed as configured; the message names what is wrong and the
+    option that fixes it, and is all ``iotgw serve`` prints (a traceback only at DEBUG)."""
+
+
+class Readiness:
+    """What ``/v2/health/ready`` answers. Each component that takes requests registers a check
+    as it starts; the gateway is ready when none of them waits for anything and it is not
+    shutting down (a load balancer stops sending before the gateway stops taking)."""
+
+    def __init__(self) -> None:
+        self._checks: list[Check] = []
+        self._shutting_down = False
+
+    def require(self, check: Check) -> None:
+        self._checks.append(check)
+
+    def shutting_down(self) -> None:
+        self._shutting_down = True
+
+    def waiting_for(self) -> list[str]:
+        waiting = [reason for check in self._checks if (reason := check()) is not None]
+        if self._shutting_down:
+            waiting.insert(0, "gateway: shutting down")
+        return waiting
+
+    @property
+    def ready(self) -> bool:
+        return not self.waiting_for()
+
+
+def models_check(service: InferenceService) -> Check:
+    """Today's criterion (``InferenceService.ready``) with the reason it is not met."""
+
+    def check() -> str | None:
+        if service.ready:
+            return None
+        states = {s.state for s in service.statuses()}
+        if not states or ModelState.LOADING.value in states:
+            return "models: loading"
+        return "models: none could be loaded"
+
+    return check
+
+
+class InFlight:
+    """Counts HTTP requests inside their handler, so a shutdown can wait until they are done
+    while the server still listens (and answers readiness probes with 503)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @web.middleware
+    async def middleware(
+        self,
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        self.count += 1
+        self._idle.clear()
+        try:
+            return await handler(request)
+        finally:
+            self.count -= 1
+            if self.count == 0:
+                self._idle.set()
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """True when no request is in flight within ``timeout_s``."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), max(timeout_s, 0.0))
+        except TimeoutError:
+            return False
+        return True
