@@ -48,6 +48,11 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--max-concurrency", type=int, help="upper bound of a model's concurrency knob (default 16)"
     )
     _security_arguments(p)
+    p.add_argument(
+        "--shutdown-grace",
+        type=float,
+        help="seconds requests already taken may take to finish on SIGTERM (default 25)",
+    )
     m = p.add_argument_group("MQTT")
     m.add_argument(
         "--broker",
@@ -90,6 +95,17 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     m.add_argument(
         "--receive-maximum", type=int, help="most unacknowledged requests in flight (default 64)"
+    )
+    m.add_argument(
+        "--embedded-broker",
+        choices=["auto", "mosquitto", "amqtt"],
+        help="embedded broker without --broker (default auto: mosquitto when installed)",
+    )
+    m.add_argument(
+        "--embedded-password-file",
+        type=Path,
+        help="mosquitto_passwd file for the embedded broker (the gateway logs in with "
+        "--mqtt-username/--mqtt-password)",
     )
     t = p.add_argument_group("online tuner")
     t.add_argument("--no-tuner", action="store_true", help="keep the configured knobs")
@@ -190,6 +206,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
             "cache_dir": args.cache_dir,
             "executor_threads": args.executor_threads,
             "max_concurrency": args.max_concurrency,
+            "shutdown_grace_s": args.shutdown_grace,
         }.items()
         if v is not None
     }
@@ -211,6 +228,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
             "share_group": args.share_group,
             "shared_subscription": args.shared_subscription,
             "receive_maximum": args.receive_maximum,
+            "embedded_broker": args.embedded_broker,
+            "embedded_password_file": args.embedded_password_file,
         }.items()
         if v is not None
     }
@@ -251,8 +270,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    asyncio.run(serve(settings))
-    return 0
+    return asyncio.run(serve(settings))
 
 
 def _bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -31,6 +31,7 @@ from gateway.errors import (
     PayloadTooLarge,
     Unauthorized,
 )
+from gateway.lifecycle import Readiness, models_check
 from gateway.service import InferenceService
 from gateway.settings import HttpSettings
 from gateway.tuning import TuningService
@@ -41,6 +42,7 @@ SERVICE_KEY = web.AppKey("service", InferenceService)
 SETTINGS_KEY = web.AppKey("settings", HttpSettings)
 EXECUTOR_KEY = web.AppKey("executor", Executor)
 TUNING_KEY = web.AppKey("tuning", TuningService)
+READINESS_KEY = web.AppKey("readiness", Readiness)
 EDGE_KEY = web.AppKey("edge", Edge)
 TRANSPORT = "http"
 _JSON = "application/json"
@@ -121,8 +123,10 @@ async def live(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    is_ready = request.app[SERVICE_KEY].ready
-    return _json({"ready": is_ready}, status=200 if is_ready else 503)
+    waiting = request.app[READINESS_KEY].waiting_for()
+    if not waiting:
+        return _json({"ready": True})
+    return _json({"ready": False, "waiting_for": waiting}, status=503)
 
 
 async def model_metadata(request: web.Request) -> web.Response:
@@ -427,12 +431,17 @@ def build_app(
     executor: Executor,
     tuning: TuningService | None = None,
     limits: DecodeLimits = DEFAULT_LIMITS,
+    readiness: Readiness | None = None,
 ) -> web.Application:
     # aiohttp's own size check is a second line behind _read_body's (chunked bodies).
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[error_middleware])
     app[SERVICE_KEY] = service
     app[SETTINGS_KEY] = settings
     app[EXECUTOR_KEY] = executor
+    if readiness is None:  # no other ingest to wait for: ready once the models are
+        readiness = Readiness()
+        readiness.require(models_check(service))
+    app[READINESS_KEY] = readiness
     app[EDGE_KEY] = Edge(service=service, executor=executor, limits=limits, transport=TRANSPORT)
     http_security.install(app, settings, service.metrics)  # tokens, connection cap, body deadline
     if tuning is not None:

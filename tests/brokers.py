@@ -50,13 +50,16 @@ def mosquitto_binary() -> str:
 
 
 @contextlib.contextmanager
-def mosquitto(folder: Path, *, extra: str = "", port: int | None = None) -> Iterator[Broker]:
-    """``port`` when a client already waits on a known one."""
+def mosquitto(
+    folder: Path, *, extra: str = "", anonymous: bool = True, port: int | None = None
+) -> Iterator[Broker]:
+    """``anonymous=False`` with ``password_file``/``acl_file`` lines in ``extra`` for a broker
+    that authenticates its clients; ``port`` when a client already waits on a known one."""
     port = port or free_port()
     config = folder / "mosquitto.conf"
     config.write_text(
         f"listener {port} 127.0.0.1\n"
-        "allow_anonymous true\n"
+        f"allow_anonymous {'true' if anonymous else 'false'}\n"
         # Without it a QoS 1 request/reply stalls 40-90 ms on Nagle's algorithm.
         "set_tcp_nodelay true\n"
         # A gateway that is down or busy must not see its queued requests dropped by the
