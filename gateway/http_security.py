@@ -24,7 +24,6 @@ import asyncio
 import hmac
 import json
 import ssl
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,8 +107,9 @@ class ConnectionLimiter:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._server: web.Server | None = None
-        # Admission is for life: positions only fall as older connections close.
-        self._admitted: weakref.WeakSet[web.RequestHandler] = weakref.WeakSet()
+        # Admission is for life: positions only fall as older connections close. (Handlers
+        # take no weak references; closed ones are dropped whenever a new one is judged.)
+        self._admitted: set[web.RequestHandler] = set()
 
     def attach(self, server: web.Server) -> None:
         self._server = server
@@ -118,9 +118,12 @@ class ConnectionLimiter:
         if self._server is None or connection in self._admitted:
             return True
         open_connections = self._server.connections  # a copy: paid once per connection
-        if connection not in open_connections:
+        self._admitted.intersection_update(open_connections)
+        try:
+            position = open_connections.index(connection)
+        except ValueError:
             return True  # already gone: nothing left to protect
-        if open_connections.index(connection) < self.limit:
+        if position < self.limit:
             self._admitted.add(connection)
             return True
         return False
