@@ -374,10 +374,11 @@ def test_weights_stay_quantized_in_process_memory(tmp_path: Path) -> None:
                 record = json.loads(line[7:])
                 held[record["label"]] = record["held_bytes"]
     fp32_bytes = 4 * sum(int(np.prod(p.kernel.shape)) for p in weights if p is not None)
-    # fp32: at least the weights themselves (prepacked or not); what a runtime adds for its own
-    # bookkeeping varies with the allocator and the machine, so only a loose upper bound.
+    # fp32: the weights themselves (prepacked or not), give or take the runtime's bookkeeping.
+    # (Measured one process per job: ORT 1.01x, TF 1.11x. With all four jobs in one process TF
+    # fp32 read 1.78x: the heap the ONNX Runtime jobs had grown and released was not reused.)
     for runtime in ("onnxruntime", "tensorflow"):
-        assert 0.9 * fp32_bytes < held[f"{runtime}/fp32"] < 2.5 * fp32_bytes, held
+        assert 0.9 * fp32_bytes < held[f"{runtime}/fp32"] < 1.6 * fp32_bytes, held
     # int4 in MatMulNBits: 0.5 byte per weight plus scales and packing extras (~0.15 of fp32).
     assert held["onnxruntime/int4"] < 0.2 * held["onnxruntime/fp32"], held
     # int4 in TF variables, two codes per byte: 0.125 of fp32, plus the 4 MiB float chunk being
