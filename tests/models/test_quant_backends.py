@@ -376,7 +376,8 @@ def test_weights_stay_quantized_in_process_memory(tmp_path: Path) -> None:
     fp32_bytes = 4 * sum(int(np.prod(p.kernel.shape)) for p in weights if p is not None)
     # fp32: the weights themselves (prepacked or not), give or take the runtime's bookkeeping.
     # (Measured one process per job: ORT 1.01x, TF 1.11x. With all four jobs in one process TF
-    # fp32 read 1.78x: the heap the ONNX Runtime jobs had grown and released was not reused.)
+    # fp32 read 1.78x after the two ONNX Runtime jobs: growth measured in a process that had
+    # already loaded and freed other models is not the model's alone.)
     for runtime in ("onnxruntime", "tensorflow"):
         assert 0.9 * fp32_bytes < held[f"{runtime}/fp32"] < 1.6 * fp32_bytes, held
     # int4 in MatMulNBits: 0.5 byte per weight plus scales and packing extras (~0.15 of fp32).
