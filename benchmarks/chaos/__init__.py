@@ -1,0 +1,105 @@
+"""``iotgw bench chaos``: the gateway and the broker killed, restarted and overloaded under QoS 1
+load, every request accounted for on the device side.
+
+Real processes on 127.0.0.1: Mosquitto (``persistence true``, its store in a temporary folder,
+``set_tcp_nodelay true``, a large ``max_queued_messages``), ``iotgw serve`` gateways serving
+``sensor_mlp`` (ONNX, from the demo repository), and device processes (``devices``) whose paho
+clients keep persistent sessions and a ledger of every request id they published. Each id ends
+as answered with 200, answered with an error (by reason), or lost: no reply by the end of a
+settle period after the load (``settle_s``, ended early once every id has its reply).
+
+- a: one gateway SIGKILLed twice and restarted with the same client id;
+- b: the broker stopped with SIGTERM and started again on the same port and store;
+- c: three replicas on one shared subscription, one SIGKILLed and one SIGTERMed, both back
+  later (the third serves throughout);
+- d: capacity measured by a closed-loop ramp, then three times it for ``overload_s``, on
+  Mosquitto and on ``iotgw serve``'s embedded default broker (requests carry the model's SLO
+  as their deadline, so the excess must be answered with 503s);
+- e (``--soak`` only): a 30-minute run with the gateway's RSS read every 10 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.chaos.devices import run_devices
+from benchmarks.chaos.report import account, print_table, summarize
+from benchmarks.chaos.scenarios import (
+    FULL,
+    QUICK,
+    Case,
+    Load,
+    Plan,
+    broker_restart,
+    gateway_kills,
+    overload,
+    replicas,
+    request_body,
+    soak,
+)
+from benchmarks.chaos.stack import MODEL, demo_repository
+from benchmarks.clients import ClientProcesses
+from benchmarks.common import load_average, machine_info, write_results
+
+DEVICE_PROCESSES = 2
+
+
+def run(plan: Plan, *, quick: bool, soak_run: bool, out_dir: Path | None) -> Path:
+    from models.repository import read_config
+
+    machine = machine_info()
+    cases: list[Case] = []
+    with tempfile.TemporaryDirectory(prefix="iotgw-bench-chaos-") as tmp:
+        folder = Path(tmp)
+        repo = demo_repository(folder)
+        slo_ms = read_config(repo / MODEL / "1" / "config.toml").slo_ms
+        body = request_body(np.random.default_rng(0))
+        with ClientProcesses(DEVICE_PROCESSES, run_devices, name="chaos-devices") as clients:
+            load = Load(clients, plan, body)
+            for scenario in (gateway_kills, broker_restart, replicas):
+                cases.append(_announce(scenario(load, repo, folder)))
+            for embedded in (False, True):
+                cases.append(_announce(overload(load, repo, folder, embedded=embedded)))
+            if soak_run:
+                cases.append(_announce(soak(load, repo, folder)))
+    machine["load_average_at_end"] = load_average()
+    results = [account(case, slo_ms) for case in cases]
+    print_table(results)
+    summary = summarize(results)
+    print(" ".join(f"{k}={v}" for k, v in summary.items()))
+    path = write_results(
+        "chaos",
+        quick=quick,
+        out_dir=out_dir,
+        machine=machine,
+        summary=summary,
+        runs=results,
+        config={"model": MODEL, "slo_ms": slo_ms, "plan": plan.__dict__, "soak": soak_run},
+    )
+    print(f"results: {path}")
+    return path
+
+
+def _announce(case: Case) -> Case:
+    sent = sum(len(led["sent_at"]) for led in case.ledgers)
+    print(f"{case.name}: {sent} requests sent", flush=True)
+    return case
+
+
+def main(quick: bool = False, out_dir: Path | None = None, soak: bool = False) -> int:
+    plan = QUICK if quick else FULL
+    run(plan, quick=quick, soak_run=soak and not quick, out_dir=out_dir)
+    return 0
+
+
+def cli(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.chaos", description=__doc__)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--soak", action="store_true", help="add the 30-minute soak (e)")
+    p.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
+    return main(quick=args.quick, out_dir=args.out, soak=args.soak)

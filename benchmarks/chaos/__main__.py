@@ -1,0 +1,5 @@
+import sys
+
+from benchmarks.chaos import cli
+
+sys.exit(cli())
