@@ -3,6 +3,8 @@ process, as in the tests)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -158,6 +160,48 @@ class GatewayMetrics:
             ["model", "version", "kind"],
             registry=r,
         )
+
+        # The MQTT adapter's connection (gateway.mqtt); refusals are iotgw_error_replies_total
+        # with transport="mqtt".
+        self.mqtt_connected = Gauge(
+            "iotgw_mqtt_connected",
+            "1 while the gateway is connected to its broker and subscribed to the requests.",
+            ["broker"],
+            registry=r,
+        )
+        self.mqtt_reconnects = Counter(
+            "iotgw_mqtt_reconnects",
+            "Reconnection attempts after a broker connection was lost or refused.",
+            registry=r,
+        )
+        self.mqtt_in_flight = Gauge(
+            "iotgw_mqtt_in_flight",
+            "MQTT requests taken from the broker and not yet answered and acknowledged.",
+            registry=r,
+        )
+        self.mqtt_backlog = Gauge(
+            "iotgw_mqtt_backlog",
+            "MQTT requests received beyond the in-flight limit, waiting to be taken.",
+            registry=r,
+        )
+        self.mqtt_duplicates = Counter(
+            "iotgw_mqtt_duplicates",
+            "Redelivered MQTT requests recognised as already answered (acknowledged, not run).",
+            registry=r,
+        )
+
+    def watch_mqtt(
+        self,
+        broker: str,
+        *,
+        connected: Callable[[], bool],
+        in_flight: Callable[[], int],
+        backlog: Callable[[], int],
+    ) -> None:
+        """Read the MQTT adapter's state when scraped (no update on the request path)."""
+        self.mqtt_connected.labels(broker).set_function(lambda: float(connected()))
+        self.mqtt_in_flight.set_function(in_flight)
+        self.mqtt_backlog.set_function(backlog)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -312,6 +312,12 @@ class MqttAdapter:
         self.connected = asyncio.Event()
         self._stopping = asyncio.Event()
         self.subscribed_topic: str | None = None
+        service.metrics.watch_mqtt(
+            f"{address.host}:{address.port}",
+            connected=self.connected.is_set,
+            in_flight=lambda: self._in_flight,
+            backlog=lambda: len(self._backlog),
+        )
 
     @property
     def in_flight(self) -> int:
@@ -361,6 +367,8 @@ class MqttAdapter:
             with contextlib.suppress(TimeoutError):  # jitter spreads replicas' reconnects
                 await asyncio.wait_for(self._stopping.wait(), delay * (0.5 + random.random()))
             delay = min(delay * 2, self._settings.reconnect_max_s)
+            if not self._stopping.is_set():
+                self._service.metrics.mqtt_reconnects.inc()
 
     async def _serve_until_stopped(self, client: aiomqtt.Client, connection: _Connection) -> bool:
         """Serve until the connection fails (raises) or ``shutdown`` (returns True after
@@ -630,6 +638,7 @@ class MqttAdapter:
                 if delivery.key is not None and self._is_duplicate(delivery.key, time.monotonic()):
                     log.debug("MQTT: duplicate of %s from %s ignored", request.id, route.device)
                     delivery.key = None  # the first delivery's key: not ours to forget
+                    self._service.metrics.mqtt_duplicates.inc()
                     self._end(delivery, acknowledge=True)  # answered by the first delivery
                     return
                 phase = "infer"
