@@ -1,6 +1,9 @@
 """The online tuner inside the gateway: one ``rrl.online.ModelAgent`` per tuned model, its state
 on ``/metrics`` and on ``/admin/tuner``.
 
+Each agent first sets its model to the expert default (``rrl.space.expert_default``: eager
+batching, instances sized to the cores; ``tuner.start = "configured"`` keeps the model's
+``config.toml`` knobs instead), so tuning starts from what a practitioner would configure.
 Each model's served (default) version is tuned over the grid ``rrl.space.ConfigSpace`` builds
 for this machine, capped by the model's own limits. An agent starts deciding only once its
 model has traffic (see ``rrl.online``), so an idle model keeps its configured knobs. An operator
@@ -15,7 +18,6 @@ import contextlib
 import functools
 import logging
 import math
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -23,11 +25,12 @@ from gateway.errors import NotFound
 from gateway.metrics import GatewayMetrics
 from gateway.service import InferenceService
 from gateway.settings import TunerSettings
+from models.machine import usable_cores as _usable_cores
 from rrl.objective import Objective
 from rrl.online import AgentSettings, Decision, ModelAgent
 from rrl.priors import Priors, load_profile_priors
 from rrl.profile import PROFILES_DIR
-from rrl.space import ConfigSpace
+from rrl.space import ConfigSpace, expert_default
 from rrl.workload import MonitorSettings
 
 log = logging.getLogger("gateway.tuning")
@@ -80,6 +83,9 @@ class TuningService:
                     rebuild_duty=s.rebuild_duty,
                     unsafe_violation_fraction=s.unsafe_violation_fraction,
                     explore_regret=s.explore_regret,
+                    start=expert_default(cores, space.batch_sizes[-1])
+                    if s.start == "expert"
+                    else None,
                 ),
                 seed=s.seed,
                 listener=self._on_decision,
@@ -193,13 +199,6 @@ def _space(cores: int, max_batch: int, max_timeout_ms: float, max_concurrency: i
         max_timeout_ms=max_timeout_ms,
         max_concurrency=max_concurrency,
     )
-
-
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def _floor_pow2(n: int) -> int:
