@@ -4,137 +4,46 @@ the results file, the printed table, and server subprocesses that always stop.
 The rules these helpers serve are in ``/work/shared/benchmarks.md``: warm up, repeat (at least
 five runs, median quoted, min and max shown), print a table, write
 ``benchmarks/results/<name>.json`` (``<name>.quick.json`` in ``--quick`` mode).
+
+The machine description, the results file and the table live on the ground floor
+(``models.machine``, ``models.reporting``) because other packages write results too; they are
+re-exported here so a benchmark finds all it needs in one module.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import datetime as _dt
-import importlib.metadata
-import json
 import os
-import platform
 import re
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+from models.machine import DEFAULT_PACKAGES as DEFAULT_PACKAGES
+from models.machine import cpu_model as cpu_model
+from models.machine import load_average as load_average
+from models.machine import machine_info as machine_info
+from models.machine import package_versions as package_versions
+from models.machine import usable_cores as usable_cores
+from models.reporting import RESULTS_DIR as RESULTS_DIR
+from models.reporting import Repeated as Repeated
+from models.reporting import fmt_repeated as fmt_repeated
+from models.reporting import format_table as format_table
+from models.reporting import now_iso as now_iso
+from models.reporting import results_path as results_path
+from models.reporting import write_results as write_results
+
 MIN_FULL_RUNS = 5
-
-# Package name in the results -> distributions that may provide it (first one installed wins).
-DEFAULT_PACKAGES: dict[str, tuple[str, ...]] = {
-    "onnxruntime": ("onnxruntime", "onnxruntime-gpu"),
-    "tensorflow": ("tensorflow", "tensorflow-cpu"),
-    "aiohttp": ("aiohttp",),
-    "numpy": ("numpy",),
-}
-
-
-# -- the machine ---------------------------------------------------------------------------
-
-
-def cpu_model() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or platform.machine()
-    match = re.search(r"^model name\s*:\s*(.+)$", text, re.MULTILINE)
-    return match.group(1).strip() if match else platform.processor() or platform.machine()
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def package_versions(
-    packages: Mapping[str, Sequence[str]] = DEFAULT_PACKAGES,
-) -> dict[str, str | None]:
-    """Installed version of each package (None when it is not installed). Reads distribution
-    metadata only, so nothing heavy (TensorFlow) gets imported."""
-    out: dict[str, str | None] = {}
-    for name, dists in packages.items():
-        out[name] = None
-        for dist in dists:
-            try:
-                out[name] = importlib.metadata.version(dist)
-                break
-            except importlib.metadata.PackageNotFoundError:
-                continue
-    return out
-
-
-def load_average() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
-
-
-def machine_info(packages: Mapping[str, Sequence[str]] = DEFAULT_PACKAGES) -> dict[str, Any]:
-    return {
-        "cpu": cpu_model(),
-        "cores": usable_cores(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "packages": package_versions(packages),
-        "load_average_at_start": load_average(),
-    }
 
 
 # -- statistics ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Repeated:
-    """One figure measured ``runs`` times: the median is the figure quoted."""
-
-    values: tuple[float, ...]
-
-    @classmethod
-    def of(cls, values: Iterable[float]) -> Repeated:
-        vals = tuple(float(v) for v in values)
-        if not vals:
-            raise ValueError("a figure needs at least one run")
-        return cls(vals)
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.values)
-
-    @property
-    def min(self) -> float:
-        return min(self.values)
-
-    @property
-    def max(self) -> float:
-        return max(self.values)
-
-    @property
-    def runs(self) -> int:
-        return len(self.values)
-
-    def as_dict(self, digits: int = 6) -> dict[str, Any]:
-        return {
-            "median": round(self.median, digits),
-            "min": round(self.min, digits),
-            "max": round(self.max, digits),
-            "runs": self.runs,
-            "values": [round(v, digits) for v in self.values],
-        }
 
 
 def percentiles(
@@ -146,103 +55,6 @@ def percentiles(
         return {f"p{q:g}": float("nan") for q in qs}
     values = np.percentile(arr, list(qs))
     return {f"p{q:g}": float(v) for q, v in zip(qs, values, strict=True)}
-
-
-# -- results -------------------------------------------------------------------------------
-
-
-def results_path(name: str, *, quick: bool, out_dir: Path | None) -> Path:
-    directory = RESULTS_DIR if out_dir is None else Path(out_dir)
-    return directory / (f"{name}.quick.json" if quick else f"{name}.json")
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Repeated):
-        return value.as_dict()
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, float) and value != value:  # NaN is not JSON
-        return None
-    if isinstance(value, Path):
-        return str(value)
-    return value
-
-
-def write_results(
-    name: str,
-    *,
-    quick: bool,
-    out_dir: Path | None,
-    machine: dict[str, Any],
-    summary: dict[str, Any],
-    runs: list[dict[str, Any]],
-    config: dict[str, Any],
-    created: str | None = None,
-    **extra: Any,
-) -> Path:
-    """Write the results JSON in the shape of benchmarks.md; returns its path."""
-    machine = dict(machine)
-    machine.setdefault("load_average_at_end", load_average())
-    doc = {
-        "benchmark": name,
-        "created": created or now_iso(),
-        "quick": quick,
-        "machine": machine,
-        "summary": summary,
-        "runs": runs,
-        "config": config,
-        **extra,
-    }
-    path = results_path(name, quick=quick, out_dir=out_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(_jsonable(doc), indent=1, allow_nan=False) + "\n", encoding="utf-8")
-    tmp.replace(path)
-    return path
-
-
-def now_iso() -> str:
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-
-
-# -- the printed table ---------------------------------------------------------------------
-
-
-def format_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    cells = [[str(h) for h in headers]] + [[_cell(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = []
-    for n, row in enumerate(cells):
-        lines.append(
-            "  ".join(
-                c.rjust(w) if n and i else c.ljust(w)
-                for i, (c, w) in enumerate(zip(row, widths, strict=True))
-            )
-        )
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def _cell(value: Any) -> str:
-    if isinstance(value, float):
-        if value != value:
-            return "-"
-        if abs(value) >= 1000:
-            return f"{value:,.0f}"
-        if abs(value) >= 10:
-            return f"{value:.1f}"
-        return f"{value:.3f}"
-    return str(value)
-
-
-def fmt_repeated(r: Repeated, scale: float = 1.0) -> str:
-    """``median [min-max]`` for a table cell."""
-    return f"{_cell(r.median * scale)} [{_cell(r.min * scale)}-{_cell(r.max * scale)}]"
 
 
 # -- server subprocesses -------------------------------------------------------------------

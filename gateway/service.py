@@ -36,7 +36,7 @@ from gateway.model_host import ModelHost, ModelState, Watchdog, WindowStats
 from gateway.settings import ServingSettings
 from gateway.types import InferenceRequest, InferenceResponse
 from models.repository import BrokenVersion, ModelVersion
-from models.runtime import ModelMetadata, Runtime, RuntimeError_, Threads
+from models.runtime import BackendError, ModelMetadata, Runtime, Threads
 
 log = logging.getLogger("gateway.service")
 
@@ -226,7 +226,7 @@ class InferenceService:
                         timeout_s=request.timeout_s,
                         priority=request.priority,
                     )
-            except RuntimeError_ as exc:  # backend failure surfaced outside a batch
+            except BackendError as exc:  # backend failure surfaced outside a batch
                 raise ModelUnavailable(str(exc)) from exc
             if request.outputs is not None:
                 outputs = {name: outputs[name] for name in request.outputs}

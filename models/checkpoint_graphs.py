@@ -10,15 +10,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from models.checkpoint import Checkpoint, CheckpointError
+from models.checkpoint_kinds import ONNX_KIND, ZOO_KIND
 from models.zoo import ModelSpec
-from models.zoo_checkpoint import ZOO_KIND, zoo_params
+from models.zoo_checkpoint import zoo_params
 
 if TYPE_CHECKING:
     import onnx
 
     from models.quant_tf import CheckpointGraph
-
-ONNX_KIND = "onnx"
 
 
 def onnx_model(checkpoint: Checkpoint, path: Path, accuracy_level: int) -> onnx.ModelProto:

@@ -168,7 +168,7 @@ def summary_doc(summary: CheckpointSummary) -> dict[str, Any]:
 
 
 def format_summary(summary: CheckpointSummary) -> str:
-    from benchmarks.common import format_table  # the project's one table printer
+    from models.reporting import format_table  # the project's one table printer
 
     rows = [
         [

@@ -12,9 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-# tf_backend sets the environment TensorFlow reads when it is first imported (thread pools, log
-# level); importing it first keeps that true whichever of the two modules a process loads first.
-from models.backends import tf_backend  # noqa: F401  isort: skip
+# Sets the environment TensorFlow reads when it is first imported (thread pools, log level).
+from models import tf_env  # noqa: F401  isort: skip
 
 import tensorflow as tf
 

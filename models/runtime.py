@@ -41,15 +41,15 @@ class Threads:
     inter_op: int
 
 
-class RuntimeError_(Exception):
+class BackendError(Exception):
     """Root of backend errors (load or inference failures), with the model it concerns."""
 
 
-class ModelLoadError(RuntimeError_):
+class ModelLoadError(BackendError):
     """A model's files are missing, corrupt or inconsistent with its configuration."""
 
 
-class InferenceFailed(RuntimeError_):
+class InferenceFailed(BackendError):
     """The backend rejected or failed a batch."""
 
 

@@ -21,7 +21,6 @@ import argparse
 import functools
 import math
 import multiprocessing
-import os
 import sys
 import time
 from collections import defaultdict
@@ -33,6 +32,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from models.machine import usable_cores as _usable_cores
 from rrl.episodes import WITHIN, Trace, measurements_to_within, run_shifting, run_static
 from rrl.objective import make_objective
 from rrl.profile import PROFILES_DIR
@@ -474,7 +474,8 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 def evaluate(
     plan: EvalPlan, *, profile_dir: Path, out_dir: Path | None, quick: bool, workers: int
 ) -> Path:
-    from benchmarks.common import machine_info, now_iso, write_results
+    from models.machine import machine_info
+    from models.reporting import now_iso, write_results
     from rrl.report import write_report
 
     created = now_iso()
@@ -592,7 +593,7 @@ def print_summary(path: Path) -> None:
     """The static results and the headline figures as text tables (benchmarks.md)."""
     import json
 
-    from benchmarks.common import format_table
+    from models.reporting import format_table
 
     doc = json.loads(path.read_text())
     rows = []
@@ -620,13 +621,6 @@ def print_summary(path: Path) -> None:
         verdict = "not measurable" if met is None else ("met" if met else "missed")
         print(f"target {target}: {verdict}")
     print(f"results: {path} (with {path.name.removesuffix('.json')}.md and its plots)")
-
-
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from models.machine import usable_cores as _usable_cores
 from rrl.harness import ServingHarness, WindowResult, poisson_arrivals
 from rrl.space import ConfigSpace
 
@@ -315,7 +316,8 @@ def _cell(key: Key, entry: dict[str, Any]) -> dict[str, Any]:
 def _new_document(
     version: Any, plan: ModelPlan, timing: Timing, space: ConfigSpace, cores: int
 ) -> dict[str, Any]:
-    from benchmarks.common import machine_info, now_iso
+    from models.machine import machine_info
+    from models.reporting import now_iso
 
     return {
         "format": FORMAT,
@@ -385,13 +387,6 @@ def _loadavg() -> float | None:
         return round(os.getloadavg()[0], 2)
     except OSError:
         return None
-
-
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

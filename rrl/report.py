@@ -382,10 +382,6 @@ def _style(tuner: str) -> dict[str, Any]:
     return {"lw": 0.9, "ls": "--", "alpha": 0.8}
 
 
-def _marker(tuner: str) -> dict[str, Any]:
-    return {"marker": "o" if tuner in HEADLINE_TUNERS else "x"}
-
-
 def _save(fig: Any, path: Path) -> Path:
     import matplotlib.pyplot as plt
 

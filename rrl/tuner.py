@@ -72,10 +72,6 @@ class StateTuner(Protocol):
     def describe(self) -> dict[str, Any]: ...
 
 
-class WarmStartable(Protocol):
-    def warm_start_from(self, other: Any) -> None: ...
-
-
 StateTunerFactory = Callable[[TuningProblem, np.random.Generator], StateTuner]
 
 

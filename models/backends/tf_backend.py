@@ -11,32 +11,20 @@ make operation-level parallelism untunable at run time.
 
 from __future__ import annotations
 
+# Sets the environment TensorFlow reads when it is first imported (thread pools, log level).
+from models import tf_env  # noqa: F401  isort: skip
+
 import logging
-import os
-import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
-# Whether someone imported TensorFlow before us without the variable below: too late to fix.
-_imported_too_early = (
-    "tensorflow" in sys.modules and os.environ.get("TF_OVERRIDE_GLOBAL_THREADPOOL") != "1"
-)
-# Without TF_OVERRIDE_GLOBAL_THREADPOOL=1, TensorFlow runs every session's ops on one process-wide
-# intra-op pool sized at first use, silently ignoring each session's
-# intra_op_parallelism_threads. TensorFlow reads it when it is first imported, so it must be set
-# before the import below (setdefault: an operator's explicit choice wins).
-os.environ.setdefault("TF_OVERRIDE_GLOBAL_THREADPOOL", "1")
-# TensorFlow's C++ side logs several INFO/WARNING lines per session (CPU features, XLA, ...).
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import numpy as np
+import tensorflow as tf
 
-from collections.abc import Mapping  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-from typing import Any  # noqa: E402
-
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-from models.backends import checkpoint_errors, describe  # noqa: E402
-from models.repository import ModelVersion  # noqa: E402
-from models.runtime import (  # noqa: E402
+from models.backends import checkpoint_errors, describe
+from models.repository import ModelVersion
+from models.runtime import (
     InferenceFailed,
     ModelLoadError,
     ModelMetadata,
@@ -48,12 +36,6 @@ PLATFORM = "tensorflow_savedmodel"
 SIGNATURE = "serving_default"
 TAGS = ["serve"]
 log = logging.getLogger("models.tf")
-
-if _imported_too_early:
-    log.warning(
-        "tensorflow was imported before models.backends.tf_backend without "
-        "TF_OVERRIDE_GLOBAL_THREADPOOL=1: per-session intra-op threads may be ignored"
-    )
 
 
 class _DropLoaderDeprecation(logging.Filter):

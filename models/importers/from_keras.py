@@ -12,8 +12,8 @@ Importing this module imports Keras and TensorFlow.
 
 from __future__ import annotations
 
-# tf_backend sets the environment TensorFlow reads at import (see models.export_tf).
-from models.backends import tf_backend  # noqa: F401  isort: skip
+# Sets the environment TensorFlow reads when it is first imported (Keras imports it).
+from models import tf_env  # noqa: F401  isort: skip
 
 from pathlib import Path
 from typing import Any

@@ -14,8 +14,8 @@ Importing this module imports TensorFlow.
 
 from __future__ import annotations
 
-# tf_backend sets the environment TensorFlow reads at import (thread pools, log level).
-from models.backends import tf_backend  # noqa: F401  isort: skip
+# Sets the environment TensorFlow reads when it is first imported (thread pools, log level).
+from models import tf_env  # noqa: F401  isort: skip
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace

@@ -24,7 +24,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import format_table, machine_info, write_results
+from models.machine import machine_info
+from models.reporting import format_table, write_results
 from models.train.export import ptq_weights
 from models.train.simigrad import SimiGradConfig
 from models.train.trainer import TrainConfig, Trainer

@@ -1,5 +1,0 @@
-import sys
-
-from benchmarks.tuner.run import cli
-
-sys.exit(cli())
