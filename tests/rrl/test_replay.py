@@ -1,0 +1,83 @@
+"""The trace replay's batcher model (``rrl.replay``) and the expert default it is compared with.
+
+Service times are fixed here (one value per batch size), so each case's latencies follow from the
+batcher's rules alone: what eager batching, a timeout and batch size 1 do to a trickle and to a
+rate above what batch 1 can serve.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from rrl.replay import ServiceTimes, figures, request_grid, score, simulate
+from rrl.space import Config, expert_default
+
+MS = 1e-3
+# One instance: 1 ms for a batch of 1, 2 ms for up to 32 rows (the per-call cost dominates).
+TIMES = ServiceTimes({(1, 1): {1: [1 * MS], 32: [2 * MS]}, (2, 1): {1: [1 * MS], 32: [2 * MS]}})
+SLO_S = 0.1
+
+
+def trickle(n: int = 50, gap_s: float = 0.05) -> list[float]:
+    return [i * gap_s for i in range(n)]
+
+
+def poisson(rate: float, seconds: float, seed: int = 0) -> list[float]:
+    rng = np.random.default_rng(seed)
+    return np.cumsum(rng.exponential(1 / rate, int(rate * seconds))).tolist()
+
+
+def test_eager_batching_serves_a_trickle_one_by_one_without_waiting() -> None:
+    lat = simulate(trickle(), Config(32, 0.0, 1, 1, 1), TIMES, slo_s=SLO_S)
+    assert lat == pytest.approx([1 * MS] * 50)
+
+
+def test_a_timeout_adds_its_whole_length_at_a_trickle() -> None:
+    lat = simulate(trickle(), Config(32, 4.0, 1, 1, 1), TIMES, slo_s=SLO_S)
+    assert lat == pytest.approx([5 * MS] * 50)
+
+
+def test_batch_one_collapses_above_its_capacity_where_eager_batching_keeps_up() -> None:
+    burst = poisson(1500.0, 2.0)  # batch 1 serves 1000/s on one instance
+    batch1 = figures(simulate(burst, Config(1, 0.0, 1, 1, 1), TIMES, slo_s=SLO_S), SLO_S)
+    eager = figures(simulate(burst, Config(32, 0.0, 1, 1, 1), TIMES, slo_s=SLO_S), SLO_S)
+    assert batch1.violations > len(burst) // 4
+    assert eager.violations == 0
+
+
+def test_requests_past_their_deadline_are_refused_not_served() -> None:
+    burst = [0.0] * 500  # 500 at once on one instance at batch 1: 0.5 s of work, SLO 0.1 s
+    lat = simulate(burst, Config(1, 0.0, 1, 1, 1), TIMES, slo_s=SLO_S)
+    served = [x for x in lat if math.isfinite(x)]
+    assert 90 <= len(served) <= 102
+    assert figures(lat, SLO_S).violations == 500 - sum(1 for x in served if x <= SLO_S)
+
+
+def test_the_gateway_costs_add_to_every_request_and_batch() -> None:
+    times = ServiceTimes(TIMES.samples, per_batch_s=0.5 * MS, per_request_s=0.25 * MS)
+    lat = simulate(trickle(), Config(32, 0.0, 1, 1, 1), times, slo_s=SLO_S)
+    assert lat == pytest.approx([1.75 * MS] * 50)
+
+
+def test_score_reports_each_phase_and_the_grid_skips_timeouts_at_batch_one() -> None:
+    grid = request_grid([(1, 1), (2, 1)], [1, 32], [0.0, 4.0])
+    assert len(grid) == 2 * 3
+    arrivals = trickle(20) + [1.0 + t for t in poisson(1500.0, 1.0)]
+    phase = [0] * 20 + [1] * (len(arrivals) - 20)
+    scored = {s.config: s for s in score(grid, arrivals, phase, 2, TIMES, slo_s=SLO_S)}
+    eager = scored[Config(32, 0.0, 1, 1, 1)]
+    assert eager.phases[0].p95_ms == pytest.approx(1.0)
+    assert sum(f.requests for f in eager.phases) == eager.overall.requests == len(arrivals)
+    assert scored[Config(1, 0.0, 1, 1, 1)].phases[1].violations > 0
+
+
+@pytest.mark.parametrize("cores", [1, 2, 3, 8, 16])
+def test_the_expert_default_never_oversubscribes_the_cores(cores: int) -> None:
+    config = expert_default(cores, max_batch_size=128)
+    assert config.concurrency * config.intra_op_threads <= cores
+    assert (config.batch_timeout_ms, config.inter_op_threads) == (0.0, 1)
+    assert config.max_batch_size == 32
+    assert expert_default(cores, max_batch_size=12).max_batch_size == 8
