@@ -1,4 +1,6 @@
 """Everything about one model: architectures, runtimes, the on-disk model repository.
 
-Must not import ``gateway``, ``rrl`` or ``device_sim``.
+The ground floor (docs/architecture.md): imports nothing of the project, so every package may
+import it; the helpers several packages share live here (``models.machine``,
+``models.reporting``, ``models.tf_env``).
 """
