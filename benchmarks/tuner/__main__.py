@@ -1,0 +1,5 @@
+import sys
+
+from benchmarks.tuner.run import cli
+
+sys.exit(cli())

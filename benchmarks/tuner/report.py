@@ -1,0 +1,169 @@
+"""The headline figures of a scenario, from its arms (per seed, then medians over seeds).
+
+- ``violations_vs_best_static``: the agent's SLO violations over those of the best static
+  configuration in hindsight (the static arm with the lowest objective, p95 + 2 x SLO x violating
+  share, over the whole trace); 1.0 when both are 0, None when only the best static has none;
+- ``steady_p95_vs_best_static``: per phase, the steady p95 (the median of the 1 s bins' p95 over
+  the phase's second half) of the agent over the best static one's; the worst phase;
+- ``p95_reduction_vs_default``: 1 - agent p95 / the configured knobs' p95, whole trace;
+- ``gap_to_oracle_p95``: agent p95 / the per-phase oracle's p95 - 1, whole trace;
+- ``settle_s``: per step (every phase after the first), the seconds from the step until the
+  agent's p95 (median of 3 consecutive 1 s bins) is within 10% of the oracle's steady p95 of
+  that phase and stays there to the phase's end; the worst step (None: never within the phase).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from benchmarks.common import format_table
+from benchmarks.tuner.arms import STATIC_ARMS
+
+SETTLE_TOLERANCE = 0.10
+SETTLE_BINS = 3
+SUMMARY_KEYS = (
+    "violations_vs_best_static",
+    "steady_p95_vs_best_static",
+    "p95_reduction_vs_default",
+    "gap_to_oracle_p95",
+    "settle_s",
+)
+
+
+def objective(f: dict[str, Any], slo_ms: float) -> float:
+    p95 = f["p95_ms"] if f["p95_ms"] is not None else slo_ms
+    return float(p95 + 2.0 * slo_ms * (f["violation_fraction"] or 0.0))
+
+
+def best_static(arms: dict[str, dict[str, Any]], slo_ms: float) -> str | None:
+    statics = [a for a in STATIC_ARMS if a in arms]
+    return min(statics, key=lambda a: objective(arms[a]["overall"], slo_ms)) if statics else None
+
+
+def phase_bins(arm: dict[str, Any], start_s: float, duration_s: float) -> list[float | None]:
+    bin_s = arm["timeline_bin_s"]
+    return [
+        b["p95_ms"]
+        for b in arm["timeline"]
+        if start_s - 1e-9 <= b["t"] and b["t"] + bin_s <= start_s + duration_s + 1e-9
+    ]
+
+
+def steady_p95(arm: dict[str, Any], start_s: float, duration_s: float) -> float | None:
+    bins = [p for p in phase_bins(arm, start_s, duration_s) if p is not None]
+    half = bins[len(bins) // 2 :]
+    return statistics.median(half) if half else None
+
+
+def settle_s(
+    agent: dict[str, Any], target_ms: float, start_s: float, duration_s: float
+) -> float | None:
+    bins = phase_bins(agent, start_s, duration_s)
+    bin_s = agent["timeline_bin_s"]
+    smoothed = [
+        statistics.median([p for p in bins[i : i + SETTLE_BINS] if p is not None] or [float("inf")])
+        for i in range(max(len(bins) - SETTLE_BINS + 1, 0))
+    ]
+    within = [p <= (1 + SETTLE_TOLERANCE) * target_ms for p in smoothed]
+    for i in range(len(within)):
+        if all(within[i:]):
+            return round(i * bin_s, 3)
+    return None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b <= 0:
+        return None
+    return round(a / b, 4)
+
+
+def seed_summary(
+    arms: dict[str, dict[str, Any]], phases: list[dict[str, Any]], slo_ms: float
+) -> dict[str, Any]:
+    """The headline figures of one seed (keys absent arms make impossible are None)."""
+    agent, oracle, configured = arms.get("agent"), arms.get("oracle"), arms.get("configured")
+    best = best_static(arms, slo_ms)
+    out: dict[str, Any] = {"best_static_arm": best, **dict.fromkeys(SUMMARY_KEYS)}
+    if agent is None:
+        return out
+    a = agent["overall"]
+    if best is not None:
+        mine, theirs = a["slo_violations"] or 0, arms[best]["overall"]["slo_violations"] or 0
+        out["violations_vs_best_static"] = (
+            1.0 if mine == theirs == 0 else (round(mine / theirs, 4) if theirs else None)
+        )
+        ratios = [
+            _ratio(steady_p95(agent, p["start_s"], p["duration_s"]), steady)
+            for p in phases
+            if (steady := steady_p95(arms[best], p["start_s"], p["duration_s"])) is not None
+        ]
+        known = [r for r in ratios if r is not None]
+        out["steady_p95_vs_best_static"] = max(known) if known else None
+    if configured is not None and a["p95_ms"] and configured["overall"]["p95_ms"]:
+        out["p95_reduction_vs_default"] = round(
+            1.0 - a["p95_ms"] / configured["overall"]["p95_ms"], 4
+        )
+    if oracle is not None:
+        gap = _ratio(a["p95_ms"], oracle["overall"]["p95_ms"])
+        out["gap_to_oracle_p95"] = None if gap is None else round(gap - 1.0, 4)
+        steps = []
+        for p in phases[1:]:
+            target = steady_p95(oracle, p["start_s"], p["duration_s"])
+            settled = (
+                None if target is None else settle_s(agent, target, p["start_s"], p["duration_s"])
+            )
+            steps.append({"phase": p["name"], "settle_s": settled, "oracle_steady_p95_ms": target})
+        out["settle_steps"] = steps
+        values = [s["settle_s"] for s in steps]
+        out["settle_s"] = None if not values or None in values else max(values)
+    return out
+
+
+def median_summary(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over seeds of every headline key (seeds where it is None left out, and counted)."""
+    out: dict[str, Any] = {}
+    for key in SUMMARY_KEYS:
+        values = [s[key] for s in per_seed if s.get(key) is not None]
+        out[key] = round(statistics.median(values), 4) if values else None
+        out[f"{key}_seeds"] = len(values)
+    return out
+
+
+def targets(summary: dict[str, Any]) -> dict[str, bool | None]:
+    def check(key: str, ok: Any) -> bool | None:
+        return None if summary.get(key) is None else bool(ok(summary[key]))
+
+    return {
+        "violations_vs_best_static_at_most_1": check(
+            "violations_vs_best_static", lambda v: v <= 1.0
+        ),
+        "steady_p95_vs_best_static_at_most_1.05": check(
+            "steady_p95_vs_best_static", lambda v: v <= 1.05
+        ),
+        "p95_reduction_vs_default_at_least_0.5": check(
+            "p95_reduction_vs_default", lambda v: v >= 0.5
+        ),
+        "settle_s_at_most_10": check("settle_s", lambda v: v <= 10.0),
+    }
+
+
+def table(runs: list[dict[str, Any]]) -> str:
+    rows = []
+    for r in runs:
+        for name, f in [("overall", r["overall"]), *r["phases"].items()]:
+            rows.append(
+                [
+                    r["scenario"],
+                    r["seed"],
+                    r["arm"],
+                    name,
+                    f["requests"],
+                    f["p50_ms"],
+                    f["p95_ms"],
+                    f["slo_violations"],
+                    f["lost"],
+                ]
+            )
+    headers = ["scenario", "seed", "arm", "phase", "requests", "p50 ms", "p95 ms", "viol", "lost"]
+    return format_table(headers, rows)
