@@ -19,7 +19,7 @@ import numpy as np
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from gateway import __version__, http_security
+from gateway import __version__, dashboard, http_security
 from gateway.codecs import oip, tfserving
 from gateway.codecs.datatypes import dtype_label
 from gateway.codecs.limits import DEFAULT_LIMITS, DecodeLimits
@@ -475,4 +475,5 @@ def build_app(
     for method in ("GET", "PUT", "POST"):
         r.add_route(method, "/admin/tuner/{model}", admin_tuner)
     r.add_get("/metrics", metrics)
+    dashboard.add_routes(app, service=service, readiness=readiness, tuning=tuning)
     return app
