@@ -1,0 +1,36 @@
+"""Cases drawn by hypothesis in chunks, reproducibly: chunk ``i`` of a run with seed ``s`` is
+the same list every time (``@seed``, no example database, generation phase only). Runs in a
+worker process so that drawing overlaps sending."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import strategies as st
+
+from benchmarks.fuzz.cases import Case
+from benchmarks.fuzz.strategies import http_cases, mqtt_cases
+
+
+def chunk_seed(run_seed: int, transport: str, index: int) -> int:
+    return (run_seed * 1_000_003 + index) * 2 + (transport == "mqtt")
+
+
+def generate_chunk(run_seed: int, transport: str, index: int, count: int) -> list[Case]:
+    """``count`` cases for ``transport`` ("http" or "mqtt"), chunk ``index`` of the run."""
+    strategy: st.SearchStrategy[Case] = http_cases() if transport == "http" else mqtt_cases()
+    out: list[Case] = []
+
+    @seed(chunk_seed(run_seed, transport, index))
+    @settings(
+        max_examples=count,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(st.data())
+    def collect(data: st.DataObject) -> None:
+        out.append(data.draw(strategy))
+
+    collect()
+    return out

@@ -1,0 +1,46 @@
+"""``iotgw bench fuzz --quick``: a few thousand fuzzed payloads on HTTP and MQTT against a real
+gateway and Mosquitto. The gateway must neither crash nor leave a request unanswered, must
+answer bad input with a 4xx error reply (or a valid 200), and must answer every well-formed
+request interleaved with the fuzz, then still be ready and serving on both transports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bench_fuzz_quick_meets_its_targets(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "bench", "fuzz", "--quick", "--out", str(tmp_path)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    doc = json.loads((tmp_path / "fuzz.quick.json").read_text())
+    assert doc["benchmark"] == "fuzz" and doc["quick"] is True
+    transports = doc["transports"]
+    assert set(transports) == {"http", "mqtt"}
+    # What went wrong, with payloads, so that a failure here names its cause.
+    examples = {name: t["examples"] for name, t in transports.items()}
+    detail = json.dumps({"restarts": doc["restarts"], "examples": examples}, indent=1)[:6000]
+    for name, t in transports.items():
+        assert t["payloads"] >= 1000, name
+        assert t["good_sent"] > 0, name
+    summary = doc["summary"]
+    assert summary["crashes"] == 0, detail
+    assert summary["gateway_restarts"] == 0, detail
+    assert summary["stuck"] == 0, detail
+    assert summary["non_4xx_for_bad_input"] == 0, detail
+    assert summary["good_answered_ratio"] == 1.0, detail
+    assert summary["final_ready"] is True, detail
+    assert summary["final_good_answered"] == summary["final_good_sent"], detail
