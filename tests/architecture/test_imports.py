@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ast
 import graphlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from tests.architecture.imports import (
     MODULES,
@@ -40,12 +40,11 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
 # Modules any package may import: they import nothing of the project (but each other).
 GROUND_FLOOR = ("models.machine", "models.reporting", "models.tf_env", "models.checkpoint_kinds")
 
-# Deferred edges (importer, imported) that close a circle, each with the fix that would remove it.
+# Deferred edges (importer, imported) that close a circle -> the fix that would remove it.
 KNOWN_DEFERRED_CIRCLES: dict[tuple[str, str], str] = {
-    # rrl.evaluate imports rrl.report lazily to write the report; rrl.report names
-    # rrl.evaluate.EvalPlan in annotations. Fix: EvalPlan (and the tuner kinds it lists) in a leaf
-    # module of rrl that both import.
-    ("rrl.report", "rrl.evaluate"): "EvalPlan moves to a leaf module of rrl",
+    # rrl.evaluate imports rrl.report lazily to write its report; rrl.report names
+    # rrl.evaluate.EvalPlan in annotations.
+    ("rrl.report", "rrl.evaluate"): "EvalPlan (and the tuner kinds it lists) in a leaf of rrl",
 }
 
 EDGES = all_edges()
@@ -53,48 +52,47 @@ EDGES = all_edges()
 STATED = [edge for edge in EDGES if not edge.implied]
 
 
-def _listing(edges: Iterable[Edge]) -> str:
-    return "\n".join(str(edge) for edge in edges)
+def _breaking(rule: Callable[[Edge], bool], what: str) -> str:
+    """An empty string when no stated import breaks ``rule``, else what and where."""
+    bad = [edge for edge in STATED if rule(edge)]
+    return f"{what} (see docs/architecture.md):\n" + "\n".join(map(str, bad)) if bad else ""
 
 
 def test_no_import_up_the_floors() -> None:
-    up = [
-        edge
-        for edge in STATED
-        if edge.importer != ROOF
-        and package_of(edge.imported) not in MAY_IMPORT[package_of(edge.importer)]
-    ]
-    assert not up, "imports up the floors (see docs/architecture.md):\n" + _listing(up)
+    def up(edge: Edge) -> bool:
+        allowed = MAY_IMPORT[package_of(edge.importer)]
+        return edge.importer != ROOF and package_of(edge.imported) not in allowed
+
+    assert not (message := _breaking(up, "imports up the floors")), message
 
 
 def test_benchmarks_imported_only_by_benchmarks_and_the_cli() -> None:
-    bad = [
-        edge
-        for edge in STATED
-        if package_of(edge.imported) == "benchmarks"
-        and package_of(edge.importer) != "benchmarks"
-        and edge.importer != ROOF
-    ]
-    assert not bad, "benchmarks is the top floor; move shared helpers down:\n" + _listing(bad)
+    def into_benchmarks(edge: Edge) -> bool:
+        outside = package_of(edge.importer) != "benchmarks" and edge.importer != ROOF
+        return outside and package_of(edge.imported) == "benchmarks"
+
+    message = _breaking(into_benchmarks, "benchmarks is the top floor; move shared helpers down")
+    assert not message, message
 
 
 def test_device_sim_talks_wire_protocols_only() -> None:
-    bad = [
-        edge
-        for edge in STATED
-        if package_of(edge.importer) == "device_sim"
-        and package_of(edge.imported) in {"gateway", "rrl", "benchmarks"}
-    ]
-    assert not bad, "device_sim must not import the gateway (or the tuner):\n" + _listing(bad)
+    def into_gateway(edge: Edge) -> bool:
+        return package_of(edge.importer) == "device_sim" and package_of(edge.imported) in {
+            "gateway",
+            "rrl",
+            "benchmarks",
+        }
+
+    message = _breaking(into_gateway, "device_sim must not import the gateway (or the tuner)")
+    assert not message, message
 
 
 def test_ground_floor_modules_are_leaves() -> None:
-    bad = [
-        edge
-        for edge in STATED
-        if edge.importer in GROUND_FLOOR and edge.imported not in {*GROUND_FLOOR, "models"}
-    ]
-    assert not bad, "a ground-floor module imports the project:\n" + _listing(bad)
+    def out_of_leaf(edge: Edge) -> bool:
+        return edge.importer in GROUND_FLOOR and edge.imported not in {*GROUND_FLOOR, "models"}
+
+    message = _breaking(out_of_leaf, "a ground-floor module imports the project")
+    assert not message, message
 
 
 def _first_cycle(edges: Iterable[Edge]) -> list[str] | None:
