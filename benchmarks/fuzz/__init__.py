@@ -40,7 +40,7 @@ FULL = Plan(
     chunk=1000,
     window=64,
     good_every=10,
-    timeout_s=20.0,
+    timeout_s=10.0,
     final_good=50,
     max_restarts=20,
 )

@@ -153,7 +153,9 @@ class FuzzRun:
         self.recent: deque[tuple[str, Case]] = deque(maxlen=6)
         self.restarts: list[dict[str, Any]] = []
         self.gateway_exits = 0
-        self.aborted: str | None = None
+        # Transports given up on after max_restarts (the same defect keeps wedging the gateway):
+        # the other goes on, and the cases not sent are reported as such.
+        self.aborted: dict[str, str] = {}
 
     async def send(self, transport: str, case: Case) -> tuple[str, str]:
         n = next(self.seq)
@@ -171,7 +173,8 @@ class FuzzRun:
             self.tallies[transport].record(case, good, outcome, why)
             if good and outcome in (STUCK, DOWN):
                 # A well-formed request left unanswered: the gateway is wedged (or gone).
-                asyncio.get_running_loop().create_task(self.recover(f"{transport}: {why}"))
+                recovery = self.recover((transport,), f"{transport}: {why}")
+                asyncio.get_running_loop().create_task(recovery)
         finally:
             self.in_flight -= 1
             if not self.in_flight:
@@ -194,7 +197,7 @@ class FuzzRun:
                     sent += 1
                     for item, is_good in batch:
                         await self.running.wait()
-                        if self.aborted:
+                        if transport in self.aborted:
                             return
                         await window.acquire()
                         group.create_task(self._one(transport, item, is_good, window))
@@ -205,9 +208,10 @@ class FuzzRun:
             await asyncio.sleep(0.2)
             if not self.gateway.alive() and self.running.is_set():
                 self.gateway_exits += 1
-                await self.recover(f"gateway exited with {self.gateway.process.proc.returncode}")
+                code = self.gateway.process.proc.returncode
+                await self.recover(("http", "mqtt"), f"gateway exited with {code}")
 
-    async def recover(self, why: str) -> None:
+    async def recover(self, transports: tuple[str, ...], why: str) -> None:
         if not self.running.is_set():
             return  # already recovering
         self.running.clear()
@@ -221,9 +225,9 @@ class FuzzRun:
         print(f"gateway restart {len(self.restarts)}: {why}", flush=True)
         await self.idle.wait()  # each request in flight ends by its own timeout
         if len(self.restarts) > self.plan.max_restarts:
-            self.aborted = f"more than {self.plan.max_restarts} restarts"
-        else:
-            await self.gateway.restart()
+            for transport in transports:
+                self.aborted[transport] = f"more than {self.plan.max_restarts} restarts: {why}"
+        await self.gateway.restart()
         self.running.set()
 
     async def final_checks(self) -> dict[str, Any]:
