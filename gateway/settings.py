@@ -334,6 +334,11 @@ class TunerSettings(BaseModel):
         8.0, ge=1, description="Longest batch timeout the tuner tries."
     )
     seed: int = Field(0, description="Seed of the tuners' random choices.")
+    start: Literal["expert", "configured"] = Field(
+        "expert",
+        description="Where each agent starts: expert (eager batching, instances sized to the "
+        "cores; rrl.space.expert_default) or configured (the model's config.toml knobs).",
+    )
 
 
 class GatewaySettings(BaseSettings):

@@ -1,6 +1,9 @@
 """The online tuner inside the gateway: one ``rrl.online.ModelAgent`` per tuned model, its state
 on ``/metrics`` and on ``/admin/tuner``.
 
+Each agent first sets its model to the expert default (``rrl.space.expert_default``: eager
+batching, instances sized to the cores; ``tuner.start = "configured"`` keeps the model's
+``config.toml`` knobs instead), so tuning starts from what a practitioner would configure.
 Each model's served (default) version is tuned over the grid ``rrl.space.ConfigSpace`` builds
 for this machine, capped by the model's own limits. An agent starts deciding only once its
 model has traffic (see ``rrl.online``), so an idle model keeps its configured knobs. An operator
@@ -27,7 +30,7 @@ from rrl.objective import Objective
 from rrl.online import AgentSettings, Decision, ModelAgent
 from rrl.priors import Priors, load_profile_priors
 from rrl.profile import PROFILES_DIR
-from rrl.space import ConfigSpace
+from rrl.space import ConfigSpace, expert_default
 from rrl.workload import MonitorSettings
 
 log = logging.getLogger("gateway.tuning")
@@ -80,6 +83,9 @@ class TuningService:
                     rebuild_duty=s.rebuild_duty,
                     unsafe_violation_fraction=s.unsafe_violation_fraction,
                     explore_regret=s.explore_regret,
+                    start=expert_default(cores, space.batch_sizes[-1])
+                    if s.start == "expert"
+                    else None,
                 ),
                 seed=s.seed,
                 listener=self._on_decision,

@@ -105,6 +105,10 @@ class AgentSettings:
     keeps running until the backlog is gone (see the module docstring)."""
     history: int = 200
     """Decisions kept for the HTTP endpoint."""
+    start: Config | None = None
+    """The configuration applied when the agent starts (the gateway passes the expert default,
+    ``rrl.space.expert_default``: the agent then never starts worse than what a practitioner
+    would configure); None keeps the knobs the gateway has."""
     monitor: MonitorSettings = field(default_factory=MonitorSettings)
 
 
@@ -210,6 +214,7 @@ class ModelAgent:
                 self.prior_states = self.tuner.set_priors(priors)
             except Exception:  # a broken profile costs the warm start, not the agent
                 log.exception("tuner %s: profile priors not loaded", self.model)
+        await self._apply_start()
         self.current = current_config(self.control, self.model, self.space)
         self._last_tick = time.monotonic()
         self._snapshot = self._build_snapshot()
@@ -221,6 +226,15 @@ class ModelAgent:
             except Exception:
                 log.exception("tuner %s: interval failed; retrying", self.model)
                 await asyncio.sleep(self.settings.max_interval_s)
+
+    async def _apply_start(self) -> None:
+        start = self.settings.start
+        if start is None:
+            return
+        try:
+            await apply_config(self.control, self.model, self.space.snap(start))
+        except Exception:  # the configured knobs keep serving: worse, not broken
+            log.exception("tuner %s: start configuration %s not applied", self.model, start)
 
     async def _interval(self) -> None:
         s = self.settings

@@ -293,3 +293,26 @@ def _nearest_timeout(values: Sequence[float], x: float) -> float:
 
 def _clamp(axis: Sequence[int], x: int) -> int:
     return int(min(max(x, axis[0]), axis[-1]))
+
+
+EXPERT_BATCH_CAP = 32
+"""The expert default's largest batch when the model allows more: eager batching only reaches
+it under a backlog, and a larger batch there makes its first requests wait for the whole batch."""
+
+
+def expert_default(cores: int, max_batch_size: int) -> Config:
+    """What a practitioner would configure without measuring: eager batching (timeout 0, so a
+    free instance takes whatever is queued, up to the max batch: batch 1 at a trickle, large in
+    a burst; Triton's dynamic batcher does not delay either), and instances sized to the cores
+    so that concurrency x intra-op threads <= cores (one instance per core up to 4, then more
+    threads per instance), one inter-op thread (these graphs are chains)."""
+    if cores < 1 or max_batch_size < 1:
+        raise ValueError("cores and max_batch_size must be at least 1")
+    concurrency = min(cores, 4)
+    return Config(
+        max_batch_size=2 ** int(math.log2(min(max_batch_size, EXPERT_BATCH_CAP))),
+        batch_timeout_ms=0.0,
+        concurrency=concurrency,
+        intra_op_threads=max(1, cores // concurrency),
+        inter_op_threads=1,
+    )

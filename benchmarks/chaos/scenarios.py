@@ -249,12 +249,22 @@ def overload(load: Load, repo: Path, folder: Path, *, embedded: bool) -> Case:
             broker.stop()
     config = {
         "broker": kind,
+        # Mosquitto's warning when a client's queue is full and it starts dropping (silently
+        # for the publisher): the requests the device ledger then finds lost.
+        "broker_drop_warnings": _drop_warnings(folder / name)
+        + _drop_warnings(folder / f"cache-chaos-{name}"),
         "protocol": protocol,
         "capacity_ok_per_s": round(best, 1),
         "ramp": steps,
         "offered_rate_target": round(rate, 1),
     }
     return Case(name, ledgers, events, config)
+
+
+def _drop_warnings(folder: Path) -> int:
+    return sum(
+        log.read_text(errors="replace").count("are being dropped") for log in folder.rglob("*.log")
+    )
 
 
 def soak(load: Load, repo: Path, folder: Path) -> Case:

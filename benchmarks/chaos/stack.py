@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -64,6 +65,9 @@ class Mosquitto:
             "max_inflight_messages 1000\n"
             "persistence true\n"
             f"persistence_location {store}/\n"
+            # Started as root, mosquitto would switch to the 'mosquitto' user, which cannot
+            # write its store here: every session would be gone after a restart.
+            f"user {pwd.getpwuid(os.getuid()).pw_name}\n"
         )
         self.binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
         self.process = self._start()
