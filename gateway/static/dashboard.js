@@ -231,7 +231,7 @@ function renderTuner(tuner) {
           el("td", {}, new Date(d.at * 1000).toLocaleTimeString()),
           el("td", {}, d.kind),
           el("td", { class: "knobs" }, knobText(d.config)),
-          el("td", { class: "num", "data-field": "predicted" }, fmt(d.predicted, 2)),
+          el("td", { class: "num", "data-field": "predicted", title: "the tuner's estimate of this configuration's objective (– when not among its 50 best)" }, fmt(d.predicted, 2)),
           el("td", { class: "num", "data-field": "measured" }, fmt(d.objective, 2)),
           el("td", { class: "num" }, fmt(d.measurement ? d.measurement.p95_ms : null, 2)),
           el("td", { class: "muted" }, d.reason),

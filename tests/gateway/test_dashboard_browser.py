@@ -1,0 +1,186 @@
+"""The dashboard page in a real headless Chromium (Debian's ``chromium`` and ``chromium-driver``,
+driven by Selenium) against a real gateway on 127.0.0.1 with an admin token, a real Mosquitto
+and the online tuner: the page asks for the token, lists the served models, its numbers move
+under load, and a screenshot is left as an artifact. The browser is required, not optional: the
+test command installs it, and without it this test fails saying so."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+import numpy as np
+import pytest
+
+from gateway.main import Gateway
+from gateway.settings import GatewaySettings
+from tests.brokers import mosquitto
+from tests.gateway.helpers import base_url, infer_binary, make_repo, random_inputs
+
+pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]
+
+TOKEN = "browser-admin-0123"
+MODELS = ("sensor_mlp", "vision_cnn")
+T = TypeVar("T")
+
+
+def _browser_paths() -> tuple[str, str]:
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if browser is None or driver is None:
+        pytest.fail(
+            "the dashboard test needs Debian's chromium and chromium-driver (found browser: "
+            f"{browser}, driver: {driver}); scripts/test.sh installs them, or run "
+            "`apt-get install chromium chromium-driver`",
+            pytrace=False,
+        )
+    return browser, driver
+
+
+@contextlib.contextmanager
+def _chromium() -> Iterator[Any]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    browser, driver_path = _browser_paths()
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",  # the tests may run as root, where Chromium's sandbox refuses to start
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1500,1300",
+    ):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    # An explicit driver path: Selenium Manager would otherwise try to download one.
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+async def _wait(driver: Any, condition: Callable[[Any], T], what: str, timeout_s: float = 60) -> T:
+    """Selenium's explicit wait, in a thread: the gateway serving the page shares this loop."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def wait() -> T:
+        return WebDriverWait(driver, timeout_s, poll_frequency=0.2).until(condition)
+
+    try:
+        return await asyncio.to_thread(wait)
+    except TimeoutException:
+        pytest.fail(f"the page did not show {what} within {timeout_s:g} s", pytrace=False)
+
+
+def _cell(driver: Any, model: str, field: str) -> str:
+    from selenium.webdriver.common.by import By
+
+    found = driver.find_elements(
+        By.CSS_SELECTOR, f'tr[data-model="{model}"] [data-field="{field}"]'
+    )
+    return str(found[0].text) if found else ""
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return float("nan")
+
+
+@contextlib.asynccontextmanager
+async def _gateway(demo_repo: Path, tmp_path: Path) -> AsyncIterator[Gateway]:
+    repo = make_repo(tmp_path / "repo", demo_repo, {name: None for name in MODELS})
+    with mosquitto(tmp_path) as broker:
+        settings = GatewaySettings.load(
+            http={"port": 0, "host": "127.0.0.1", "admin_token": TOKEN},
+            serving={"model_repo": repo, "cache_dir": tmp_path / "cache"},
+            mqtt={"broker": broker.url, "client_id": "dashboard-browser"},
+            # Decisions after a few requests, so the tuner's table fills within the test.
+            tuner={"enabled": True, "models": ["sensor_mlp"], "min_requests": 5},
+        )
+        async with Gateway(settings) as gw:
+            await gw.wait_loaded()
+            yield gw
+
+
+async def _load(gw: Gateway, stop: asyncio.Event, sent: list[int]) -> None:
+    """Requests to sensor_mlp from 4 clients until ``stop`` (bounded by 20 000 in all)."""
+    url = base_url(gw)
+    inputs = random_inputs(gw.service.metadata("sensor_mlp"), 1, np.random.default_rng(0))
+    async with aiohttp.ClientSession() as http:
+
+        async def client() -> None:
+            while not stop.is_set() and sent[0] < 20_000:
+                status, _, _ = await infer_binary(http, url, "sensor_mlp", inputs)
+                assert status == 200
+                sent[0] += 1
+
+        await asyncio.gather(*(client() for _ in range(4)))
+
+
+async def test_dashboard_in_a_real_browser(demo_repo: Path, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    async with _gateway(demo_repo, tmp_path) as gw:
+        with _chromium() as driver:
+            await asyncio.to_thread(driver.get, base_url(gw) + "/dashboard")
+            # The data needs the admin token: the page asks for it once.
+            await _wait(
+                driver, lambda d: d.find_element(By.ID, "token").is_displayed(), "the token prompt"
+            )
+            token_input = driver.find_element(By.ID, "token")
+            await asyncio.to_thread(token_input.send_keys, TOKEN)
+            await asyncio.to_thread(driver.find_element(By.CSS_SELECTOR, "#login button").click)
+            await _wait(
+                driver,
+                lambda d: all(_cell(d, m, "state") == "READY" for m in MODELS),
+                f"the models {MODELS} as READY",
+            )
+            assert _number(_cell(driver, "sensor_mlp", "rate")) == 0.0  # no traffic yet
+
+            stop, sent = asyncio.Event(), [0]
+            load = asyncio.create_task(_load(gw, stop, sent))
+            try:
+                await _wait(
+                    driver,
+                    lambda d: (
+                        _number(_cell(d, "sensor_mlp", "rate")) > 0
+                        and _number(_cell(d, "sensor_mlp", "p95")) > 0
+                    ),
+                    "a non-zero request rate and p95 for sensor_mlp",
+                )
+                await _wait(
+                    driver,
+                    lambda d: any(
+                        c.text not in ("", "\N{EN DASH}")  # the page's "no value"
+                        for c in d.find_elements(
+                            By.CSS_SELECTOR,
+                            '[data-tuned-model="sensor_mlp"] [data-field="measured"]',
+                        )
+                    ),
+                    "a tuner decision with its measured objective",
+                )
+            finally:
+                stop.set()
+                await load
+            mqtt_state = driver.find_element(
+                By.CSS_SELECTOR, '#mqtt [data-field="mqtt-state"]'
+            ).text
+            assert mqtt_state == "connected"
+            assert sent[0] > 0
+            shot = tmp_path / "dashboard.png"
+            assert await asyncio.to_thread(driver.save_screenshot, str(shot))
+            print(f"dashboard screenshot: {shot}")
+            errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    # The 401 that made the page ask for the token is the one error the console may show.
+    assert all("dashboard.json" in e["message"] and "401" in e["message"] for e in errors), errors
