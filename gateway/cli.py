@@ -276,17 +276,19 @@ def _run_serve(args: argparse.Namespace) -> int:
 def _bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("bench", help="run a benchmark (writes benchmarks/results/<name>.json)")
     p.add_argument(
-        "name", choices=["fuzz", "http", "mqtt", "quant", "tuner"], help="which benchmark"
+        "name", choices=["chaos", "fuzz", "http", "mqtt", "quant", "tuner"], help="which benchmark"
     )
     p.add_argument("--quick", action="store_true", help="a few seconds, to check it still works")
     p.add_argument("--out", type=Path, help="results directory (default benchmarks/results)")
+    p.add_argument("--soak", action="store_true", help="chaos: add the 30-minute soak run")
 
 
 def _run_bench(args: argparse.Namespace) -> int:
     import importlib
 
     module = importlib.import_module(f"benchmarks.{args.name}")
-    return int(module.main(quick=args.quick, out_dir=args.out) or 0)
+    extra = {"soak": True} if args.soak else {}  # only the chaos bench takes it
+    return int(module.main(quick=args.quick, out_dir=args.out, **extra) or 0)
 
 
 def _checkpoint_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
