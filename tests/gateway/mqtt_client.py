@@ -63,6 +63,11 @@ def outputs_of(reply: dict[str, Any]) -> dict[str, np.ndarray]:
     }
 
 
+def response_topic(prefix: str, model: str, device_id: str) -> str:
+    """The Response Topic an MQTT 5 device names: under its own reply topic (docs/mqtt.md)."""
+    return f"{prefix}/infer/{model}/res/{device_id}/r"
+
+
 class Device:
     """One device with its own client id; ``request`` publishes and waits for its reply."""
 
@@ -76,11 +81,10 @@ class Device:
         self._reader: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        # An MQTT 5 device listens on its Response Topic and, for gateways that speak MQTT 3.1.1
-        # to the broker (and so never see the Response Topic), on its per-device reply topic.
-        await self.client.subscribe(f"{self.prefix}/infer/+/res/{self.device_id}", qos=1)
-        if self.v5:
-            await self.client.subscribe(f"replies/{self.device_id}", qos=1)
+        # Its reply namespace: the per-device reply topic (MQTT 3.1.1, or a gateway that speaks
+        # MQTT 3.1.1 to the broker and so never sees the Response Topic) and, below it, the
+        # Response Topic an MQTT 5 device names.
+        await self.client.subscribe(f"{self.prefix}/infer/+/res/{self.device_id}/#", qos=1)
         self._reader = asyncio.create_task(self._read())
 
     async def stop(self) -> None:
@@ -107,7 +111,7 @@ class Device:
         properties = None
         if self.v5:
             properties = Properties(PacketTypes.PUBLISH)
-            properties.ResponseTopic = f"replies/{self.device_id}"
+            properties.ResponseTopic = response_topic(self.prefix, model, self.device_id)
             properties.CorrelationData = key.encode()
         await self.client.publish(
             f"{self.prefix}/infer/{model}/req/{self.device_id}",
@@ -124,12 +128,20 @@ class Device:
 
 @contextlib.asynccontextmanager
 async def device(
-    port: int, device_id: str, *, v5: bool = True, prefix: str = "iotgw"
+    port: int,
+    device_id: str,
+    *,
+    v5: bool = True,
+    prefix: str = "iotgw",
+    password: str | None = None,
 ) -> AsyncIterator[Device]:
+    """A connected device; with ``password`` it authenticates as user ``device_id``."""
     client = aiomqtt.Client(
         "127.0.0.1",
         port,
         identifier=device_id,
+        username=device_id if password is not None else None,
+        password=password,
         protocol=aiomqtt.ProtocolVersion.V5 if v5 else aiomqtt.ProtocolVersion.V311,
         socket_options=NODELAY,
         max_inflight_messages=1000,

@@ -20,6 +20,7 @@ from tests.gateway.mqtt_client import (
     framed_binary_request,
     json_payload,
     outputs_of,
+    response_topic,
 )
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -192,7 +193,7 @@ def _props(key: str):
     from paho.mqtt.properties import Properties
 
     p = Properties(PacketTypes.PUBLISH)
-    p.ResponseTopic = f"replies/dev-dup-{key.split('-', 1)[1]}"
+    p.ResponseTopic = response_topic("iotgw", "sensor_mlp", f"dev-dup-{key.split('-', 1)[1]}")
     p.CorrelationData = key.encode()
     return p
 
