@@ -266,7 +266,8 @@ def run_mqtt_load(job: MqttJob) -> dict[str, Any]:
     ``max_requests``, after a warm-up. Latency is send -> reply received, per request. A reply
     with a status other than 200 is an error; a request without reply by the timeout is lost."""
     clock = time.perf_counter
-    reply_topic = f"bench/res/{job.client_id}"
+    # Under the device's own reply namespace, the only Response Topics the gateway serves.
+    reply_topic = f"iotgw/infer/bench/res/{job.client_id}"
     request_topics = [f"{topic}/{job.client_id}" for topic in job.topics]
     response_topic = b"\x08" + _string(reply_topic.encode())
     client = _connect(job.client_id, job.port, reply_topic, job.qos)
