@@ -97,6 +97,20 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--receive-maximum", type=int, help="most unacknowledged requests in flight (default 64)"
     )
     m.add_argument(
+        "--response-topic-pattern",
+        help="topic filter a Response Topic must match, {prefix}/{model}/{device} filled in "
+        "(default {prefix}/infer/+/res/{device}/#); others get a 403 reply",
+    )
+    m.add_argument(
+        "--device-identity",
+        choices=["topic", "user_property"],
+        help="topic: the topic names the device (bind it with the broker's ACL); user_property: "
+        "also require the broker-stamped --identity-property to match (default topic)",
+    )
+    m.add_argument(
+        "--identity-property", help="user property holding the publisher id (iotgw-sender)"
+    )
+    m.add_argument(
         "--embedded-broker",
         choices=["auto", "mosquitto", "amqtt"],
         help="embedded broker without --broker (default auto: mosquitto when installed)",
@@ -228,6 +242,9 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
             "share_group": args.share_group,
             "shared_subscription": args.shared_subscription,
             "receive_maximum": args.receive_maximum,
+            "response_topic_pattern": args.response_topic_pattern,
+            "device_identity": args.device_identity,
+            "identity_property": args.identity_property,
             "embedded_broker": args.embedded_broker,
             "embedded_password_file": args.embedded_password_file,
         }.items()
