@@ -18,6 +18,15 @@ if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; then
   }
 fi
 
+# The dashboard test drives a real headless browser: Debian's chromium and its chromedriver.
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 || {
+    $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q chromium chromium-driver >/dev/null
+  }
+fi
+
 if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi
