@@ -102,7 +102,7 @@ def _ended(steps: list[dict[str, Any]]) -> bool:
 def capacity_from_ramp(summary: dict[str, Any], slo_ms: float) -> tuple[float, list[dict]]:
     """The highest step served before the first one that was not (and every step's figures)."""
     served = 0.0
-    steps = []
+    steps: list[dict[str, Any]] = []
     misses = 0
     for p in summary["phases"]:
         latency = p["latency_ms"] or {}
