@@ -119,11 +119,11 @@ def _models(service: InferenceService, window_s: float) -> list[dict[str, Any]]:
             "reason": status.reason,
         }
         if status.state == "READY":
-            host = service.host(status.name, status.version)
-            stats = host.stats(window_s)
-            entry["backend"] = host.config.runtime
-            entry["slo_ms"] = host.config.slo_ms
-            entry["knobs"] = host.knobs.as_dict()
+            config = service.host(status.name, status.version).config
+            stats = service.stats(status.name, status.version, window_s)
+            entry["backend"] = config.runtime
+            entry["slo_ms"] = config.slo_ms
+            entry["knobs"] = service.knobs(status.name, status.version).as_dict()
             entry["stats"] = {name: getattr(stats, name) for name in stats.__slots__}
             entry["batches"] = batches.get((status.name, str(status.version)), _no_batches())
         out.append(entry)
