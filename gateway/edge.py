@@ -101,7 +101,7 @@ class Edge:
 
     def check_model(self, model: str, version: str | int | None = None) -> None:
         """Refuse an unknown or unavailable model (or version) before its body is decoded."""
-        self.service.host(model, version)
+        self.service.check_model(model, version)
 
     async def decode_oip(
         self, body: bytes, *, model: str, version: str | None, header_length: int | None

@@ -131,14 +131,13 @@ async def ready(request: web.Request) -> web.Response:
 
 async def model_metadata(request: web.Request) -> web.Response:
     service = request.app[SERVICE_KEY]
-    name = request.match_info["model"]
-    host = service.host(name, _version(request))
-    md = host.metadata
-    versions = [str(s.version) for s in service.statuses() if s.name == name]
+    name, version = request.match_info["model"], _version(request)
+    view = service.describe(name, version)
+    md = service.metadata(name, version)
     return _json(
         {
             "name": md.name,
-            "versions": versions,
+            "versions": [str(v) for v in view.versions],
             "platform": md.platform,
             "inputs": [_tensor(t.name, t.dtype, t.shape) for t in md.inputs],
             "outputs": [_tensor(t.name, t.dtype, t.shape) for t in md.outputs],
@@ -151,33 +150,27 @@ def _tensor(name: str, dtype: str, shape: tuple[int, ...]) -> dict[str, Any]:
 
 
 async def model_ready(request: web.Request) -> web.Response:
-    host = request.app[SERVICE_KEY].host(request.match_info["model"], _version(request))
+    view = request.app[SERVICE_KEY].describe(request.match_info["model"], _version(request))
     return _json(
-        {
-            "name": host.name,
-            "version": str(host.version),
-            "ready": host.ready,
-            "state": host.state.value,
-        },
-        status=200 if host.ready else 503,
+        {"name": view.name, "version": str(view.version), "ready": view.ready, "state": view.state},
+        status=200 if view.ready else 503,
     )
 
 
 async def model_config(request: web.Request) -> web.Response:
-    host = request.app[SERVICE_KEY].host(request.match_info["model"], _version(request))
-    cfg = host.config
-    knobs = host.knobs
+    view = request.app[SERVICE_KEY].describe(request.match_info["model"], _version(request))
+    knobs = view.knobs
     return _json(
         {
-            "name": host.name,
-            "version": str(host.version),
-            "backend": cfg.runtime,
-            "max_batch_size": cfg.max_batch_size,
-            "slo_ms": cfg.slo_ms,
+            "name": view.name,
+            "version": str(view.version),
+            "backend": view.runtime,
+            "max_batch_size": view.max_batch_size,
+            "slo_ms": view.slo_ms,
             "dynamic_batching": {
                 "preferred_max_batch_size": knobs.max_batch_size,
                 "max_queue_delay_microseconds": round(knobs.batch_timeout_s * 1e6),
-                "max_queue_size": cfg.batching.max_queue_size,
+                "max_queue_size": view.max_queue_size,
             },
             "instance_group": [{"count": knobs.concurrency, "kind": "KIND_AUTO"}],
             "parameters": {
@@ -244,7 +237,7 @@ async def tfs_status(request: web.Request) -> web.Response:
     name, version = request.match_info["model"], _version(request)
     # 404 for unknown models/versions; one that is known but unreadable gets its status below.
     with contextlib.suppress(ModelUnavailable):
-        service.host(name, version)
+        service.describe(name, version)
     states = {"READY": "AVAILABLE", "LOADING": "LOADING", "UNLOADING": "UNLOADING"}
     statuses = [
         {
@@ -262,8 +255,10 @@ async def tfs_status(request: web.Request) -> web.Response:
 
 
 async def tfs_metadata(request: web.Request) -> web.Response:
-    host = request.app[SERVICE_KEY].host(request.match_info["model"], _version(request))
-    md = host.metadata
+    service = request.app[SERVICE_KEY]
+    name, version = request.match_info["model"], _version(request)
+    view = service.describe(name, version)
+    md = service.metadata(name, version)
 
     def info(t: Any) -> dict[str, Any]:
         return {
@@ -277,7 +272,7 @@ async def tfs_metadata(request: web.Request) -> web.Response:
 
     return _json(
         {
-            "model_spec": {"name": host.name, "signature_name": "", "version": str(host.version)},
+            "model_spec": {"name": view.name, "signature_name": "", "version": str(view.version)},
             "metadata": {
                 "signature_def": {
                     "signature_def": {
@@ -348,9 +343,9 @@ async def admin_knobs(request: web.Request) -> web.Response:
     service = request.app[SERVICE_KEY]
     name, version = request.match_info["model"], _version(request)
     if request.method == "GET":
-        host = service.host(name, version)
+        view = service.describe(name, version)
         return _json(
-            {"model": host.name, "version": str(host.version), "knobs": host.knobs.as_dict()}
+            {"model": view.name, "version": str(view.version), "knobs": view.knobs.as_dict()}
         )
     body = await _read_body(request)
     try:
@@ -360,16 +355,16 @@ async def admin_knobs(request: web.Request) -> web.Response:
     if not isinstance(changes, dict):
         raise BadRequest("the body must be an object of knob changes")
     knobs = await service.set_knobs(name, version, changes)
-    host = service.host(name, version)
+    view = service.describe(name, version)
     body_out: dict[str, Any] = {
-        "model": host.name,
-        "version": str(host.version),
+        "model": view.name,
+        "version": str(view.version),
         "knobs": knobs.as_dict(),
     }
     tuning = request.app.get(TUNING_KEY)
-    if tuning is not None and host.name in tuning.agents:
+    if tuning is not None and view.name in tuning.agents:
         # An operator's explicit setting is not overridden behind their back.
-        tuning.set_paused(host.name, True, why="knobs set by hand")
+        tuning.set_paused(view.name, True, why="knobs set by hand")
         body_out["tuner"] = "paused"
     return _json(body_out)
 

@@ -49,6 +49,25 @@ class VersionStatus:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class ModelView:
+    """One model version as the transports describe it, read at one moment: plain data, so no
+    adapter holds (or reaches into) the live host. ``metadata`` is None until it is loaded."""
+
+    name: str
+    version: int
+    versions: tuple[int, ...]  # every version of the model, usable or not
+    state: str
+    reason: str
+    ready: bool
+    runtime: str
+    max_batch_size: int
+    slo_ms: float
+    max_queue_size: int
+    knobs: Knobs
+    metadata: ModelMetadata | None
+
+
 RuntimeLoader = Callable[[ModelVersion, Threads], Runtime]
 
 
@@ -200,6 +219,36 @@ class InferenceService:
             raise NotFound(f"unknown model {model!r}")
         ready = [v for v, h in versions.items() if h.ready]
         return versions[max(ready) if ready else max(versions)]
+
+    def check_model(self, model: str, version: int | str | None = None) -> None:
+        """Raise ``NotFound``/``ModelUnavailable`` for a model (or version) that cannot serve:
+        the edge asks this before it decodes a body for it."""
+        self.host(model, version)
+
+    def describe(self, model: str, version: int | str | None = None) -> ModelView:
+        """The version ``host`` would pick, as plain data (``NotFound``/``ModelUnavailable`` as
+        ``host`` raises them)."""
+        host = self.host(model, version)
+        try:
+            metadata: ModelMetadata | None = host.metadata
+        except ModelUnavailable:
+            metadata = None
+        return ModelView(
+            name=host.name,
+            version=host.version,
+            versions=tuple(
+                sorted(set(self._hosts.get(host.name, {})) | set(self._broken.get(host.name, {})))
+            ),
+            state=host.state.value,
+            reason=host.reason,
+            ready=host.ready,
+            runtime=host.config.runtime,
+            max_batch_size=host.config.max_batch_size,
+            slo_ms=host.config.slo_ms,
+            max_queue_size=host.config.batching.max_queue_size,
+            knobs=host.knobs,
+            metadata=metadata,
+        )
 
     def metadata(self, model: str, version: int | str | None = None) -> ModelMetadata:
         return self.host(model, version).metadata
