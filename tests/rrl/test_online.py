@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,7 +19,7 @@ from gateway.main import Gateway
 from gateway.settings import GatewaySettings
 from rrl.measurement import Measurement
 from rrl.online import AgentSettings, ModelAgent
-from rrl.space import Config, ConfigSpace
+from rrl.space import Config, ConfigSpace, expert_default
 from rrl.workload import WorkloadState
 
 BODY = {"inputs": [{"name": "features", "shape": [1, 32], "datatype": "FP32", "data": [0.25] * 32}]}
@@ -136,14 +137,36 @@ async def test_agent_retunes_a_serving_gateway_and_no_request_fails(
     assert 'iotgw_tuner_workload{field="rate_level",model="sensor_mlp",version="1"}' in metrics
 
 
-async def test_an_idle_model_keeps_its_knobs(mlp_repo: Path, tmp_path: Path) -> None:
+async def _until_workload_known(agent: ModelAgent, deadline_s: float = 30.0) -> None:
+    """The monitor's window has passed once the agent knows the (idle) workload state."""
+    end = time.monotonic() + deadline_s
+    while agent.workload is None:
+        assert time.monotonic() < end, "the workload state never became known"
+        await asyncio.sleep(0.1)
+
+
+async def test_the_agent_starts_from_the_expert_default_and_an_idle_model_keeps_it(
+    mlp_repo: Path, tmp_path: Path
+) -> None:
     async with gateway(mlp_repo, tmp_path, interval_s=0.3) as gw:
         assert gw.tuning is not None
-        before = gw.service.knobs("sensor_mlp")
-        await asyncio.sleep(4.5)  # longer than the monitor's window: the state becomes known
         agent = gw.tuning.agent("sensor_mlp")
+        await _until_workload_known(agent)
+        expert = expert_default(len(os.sched_getaffinity(0)), max_batch_size=128)
+        assert gw.service.knobs("sensor_mlp").as_dict() == pytest.approx(expert.knob_changes())
+        assert agent.current == expert
+        assert not {"explore", "exploit", "hold"} & set(agent.counts), agent.counts
+
+
+async def test_an_agent_told_to_start_from_the_configured_knobs_keeps_them_while_idle(
+    mlp_repo: Path, tmp_path: Path
+) -> None:
+    async with gateway(mlp_repo, tmp_path, interval_s=0.3, start="configured") as gw:
+        assert gw.tuning is not None
+        before = gw.service.knobs("sensor_mlp")
+        agent = gw.tuning.agent("sensor_mlp")
+        await _until_workload_known(agent)
         assert gw.service.knobs("sensor_mlp") == before
-        assert agent.workload is not None
         assert not {"explore", "exploit", "hold"} & set(agent.counts), agent.counts
 
 
