@@ -119,11 +119,11 @@ def _models(service: InferenceService, window_s: float) -> list[dict[str, Any]]:
             "reason": status.reason,
         }
         if status.state == "READY":
-            config = service.host(status.name, status.version).config
+            view = service.describe(status.name, status.version)
             stats = service.stats(status.name, status.version, window_s)
-            entry["backend"] = config.runtime
-            entry["slo_ms"] = config.slo_ms
-            entry["knobs"] = service.knobs(status.name, status.version).as_dict()
+            entry["backend"] = view.runtime
+            entry["slo_ms"] = view.slo_ms
+            entry["knobs"] = view.knobs.as_dict()
             entry["stats"] = {name: getattr(stats, name) for name in stats.__slots__}
             entry["batches"] = batches.get((status.name, str(status.version)), _no_batches())
         out.append(entry)
