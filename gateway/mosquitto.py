@@ -13,6 +13,7 @@ import os
 import pwd
 import shutil
 import signal
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -58,7 +59,7 @@ def _load_prctl() -> Callable[..., int] | None:
     return getattr(libc, "prctl", None)
 
 
-_prctl = _load_prctl() if os.uname().sysname == "Linux" else None
+_prctl = _load_prctl() if sys.platform.startswith("linux") else None
 
 
 class MosquittoBroker:
