@@ -9,6 +9,7 @@ import contextlib
 import errno
 import gc
 import logging
+import os
 import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -85,9 +86,17 @@ class Gateway:
         if wait_ready:
             await self.wait_loaded()
 
+    def _close_executor(self) -> None:
+        # A call the batch watchdog gave up on still holds its thread, and a Python thread
+        # cannot be stopped: waiting for it would hang the shutdown for good.
+        stuck = self.service.stuck_calls
+        if stuck:
+            log.warning("%d backend call(s) stuck past the watchdog are abandoned", stuck)
+        self.executor.shutdown(wait=not stuck, cancel_futures=True)
+
     async def _start(self, stack: contextlib.AsyncExitStack) -> None:
         # Each step registers its undo right after it succeeds; they run in reverse order.
-        stack.callback(self.executor.shutdown, wait=True, cancel_futures=True)
+        stack.callback(self._close_executor)
         external = _external_broker(self.settings) if self.settings.mqtt.enabled else None
         loop = asyncio.get_running_loop()
         # Building the demo repository exports TF models (seconds): keep the loop free.
@@ -302,7 +311,15 @@ async def serve(settings: GatewaySettings) -> int:
     finally:
         await gw.close()
     log.info("stopped%s", "" if clean else " (the grace period ran out)")
-    return 0 if clean else 1
+    code = 0 if clean else 1
+    if gw.service.stuck_calls:
+        # The interpreter joins every executor thread at exit, the stuck ones too, and would
+        # never exit: everything is closed by now, so leave without that join.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 async def _until_loaded(gw: Gateway, stop: asyncio.Event) -> None:
