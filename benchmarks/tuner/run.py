@@ -323,15 +323,16 @@ def run(opts: Options) -> Path:
                 scenario, opts, workdir
             )
             runs += scenario_runs
-    path = write_results(
-        NAME,
-        quick=opts.quick,
-        out_dir=opts.out_dir,
-        machine=machine,
-        summary=summary,
-        runs=runs,
-        config=config,
-    )
+            # After each scenario, so a long run that is stopped keeps what it measured.
+            path = write_results(
+                NAME,
+                quick=opts.quick,
+                out_dir=opts.out_dir,
+                machine=machine,
+                summary=summary,
+                runs=runs,
+                config=config,
+            )
     print(report.table(runs))
     for name, s in summary.items():
         print(name, {k: s[k] for k in report.SUMMARY_KEYS})
