@@ -10,8 +10,8 @@ alone is taken for other work on a shared machine); the first step is a warm-up,
 ``max`` is measured with the expert default (eager batching), ``batch1`` with the same
 instances at max batch 1 (what a configuration that never batches can serve).
 
-Hooks for later scenarios: ``Scenario.transport`` (MQTT), a step's ``process`` (e.g. diurnal); only single-model HTTP
-Poisson scenarios are built now.
+Hooks for later scenarios: ``Scenario.transport`` (MQTT), a step's ``process`` (e.g.
+diurnal); only single-model HTTP Poisson scenarios are built now.
 """
 
 from __future__ import annotations
