@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -58,7 +59,13 @@ def _run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     load.add_argument("--speed", type=float, default=1.0, help="trace replay speed factor")
 
     where = p.add_argument_group("where")
-    where.add_argument("--transport", choices=["mqtt5", "mqtt311", "http"], default="mqtt5")
+    where.add_argument(
+        "--transport",
+        choices=["mqtt", "mqtt5", "mqtt311", "http"],
+        default="mqtt",
+        help="mqtt: MQTT 5 when the broker accepts it, else MQTT 3.1.1 (one log line says so); "
+        "mqtt5 or mqtt311: that version only; http: the gateway's HTTP API (default mqtt)",
+    )
     where.add_argument("--broker", default="mqtt://127.0.0.1:1883", help="mqtt[s]:// URL")
     where.add_argument(
         "--http-url",
@@ -122,7 +129,12 @@ def _record_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument("--prefix", default="iotgw", help="MQTT topic prefix")
     p.add_argument("--duration-s", type=float, default=60.0, help="stop after (default 60)")
     p.add_argument("--count", type=int, default=100_000, help="stop after this many requests")
-    p.add_argument("--protocol", choices=["5", "3.1.1"], default="5")
+    p.add_argument(
+        "--protocol",
+        choices=["auto", "5", "3.1.1"],
+        default="auto",
+        help="MQTT version; auto: 5 when the broker accepts it, else 3.1.1 (default auto)",
+    )
     p.add_argument("--qos", type=int, choices=[0, 1, 2], default=1)
     p.add_argument("--allow-remote", action="store_true", help="allow a non-loopback broker")
 
@@ -259,6 +271,9 @@ def main(argv: list[str]) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _run_parser(sub)
     _record_parser(sub)
+    # Notices such as an MQTT version fallback: one plain line on stderr (a no-op when the
+    # caller has configured logging already).
+    logging.basicConfig(level=logging.WARNING, format="iotgw sim: %(message)s")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2), already printed by argparse

@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from device_sim.endpoints import BrokerAddress
-from device_sim.mqtt_devices import MqttOptions, MqttVersion, new_client
+from device_sim.mqtt_devices import MqttOptions, new_client
+from device_sim.mqtt_version import VersionChoice, negotiate_version
 from device_sim.trace import TraceEntry, TraceWriter
 from device_sim.wire import OipBody, body_from_payload
 
@@ -30,7 +31,8 @@ class RecordOptions:
     prefix: str = "iotgw"
     duration_s: float = 60.0
     max_count: int = 100_000
-    version: MqttVersion = "5"
+    version: VersionChoice = "auto"
+    """auto: MQTT 5 when the broker accepts it, else 3.1.1."""
     qos: int = 1
     client_id: str = "iotgw-sim-recorder"
 
@@ -65,7 +67,9 @@ async def record(options: RecordOptions, ready: asyncio.Event | None = None) -> 
     saved: set[str] = set()
     count = 0
     first: float | None = None
-    mqtt = MqttOptions(options.broker, options.version, options.qos, options.prefix)
+    mqtt = MqttOptions(options.broker, qos=options.qos, prefix=options.prefix)
+    version = await negotiate_version(mqtt, options.version, option_for_311="--protocol 3.1.1")
+    mqtt = replace(mqtt, version=version)
     async with new_client(mqtt, options.client_id) as client:
         await client.subscribe(f"{options.prefix}/infer/+/req/+", qos=options.qos)
         if ready is not None:

@@ -28,6 +28,7 @@ from device_sim.endpoints import BrokerAddress, http_host, require_loopback
 from device_sim.http_devices import HttpDevice
 from device_sim.ledger import Ledger, Result
 from device_sim.mqtt_devices import MqttDevice, MqttLink, MqttOptions, MqttVersion
+from device_sim.mqtt_version import VersionChoice, negotiate_version
 from device_sim.payloads import Framing, PayloadPool, RecordedPayloads, build_pool
 from device_sim.plan import Plan, plan_from_scenario, plan_from_trace
 from device_sim.scenario import Scenario
@@ -35,7 +36,8 @@ from device_sim.tensors import DataFile, ModelSpec, fetch_metadata, load_metadat
 from device_sim.trace import check_topic_level, read_trace
 from device_sim.wire import RequestBody
 
-Transport = Literal["mqtt5", "mqtt311", "http"]
+Transport = Literal["mqtt", "mqtt5", "mqtt311", "http"]
+_VERSION_CHOICE: dict[Transport, VersionChoice] = {"mqtt": "auto", "mqtt5": "5", "mqtt311": "3.1.1"}
 _T = TypeVar("_T", bound=AbstractAsyncContextManager[Any])
 
 
@@ -43,8 +45,9 @@ _T = TypeVar("_T", bound=AbstractAsyncContextManager[Any])
 class SimOptions:
     """How a simulation runs. Exactly one of ``scenario`` and ``trace`` gives the load."""
 
-    transport: Transport = "mqtt5"
-    """mqtt5 (Response Topic + Correlation Data), mqtt311 (res topic + id) or http (OIP)."""
+    transport: Transport = "mqtt"
+    """mqtt (MQTT 5 when the broker accepts it, else 3.1.1), mqtt5 (Response Topic +
+    Correlation Data), mqtt311 (res topic + id) or http (OIP)."""
     broker: str = "mqtt://127.0.0.1:1883"
     """Broker URL for the MQTT transports: mqtt[s]://[user[:password]@]host[:port]."""
     http_url: str | None = None
@@ -88,6 +91,8 @@ class SimOptions:
     """Allow non-loopback broker/gateway addresses."""
     connect_concurrency: int = 64
     """Connections opened at once (avoids a SYN storm against the broker)."""
+    connect_timeout_s: float = 10.0
+    """How long an MQTT connection waits for the broker's CONNACK."""
 
 
 @dataclass(slots=True)
@@ -205,28 +210,48 @@ async def open_all(contexts: list[_T], concurrency: int) -> AsyncIterator[list[_
                 tg.create_task(cm.__aexit__(None, None, None))
 
 
-def _devices(
-    options: SimOptions, plan: Plan, on_unmatched: Callable[[str | None], None]
-) -> tuple[list[MqttLink] | list[HttpDevice], list[Device]]:
-    """(connections to open, devices in plan order)."""
-    if options.transport == "http":
-        assert options.http_url is not None
-        http = [HttpDevice(d, options.http_url) for d in plan.devices]
-        return http, list(http)
-    version: MqttVersion = "5" if options.transport == "mqtt5" else "3.1.1"
-    mqtt_options = MqttOptions(
+def mqtt_options(options: SimOptions, version: MqttVersion = "5") -> MqttOptions:
+    return MqttOptions(
         broker=BrokerAddress.parse(options.broker),
         version=version,
         qos=options.qos,
         prefix=options.prefix,
+        connect_timeout_s=options.connect_timeout_s,
     )
+
+
+async def resolve_transport(options: SimOptions) -> Transport:
+    """``mqtt5`` or ``mqtt311`` as the broker allows (docs: device_sim/mqtt_version.py);
+    ``http`` as it is."""
+    if options.transport == "http":
+        return "http"
+    version = await negotiate_version(
+        mqtt_options(options),
+        _VERSION_CHOICE[options.transport],
+        option_for_311="--transport mqtt311",
+    )
+    return "mqtt5" if version == "5" else "mqtt311"
+
+
+def _devices(
+    options: SimOptions,
+    transport: Transport,
+    plan: Plan,
+    on_unmatched: Callable[[str | None], None],
+) -> tuple[list[MqttLink] | list[HttpDevice], list[Device]]:
+    """(connections to open, devices in plan order) for a resolved ``transport``."""
+    if transport == "http":
+        assert options.http_url is not None
+        http = [HttpDevice(d, options.http_url) for d in plan.devices]
+        return http, list(http)
+    link_options = mqtt_options(options, "5" if transport == "mqtt5" else "3.1.1")
     tag = secrets.token_hex(3)
     n_links = options.connections or len(plan.devices)
     n_links = max(1, min(n_links, len(plan.devices)))
     groups = [list(plan.devices[k::n_links]) for k in range(n_links)]
     links = [
         MqttLink(
-            mqtt_options,
+            link_options,
             # Unique per run: two simulators on one broker must not take over each other's
             # sessions (a broker disconnects the older client with the same id).
             f"sim-{tag}-{group[0] if len(group) == 1 else f'conn{k}'}",
@@ -346,7 +371,8 @@ async def simulate(options: SimOptions, progress: TextIO | None = sys.stderr) ->
     def on_unmatched(rid: str | None) -> None:
         ledger.unexpected_reply(request_index(request_tag, rid))
 
-    connections, devices = _devices(options, plan, on_unmatched)
+    transport = await resolve_transport(options)
+    connections, devices = _devices(options, transport, plan, on_unmatched)
     links: list[AbstractAsyncContextManager[Any]] = list(connections)
     async with open_all(links, options.connect_concurrency):
         elapsed = await run_plan(
@@ -360,8 +386,8 @@ async def simulate(options: SimOptions, progress: TextIO | None = sys.stderr) ->
             progress=progress,
         )
     run_info = {
-        "transport": options.transport,
-        "qos": options.qos if options.transport != "http" else None,
+        "transport": transport,
+        "qos": options.qos if transport != "http" else None,
         "framing": "binary" if options.binary else "json",
         "devices": len(plan.devices),
         "connections": len(connections),

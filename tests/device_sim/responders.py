@@ -62,8 +62,10 @@ class MqttResponder:
         error_every: int = 0,
         prefix: str = "iotgw",
         answer_twice: bool = False,
+        v5: bool = True,
     ) -> None:
         self.port = port
+        self.v5 = v5
         self.service_s = service_s
         self.drop_every = drop_every
         self.error_every = error_every
@@ -81,7 +83,7 @@ class MqttResponder:
             "127.0.0.1",
             self.port,
             identifier="test-responder",
-            protocol=aiomqtt.ProtocolVersion.V5,
+            protocol=aiomqtt.ProtocolVersion.V5 if self.v5 else aiomqtt.ProtocolVersion.V311,
             # Like any MQTT peer here: without it Nagle's algorithm delays replies by ~40 ms.
             socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
         )
@@ -127,7 +129,7 @@ class MqttResponder:
         else:
             topic = f"{self.prefix}/infer/{model}/res/{device}"
         for _ in range(2 if self.answer_twice else 1):
-            await self._client.publish(topic, body, qos=1, properties=props)
+            await self._client.publish(topic, body, qos=1, properties=props if self.v5 else None)
 
 
 COUNTS = web.AppKey("counts", Counter)
