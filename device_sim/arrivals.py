@@ -7,6 +7,7 @@ open-loop (arrivals do not wait for replies), which is how independent devices b
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Protocol
@@ -139,21 +140,42 @@ class Diurnal:
         return self.rate
 
 
-def make_process(kind: str, params: dict[str, float]) -> ArrivalProcess:
-    """Build a process from its name and parameters (the scenario file and CLI share this)."""
-    builders: dict[str, type] = {
-        "constant": Constant,
-        "poisson": Poisson,
-        "onoff": OnOff,
-        "diurnal": Diurnal,
-    }
+_PROCESSES: dict[str, type] = {
+    "constant": Constant,
+    "poisson": Poisson,
+    "onoff": OnOff,
+    "diurnal": Diurnal,
+}
+
+
+def process_class(kind: str) -> type:
     try:
-        cls = builders[kind]
+        return _PROCESSES[kind]
     except KeyError:
         raise ValueError(
-            f"unknown arrival process {kind!r}; expected one of {sorted(builders)}"
+            f"unknown arrival process {kind!r}; expected one of {sorted(_PROCESSES)}"
         ) from None
-    try:
-        return cls(**params)
-    except TypeError as exc:
-        raise ValueError(f"arrival process {kind!r}: {exc}") from None
+
+
+def process_parameters(kind: str) -> tuple[list[str], list[str]]:
+    """(required, optional) parameter names of the process ``kind``."""
+    fields = dataclasses.fields(process_class(kind))
+    required = [f.name for f in fields if f.default is dataclasses.MISSING]
+    return required, [f.name for f in fields if f.default is not dataclasses.MISSING]
+
+
+def make_process(kind: str, params: dict[str, float]) -> ArrivalProcess:
+    """Build a process from its name and parameters (the scenario file and CLI share this);
+    an unknown or missing parameter is a ValueError naming it and the valid ones."""
+    required, optional = process_parameters(kind)
+    unknown = sorted(set(params) - set(required) - set(optional))
+    if unknown:
+        raise ValueError(
+            f"unknown key {', '.join(map(repr, unknown))} for a {kind!r} process; "
+            f"its parameters: {', '.join(required + optional)}"
+        )
+    missing = [name for name in required if name not in params]
+    if missing:
+        raise ValueError(f"a {kind!r} process needs {', '.join(map(repr, missing))}")
+    process: ArrivalProcess = process_class(kind)(**params)
+    return process

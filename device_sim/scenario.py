@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from device_sim.arrivals import ArrivalProcess, make_process
+from device_sim.arrivals import ArrivalProcess, make_process, process_parameters
 
 _PHASE_KEYS = {"name", "duration_s", "process", "models"}
 
@@ -80,6 +80,17 @@ def _duration(value: Any, where: str) -> float:
     return float(value)
 
 
+def _check_keys(kind: str, params: dict[str, Any]) -> None:
+    """A typo (``rat = 100``) is named with every key a phase of this process may hold."""
+    required, optional = process_parameters(kind)
+    unknown = sorted(set(params) - set(required) - set(optional))
+    if unknown:
+        valid = ", ".join(sorted(_PHASE_KEYS) + required + optional)
+        raise ValueError(
+            f"unknown key {', '.join(map(repr, unknown))}; valid keys of a {kind!r} phase: {valid}"
+        )
+
+
 def parse_scenario(doc: Any) -> Scenario:
     """Build a scenario from the decoded file (a mapping with a ``phases`` list)."""
     if not isinstance(doc, dict) or not isinstance(doc.get("phases"), list) or not doc["phases"]:
@@ -98,9 +109,10 @@ def parse_scenario(doc: Any) -> Scenario:
             raise ValueError(f"{where}: 'models' must be a list of model names")
         params = {k: v for k, v in entry.items() if k not in _PHASE_KEYS}
         try:
+            _check_keys(kind, params)
             process = make_process(kind, params)
         except ValueError as exc:
-            raise ValueError(f"{where}: {exc}") from None
+            raise ValueError(f"{where} ({name!r}): {exc}") from None
         phases.append(
             Phase(name, _duration(entry.get("duration_s"), where), process, tuple(models))
         )

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from device_sim.arrivals import Constant, OnOff, Poisson
+from device_sim.cli import main
 from device_sim.plan import plan_from_scenario
 from device_sim.scenario import load_scenario, parse_scenario
 
@@ -112,4 +113,28 @@ def test_plan_bounds_cut_the_schedule() -> None:
 )
 def test_bad_scenarios_name_the_problem(doc: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
+        parse_scenario(doc)
+
+
+def test_a_scenario_typo_is_one_line_naming_key_phase_and_valid_keys(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scenario = tmp_path / "typo.toml"
+    scenario.write_text(
+        "[[phases]]\nname = 'light'\nduration_s = 5\nprocess = 'poisson'\nrate = 5\n"
+        "[[phases]]\nname = 'burst'\nduration_s = 5\nprocess = 'poisson'\nrat = 100\n"
+    )
+    assert main(["run", "--scenario", str(scenario), "--model", "m"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"iotgw sim run: {scenario}: phases[1] ('burst'): unknown key 'rat'; valid keys of a "
+        "'poisson' phase: duration_s, models, name, process, rate"
+    ]
+
+
+def test_a_missing_process_parameter_is_named(tmp_path: Path) -> None:
+    doc = {"phases": [{"process": "onoff", "rate": 1, "duration_s": 1, "on_s": 1}]}
+    with pytest.raises(
+        ValueError, match=r"phases\[0\] \('phase0'\): a 'onoff' process needs 'off_s'"
+    ):
         parse_scenario(doc)
