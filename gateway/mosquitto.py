@@ -23,9 +23,12 @@ from gateway.lifecycle import StartupError
 log = logging.getLogger("gateway.broker")
 
 CANDIDATES = ("mosquitto", "/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto")
-# Requests queued for a gateway that is down or busy, per client: bounded in count and bytes
-# so a long outage cannot exhaust the machine's memory (beyond them the broker drops).
-MAX_QUEUED_MESSAGES = 10_000
+# Requests queued for a gateway that is down or busy, per client. Under overload the gateway
+# answers with 503s as fast as it can read, and this queue absorbs what arrives faster than
+# that: 10,000 messages overflowed within seconds at 3x capacity (requests dropped unanswered).
+# The byte bound is the real limit, so a long outage cannot exhaust the machine's memory
+# (beyond it the broker drops, and says so in its log).
+MAX_QUEUED_MESSAGES = 1_000_000
 MAX_QUEUED_BYTES = 256 * 1024 * 1024
 _START_TIMEOUT_S = 10.0
 _STOP_TIMEOUT_S = 5.0
