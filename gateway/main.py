@@ -40,8 +40,13 @@ _HTTP_CLOSE_S = 2.0
 def resolve_model_repo(settings: GatewaySettings) -> Path:
     if settings.serving.model_repo is not None:
         return settings.serving.model_repo
-    from models.demo import ensure_demo_repository
-
+    try:
+        from models.demo import ensure_demo_repository
+    except ImportError as exc:  # a base install: the demo is built with iotgw[demo]
+        raise RepositoryError(
+            f"no --model-repo given and the bundled demo cannot be built here ({exc}): "
+            "pip install 'iotgw[demo]', or serve your models with --model-repo"
+        ) from exc
     root = ensure_demo_repository(settings.serving.cache_dir / "demo-repo-v1")
     log.info("no --model-repo given: serving the bundled demo repository at %s", root)
     return root

@@ -25,6 +25,7 @@ from gateway.errors import NotFound
 from gateway.metrics import GatewayMetrics
 from gateway.service import InferenceService
 from gateway.settings import TunerSettings
+from models.extras import TUNER_MODULES, install_hint, missing
 from models.machine import usable_cores as _usable_cores
 from rrl.objective import Objective
 from rrl.online import AgentSettings, Decision, ModelAgent
@@ -50,6 +51,9 @@ class TuningService:
     def start(self) -> None:
         """Start an agent for every ready model chosen by the settings (call once loaded)."""
         s = self.settings
+        if absent := missing(TUNER_MODULES):  # a base install: the tuner is iotgw[tune]
+            log.warning("tuner: off, serving the configured knobs: %s", install_hint(absent))
+            return
         cores = _usable_cores()
         wanted = s.models if s.models is not None else self.service.model_names()
         for name in wanted:

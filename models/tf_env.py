@@ -14,7 +14,8 @@ import sys
 
 # Whether someone imported TensorFlow before us without the variable below: too late to fix.
 IMPORTED_TOO_EARLY = (
-    "tensorflow" in sys.modules and os.environ.get("TF_OVERRIDE_GLOBAL_THREADPOOL") != "1"
+    sys.modules.get("tensorflow") is not None
+    and os.environ.get("TF_OVERRIDE_GLOBAL_THREADPOOL") != "1"
 )
 # Without TF_OVERRIDE_GLOBAL_THREADPOOL=1, TensorFlow runs every session's ops on one process-wide
 # intra-op pool sized at first use, silently ignoring each session's

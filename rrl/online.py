@@ -62,7 +62,6 @@ from rrl.objective import Objective, make_objective
 from rrl.priors import Priors
 from rrl.space import Config, ConfigSpace
 from rrl.tuner import PerWorkload, TuningProblem
-from rrl.tuners import build_tuner
 from rrl.workload import MonitorSettings, WorkloadMonitor, WorkloadState
 
 log = logging.getLogger("rrl.online")
@@ -177,6 +176,10 @@ class ModelAgent:
             raise ValueError(f"unknown online tuner {s.algorithm!r}; known: {ONLINE_TUNERS}")
         self.space = space
         self.objective = make_objective(s.objective, slo_ms=slo_ms, cores=cores)
+        # Deferred: the GP tuners import scikit-learn (iotgw[tune]), which the gateway only
+        # needs once it starts an agent.
+        from rrl.tuners import build_tuner
+
         self.tuner: PerWorkload = build_tuner(
             s.algorithm, TuningProblem(space, self.objective, cores=cores, seed=seed)
         )

@@ -23,8 +23,6 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from scipy.special import pdtr, pdtrc
-
 MIN_COUNT_FOR_PROMISE = 30
 MIN_COUNT_FOR_LEVEL = 50  # arrivals that put a rate within about 0.2 levels (1 SD)
 
@@ -148,6 +146,10 @@ class WorkloadMonitor:
         edge = 0.5 + s.hysteresis
         upper = s.base_rate_per_s * 2.0 ** (self.state.rate_level + edge) * span
         lower = s.base_rate_per_s * 2.0 ** (self.state.rate_level - edge) * span
+        # Deferred: SciPy is the tuner's extra (iotgw[tune]); the gateway imports this module
+        # without it and only runs an agent when it is installed (gateway.tuning).
+        from scipy.special import pdtr, pdtrc
+
         # P(N >= count) under the band's highest rate, P(N <= count) under its lowest.
         too_many = count > 0 and pdtrc(count - 1, upper) < s.alpha
         departed = too_many or pdtr(count, lower) < s.alpha

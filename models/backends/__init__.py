@@ -10,6 +10,7 @@ import contextlib
 import importlib
 from collections.abc import Iterator
 
+from models.extras import missing_module_hint
 from models.repository import ModelVersion
 from models.runtime import ModelLoadError, Runtime, Threads
 
@@ -35,11 +36,13 @@ def load_runtime(version: ModelVersion, threads: Threads) -> Runtime:
         )
     try:
         backend = importlib.import_module(module_name)
+        runtime: Runtime = backend.load(version, threads)
     except ImportError as exc:
-        raise ModelLoadError(
-            f"{describe(version)}: runtime {version.config.runtime!r} is not installed: {exc}"
-        ) from exc
-    runtime: Runtime = backend.load(version, threads)
+        # A backend library (TensorFlow) or a package a checkpoint needs at load (onnx) that this
+        # install left out: name the extra that brings it. The model is then served UNAVAILABLE
+        # with this reason and the others serve.
+        why = missing_module_hint(exc) or f"{version.config.runtime} failed to import: {exc}"
+        raise ModelLoadError(f"{describe(version)}: {why}") from exc
     return runtime
 
 

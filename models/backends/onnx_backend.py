@@ -8,6 +8,8 @@ checkpoint's codes (``models.quant_onnx``), so the session holds the codes, not 
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.metadata
 import logging
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -18,6 +20,13 @@ import numpy as np
 import onnxruntime as ort
 
 from models.backends import checkpoint_errors, describe
+from models.backends.devices import (
+    CUDA_PROVIDER,
+    Placement,
+    onnx_actual,
+    onnx_expected,
+    onnx_providers,
+)
 from models.repository import ModelVersion
 from models.runtime import InferenceFailed, ModelLoadError, ModelMetadata, TensorSpec, Threads
 
@@ -77,10 +86,38 @@ def session_options(threads: Threads, *, checkpoint: bool = False) -> ort.Sessio
 
 def choose_providers() -> list[str]:
     """CUDA first when this onnxruntime build has it, CPU always as the fallback."""
-    available = ort.get_available_providers()
-    if "CUDAExecutionProvider" in available:
-        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    return ["CPUExecutionProvider"]
+    providers = onnx_providers(ort.get_available_providers())
+    if CUDA_PROVIDER in providers:
+        _preload_cuda_libraries()
+    return providers
+
+
+def expected_placement() -> Placement:
+    """Where a session opened now would run, and why (``iotgw doctor``)."""
+    return onnx_expected(ort.get_available_providers(), gpu_package=gpu_package_installed())
+
+
+def gpu_package_installed() -> bool:
+    try:
+        importlib.metadata.distribution("onnxruntime-gpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+@functools.cache
+def _preload_cuda_libraries() -> None:
+    """Load the CUDA and cuDNN libraries of the nvidia-*-cu12 wheels (what iotgw[gpu] installs)
+    before the first CUDA session: the CUDA provider finds them only through the system loader
+    otherwise, i.e. only where CUDA is installed system-wide. onnxruntime-gpu >= 1.21 has
+    ``preload_dlls``; where it fails, the system's libraries are still tried by the session."""
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is None:
+        return
+    try:
+        preload()
+    except Exception as exc:  # the session will say what is missing, if anything
+        log.warning("onnxruntime.preload_dlls failed: %s", exc)
 
 
 class OnnxRuntime:
@@ -100,11 +137,12 @@ class OnnxRuntime:
                 folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="iotgw-")))
                 source = str(folder / "model.onnx")
                 Path(source).write_bytes(checkpoint_model(version).SerializeToString())
+            requested = choose_providers()
             try:
                 self._session: ort.InferenceSession | None = ort.InferenceSession(
                     source,
                     sess_options=session_options(threads, checkpoint=checkpoint),
-                    providers=choose_providers(),
+                    providers=requested,
                 )
             except Exception as exc:  # ORT raises its own exception types per failure kind
                 raise ModelLoadError(
@@ -112,8 +150,9 @@ class OnnxRuntime:
                 ) from exc
         self._what = describe(version)
         self._threads = threads
-        provider = self._session.get_providers()[0]
-        self._device = "cuda:0" if provider == "CUDAExecutionProvider" else "cpu"
+        self._placement = onnx_actual(requested, self._session.get_providers())
+        if CUDA_PROVIDER in requested and not self._placement.on_gpu:
+            log.warning("%s: %s", self._what, self._placement.reason)
         self._metadata = ModelMetadata(
             name=version.name,
             version=str(version.version),
@@ -125,8 +164,8 @@ class OnnxRuntime:
         log.info(
             "loaded %s on %s (%s, intra_op=%d inter_op=%d)",
             self._what,
-            self._device,
-            provider,
+            self._placement.device,
+            self._placement.engine,
             threads.intra_op,
             threads.inter_op,
         )
@@ -141,7 +180,11 @@ class OnnxRuntime:
 
     @property
     def device(self) -> str:
-        return self._device
+        return self._placement.device
+
+    @property
+    def placement(self) -> Placement:
+        return self._placement
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         session = self._session

@@ -23,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from models.backends import checkpoint_errors, describe
+from models.backends.devices import Placement, tf_expected
 from models.repository import ModelVersion
 from models.runtime import (
     InferenceFailed,
@@ -48,14 +49,18 @@ class _DropLoaderDeprecation(logging.Filter):
 
 tf.get_logger().addFilter(_DropLoaderDeprecation())
 
-_gpus: list[Any] | None = None
+_placement: Placement | None = None
 
 
-def _has_gpu() -> bool:
-    global _gpus
-    if _gpus is None:
-        _gpus = tf.config.list_physical_devices("GPU")
-    return bool(_gpus)
+def expected_placement() -> Placement:
+    """Where this process's sessions place their ops, and why. TensorFlow lists its GPUs once
+    (initialising CUDA), so the answer is computed once."""
+    global _placement
+    if _placement is None:
+        _placement = tf_expected(
+            tf.config.list_physical_devices("GPU"), built_with_cuda=tf.test.is_built_with_cuda()
+        )
+    return _placement
 
 
 def session_config(threads: Threads) -> tf.compat.v1.ConfigProto:
@@ -94,7 +99,7 @@ class TfRuntime:
         elif not (path / "saved_model.pb").is_file() and not (path / "saved_model.pbtxt").is_file():
             raise ModelLoadError(f"{self._what}: no SavedModel at {path} (saved_model.pb missing)")
         self._threads = threads
-        self._device = "cuda:0" if _has_gpu() else "cpu"
+        self._placement = expected_placement()
         graph = tf.Graph()
         try:
             session = tf.compat.v1.Session(graph=graph, config=session_config(threads))
@@ -133,7 +138,7 @@ class TfRuntime:
         log.info(
             "loaded %s on %s (intra_op=%d inter_op=%d)",
             self._what,
-            self._device,
+            self._placement.device,
             threads.intra_op,
             threads.inter_op,
         )
@@ -148,7 +153,11 @@ class TfRuntime:
 
     @property
     def device(self) -> str:
-        return self._device
+        return self._placement.device
+
+    @property
+    def placement(self) -> Placement:
+        return self._placement
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self._session is None:
