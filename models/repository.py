@@ -139,4 +139,25 @@ def _read_version(name: str, version: int, directory: Path) -> ModelVersion | Br
     mv = ModelVersion(name, version, directory, config)
     if not mv.model_path.exists():
         return BrokenVersion(name, version, directory, f"model file {config.path} is missing")
+    if config.format == "native" and _is_safetensors(mv.model_path):
+        # Otherwise the runtime tries to parse it as its own format and fails with a protobuf
+        # or SavedModel error that does not say what to change.
+        return BrokenVersion(
+            name,
+            version,
+            directory,
+            f"{config.path} is a block-quantized checkpoint (safetensors): add "
+            f'format = "checkpoint" to {directory / CONFIG_FILE}',
+        )
     return mv
+
+
+def _is_safetensors(path: Path) -> bool:
+    """A safetensors file: a little-endian u64 header length, then a JSON header."""
+    if path.suffix == ".safetensors":
+        return True
+    if not path.is_file():
+        return False
+    with path.open("rb") as fh:
+        head = fh.read(9)
+    return len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < 1 << 32

@@ -6,8 +6,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from models.quant import SUPPORTED_BITS
+
+if TYPE_CHECKING:
+    from models.train.trainer import Trainer
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,6 +27,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--results-dir", type=Path, help="with --report: where results go (benchmarks/results)"
     )
     p.add_argument("--out", type=Path, help="write the trained checkpoint (.safetensors) here")
+    p.add_argument(
+        "--serve-dir",
+        type=Path,
+        metavar="REPO/MODEL/VERSION",
+        help="write a ready-to-serve model version here (model.safetensors and config.toml); "
+        "serve it with: iotgw serve --model-repo REPO",
+    )
+    p.add_argument(
+        "--runtime",
+        choices=["onnxruntime", "tensorflow"],
+        default="onnxruntime",
+        help="with --serve-dir: the runtime config.toml names (default onnxruntime)",
+    )
     p.add_argument(
         "--bits",
         default="8",
@@ -51,52 +68,39 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    # Deferred: TensorFlow takes seconds to import; --help should not.
-    if args.report:
-        from models.train.report import run_report
-
-        path = run_report(quick=args.quick, out_dir=args.results_dir)
-        print(f"wrote {path}")
-        return 0
-    from models.train.export import export_checkpoint
+def _trainer(args: argparse.Namespace) -> Trainer:
+    """A new trainer from the options, or the one saved in --state (--resume)."""
     from models.train.simigrad import SimiGradConfig
     from models.train.trainer import TrainConfig, Trainer
 
     if args.resume:
         if args.state is None:
-            print("iotgw train: --resume needs --state", file=sys.stderr)
-            return 2
-        overrides = {"epochs": args.epochs, "max_steps": args.max_steps}
-        trainer = Trainer.resume(args.state, **overrides)
-    else:
-        simigrad = (
-            SimiGradConfig(args.target_similarity, args.min_micro_batch, args.max_micro_batch)
-            if args.simigrad
-            else None
-        )
-        try:
-            config = TrainConfig(
-                bits=None if args.bits == "none" else int(args.bits),
-                block_size=args.block_size,
-                nodes=args.nodes,
-                per_node=args.per_node,
-                qgz=not args.no_qgz,
-                error_feedback=args.error_feedback,
-                micro_batch=args.micro_batch,
-                simigrad=simigrad,
-                epochs=args.epochs,
-                max_steps=args.max_steps,
-                lr=args.lr,
-                optimizer=args.optimizer,
-                seed=args.seed,
-            )
-        except ValueError as exc:
-            print(f"iotgw train: {exc}", file=sys.stderr)
-            return 2
-        trainer = Trainer(config)
-    trainer.run(progress=not args.no_progress, log_path=args.log)
+            raise ValueError("--resume needs --state")
+        return Trainer.resume(args.state, epochs=args.epochs, max_steps=args.max_steps)
+    simigrad = (
+        SimiGradConfig(args.target_similarity, args.min_micro_batch, args.max_micro_batch)
+        if args.simigrad
+        else None
+    )
+    config = TrainConfig(
+        bits=None if args.bits == "none" else int(args.bits),
+        block_size=args.block_size,
+        nodes=args.nodes,
+        per_node=args.per_node,
+        qgz=not args.no_qgz,
+        error_feedback=args.error_feedback,
+        micro_batch=args.micro_batch,
+        simigrad=simigrad,
+        epochs=args.epochs,
+        max_steps=args.max_steps,
+        lr=args.lr,
+        optimizer=args.optimizer,
+        seed=args.seed,
+    )
+    return Trainer(config)
+
+
+def _print_figures(trainer: Trainer) -> None:
     served = trainer.served_weights()
     print(
         f"steps {trainer.step}, samples {trainer.samples}, mean batch "
@@ -110,12 +114,44 @@ def main(argv: list[str] | None = None) -> int:
     ):
         ratio = f" (ratio {b / a:.3f})" if a else ""
         print(f"bytes per step {where}: ZeRO-3 {a:,}, ZeRO++ {b:,}{ratio}")
+
+
+def _save(args: argparse.Namespace, trainer: Trainer) -> None:
+    from models.train.export import export_checkpoint, export_serving_folder
+
     if args.state is not None:
         trainer.save_state(args.state)
         print(f"saved state to {args.state}")
     if args.out is not None:
         export_checkpoint(trainer, args.out)
         print(f"wrote {args.out}")
+    if args.serve_dir is not None:
+        config = export_serving_folder(trainer, args.serve_dir, runtime=args.runtime)
+        print(f"wrote {args.serve_dir} (model.safetensors, {config.name})")
+        print(f"serve it: iotgw serve --model-repo {args.serve_dir.parent.parent}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    # Deferred: TensorFlow takes seconds to import; --help should not.
+    if args.report:
+        from models.train.report import run_report
+
+        path = run_report(quick=args.quick, out_dir=args.results_dir)
+        print(f"wrote {path}")
+        return 0
+    from models.train.export import check_version_dir
+
+    try:
+        if args.serve_dir is not None:
+            check_version_dir(args.serve_dir)  # before training, not after
+        trainer = _trainer(args)
+    except ValueError as exc:
+        print(f"iotgw train: {exc}", file=sys.stderr)
+        return 2
+    trainer.run(progress=not args.no_progress, log_path=args.log)
+    _print_figures(trainer)
+    _save(args, trainer)
     return 0
 
 

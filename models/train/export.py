@@ -59,6 +59,40 @@ def export_checkpoint(trainer: Trainer, path: Path, *, softmax: bool = True) -> 
     return save_checkpoint(trained_checkpoint(trainer, softmax=softmax), path)
 
 
+def check_version_dir(version_dir: Path) -> None:
+    """Raise unless ``version_dir`` has the shape the gateway scans: ``<repo>/<model>/<n>``."""
+    if not (version_dir.name.isdigit() and int(version_dir.name) >= 1):
+        raise ValueError(
+            "--serve-dir must be <repo>/<model>/<version> with a version number >= 1, "
+            f"got {version_dir} (e.g. models/digits/1)"
+        )
+
+
+def export_serving_folder(
+    trainer: Trainer, version_dir: Path, *, runtime: str = "onnxruntime", softmax: bool = True
+) -> Path:
+    """Write a ready-to-serve model version: ``version_dir/model.safetensors`` and the
+    ``config.toml`` (``format = "checkpoint"``) that makes ``iotgw serve --model-repo <repo>``
+    serve it. ``version_dir`` is ``<repo>/<model>/<version>``; returns the config's path."""
+    from models.demo import config_toml
+    from models.repository import CONFIG_FILE, ModelConfig
+
+    check_version_dir(version_dir)
+    config = ModelConfig.model_validate(
+        {
+            "runtime": runtime,
+            "path": "model.safetensors",
+            "format": "checkpoint",
+            "description": "digits CNN trained by iotgw train (input image [N, 8, 8, 1] in [0, 1])",
+        }
+    )
+    export_checkpoint(trainer, version_dir / config.path, softmax=softmax)
+    # Written last: the gateway takes a version folder with a config.toml as complete.
+    target = version_dir / CONFIG_FILE
+    target.write_text(config_toml(config), encoding="utf-8")
+    return target
+
+
 def checkpoint_weights(checkpoint: Checkpoint, path: Path) -> tuple[ModelSpec, Weights]:
     """The float weights a checkpoint computes with (quantized kernels dequantized)."""
     spec, params = zoo_params(checkpoint, path)
