@@ -59,10 +59,13 @@ def onnx_expected(available: Sequence[str], *, gpu_package: bool) -> Placement:
     return Placement(CPU_DEVICE, CPU_PROVIDER, f"{CUDA_PROVIDER} not available: {why}")
 
 
-def onnx_actual(requested: Sequence[str], session_providers: Sequence[str]) -> Placement:
-    """Where an opened session runs. ONNX Runtime drops a provider that fails to initialise
-    (missing CUDA/cuDNN libraries, no usable GPU) with only a log line, so a session that asked
-    for CUDA and did not get it is reported as a fallback."""
+def onnx_actual(
+    expected: Placement, requested: Sequence[str], session_providers: Sequence[str]
+) -> Placement:
+    """Where an opened session runs, given what ``onnx_expected`` said before it was opened.
+    ONNX Runtime drops a provider that fails to initialise (missing CUDA/cuDNN libraries, no
+    usable GPU) with only a log line, so a session that asked for CUDA and did not get it is
+    reported as a fallback."""
     first = session_providers[0] if session_providers else CPU_PROVIDER
     if first == CUDA_PROVIDER:
         return Placement(GPU_DEVICE, CUDA_PROVIDER, f"{CUDA_PROVIDER} available")
@@ -73,7 +76,7 @@ def onnx_actual(requested: Sequence[str], session_providers: Sequence[str]) -> P
             f"{CUDA_PROVIDER} failed to initialise, fell back to CPU (CUDA or cuDNN libraries "
             "missing, or no usable GPU: see ONNX Runtime's log and `iotgw doctor`)",
         )
-    return Placement(CPU_DEVICE, first, f"{CUDA_PROVIDER} not available")
+    return expected
 
 
 # -- TensorFlow -----------------------------------------------------------------------------------

@@ -97,6 +97,7 @@ def expected_placement() -> Placement:
     return onnx_expected(ort.get_available_providers(), gpu_package=gpu_package_installed())
 
 
+@functools.cache  # installed distributions do not change while the gateway runs
 def gpu_package_installed() -> bool:
     try:
         importlib.metadata.distribution("onnxruntime-gpu")
@@ -150,7 +151,9 @@ class OnnxRuntime:
                 ) from exc
         self._what = describe(version)
         self._threads = threads
-        self._placement = onnx_actual(requested, self._session.get_providers())
+        self._placement = onnx_actual(
+            expected_placement(), requested, self._session.get_providers()
+        )
         if CUDA_PROVIDER in requested and not self._placement.on_gpu:
             log.warning("%s: %s", self._what, self._placement.reason)
         self._metadata = ModelMetadata(

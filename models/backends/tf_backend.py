@@ -63,6 +63,15 @@ def expected_placement() -> Placement:
     return _placement
 
 
+def install_info() -> dict[str, Any]:
+    """This TensorFlow as ``iotgw doctor`` reports it: version, CUDA build, devices."""
+    return {
+        "version": tf.__version__,
+        "built_with_cuda": bool(tf.test.is_built_with_cuda()),
+        "devices": [d.name for d in tf.config.list_physical_devices()],
+    }
+
+
 def session_config(threads: Threads) -> tf.compat.v1.ConfigProto:
     config = tf.compat.v1.ConfigProto(
         intra_op_parallelism_threads=threads.intra_op,
