@@ -145,14 +145,14 @@ VISION_CNN = Scenario(
 )
 # sensor_mlp, small rows at high rates: the batching-sensitive one. The burst is above what
 # batch size 1 serves (so a configuration that does not batch collapses) and below what eager
-# batching serves.
+# batching serves; the middle rate is below batch 1's capacity, half the burst.
 SENSOR_MLP = Scenario(
     "sensor_mlp",
     "sensor_mlp",
     (
         Step("trickle", 0.03, "max", 15.0),
         Step("burst", 1.3, "batch1", 20.0, at_most_of_max=0.8),
-        Step("middle", 0.45, "max", 20.0),
+        Step("middle", 0.65, "batch1", 20.0, at_most_of_max=0.4),
         Step("trickle-again", 0.03, "max", 15.0),
     ),
 )
