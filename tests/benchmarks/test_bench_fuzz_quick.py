@@ -33,9 +33,6 @@ def test_bench_fuzz_quick_meets_its_targets(tmp_path: Path) -> None:
     # What went wrong, with payloads, so that a failure here names its cause.
     examples = {name: t["examples"] for name, t in transports.items()}
     detail = json.dumps({"restarts": doc["restarts"], "examples": examples}, indent=1)[:6000]
-    for name, t in transports.items():
-        assert t["payloads"] >= 1000, name
-        assert t["good_sent"] > 0, name
     summary = doc["summary"]
     assert summary["crashes"] == 0, detail
     assert summary["gateway_restarts"] == 0, detail
@@ -44,3 +41,5 @@ def test_bench_fuzz_quick_meets_its_targets(tmp_path: Path) -> None:
     assert summary["good_answered_ratio"] == 1.0, detail
     assert summary["final_ready"] is True, detail
     assert summary["final_good_answered"] == summary["final_good_sent"], detail
+    for name, t in transports.items():  # the whole slice was sent (no transport given up)
+        assert t["payloads"] == 1500 and t["good_sent"] > 0, name
