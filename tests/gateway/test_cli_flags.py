@@ -1,0 +1,89 @@
+"""``iotgw serve``'s options are generated from the settings model: every setting has exactly one
+flag, each flag sets its own setting, the established names still work, help shows defaults."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import build_parser
+from gateway.settings import GatewaySettings
+from gateway.settings_cli import FLAG_NAMES, SECTIONS, flag_of, settings_overrides
+
+
+def _serve_parser() -> argparse.ArgumentParser:
+    parser = build_parser()
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    serve = action.choices["serve"]
+    assert isinstance(serve, argparse.ArgumentParser)
+    return serve
+
+
+def _load(*argv: str) -> GatewaySettings:
+    args = build_parser().parse_args(["serve", *argv])
+    return GatewaySettings.load(None, **settings_overrides(args))
+
+
+def test_every_setting_has_one_flag_and_no_flag_is_shared() -> None:
+    flags = [
+        flag_of(section, name)
+        for section in SECTIONS
+        for name in type(getattr(GatewaySettings(), section)).model_fields
+    ]
+    assert len(flags) == len(set(flags)), sorted(f for f in flags if flags.count(f) > 1)
+    options = {o for a in _serve_parser()._actions for o in a.option_strings}
+    assert set(flags) <= options
+    # Every established name refers to a setting that exists.
+    for section, name in FLAG_NAMES:
+        assert name in type(getattr(GatewaySettings(), section)).model_fields, (section, name)
+
+
+@pytest.mark.parametrize(
+    ("argv", "section", "name", "expected"),
+    [
+        (["--http-port", "9099"], "http", "port", 9099),
+        (["--host", "127.0.0.2"], "http", "host", "127.0.0.2"),
+        (["--read-timeout", "4.5"], "http", "read_timeout_s", 4.5),
+        (["--model-repo", "/tmp/r"], "serving", "model_repo", Path("/tmp/r")),
+        (["--max-dims", "5"], "serving", "max_dims", 5),
+        (["--shutdown-grace", "7"], "serving", "shutdown_grace_s", 7.0),
+        (["--broker", "mqtt://b:1884"], "mqtt", "broker", "mqtt://b:1884"),
+        (["--mqtt-port", "1999"], "mqtt", "embedded_port", 1999),
+        (["--mqtt-client-id", "gw-7"], "mqtt", "client_id", "gw-7"),
+        (["--mqtt-max-backlog", "12"], "mqtt", "max_backlog", 12),
+        (["--mqtt-protocol", "3.1.1"], "mqtt", "protocol", "3.1.1"),
+        (["--no-mqtt"], "mqtt", "enabled", False),
+        (["--mqtt-tls-insecure"], "mqtt", "tls_insecure", True),
+        (["--no-tuner"], "tuner", "enabled", False),
+        (["--tuner", "bo"], "tuner", "algorithm", "bo"),
+        (["--tune-models", "a, b"], "tuner", "models", ["a", "b"]),
+        (["--no-tuner-profiles"], "tuner", "profiles", False),
+        (["--tuner-seed", "3"], "tuner", "seed", 3),
+    ],
+)
+def test_a_flag_sets_its_setting(
+    argv: list[str], section: str, name: str, expected: object
+) -> None:
+    assert getattr(getattr(_load(*argv), section), name) == expected
+
+
+def test_options_left_out_keep_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IOTGW_HTTP__PORT", "8181")
+    monkeypatch.setenv("IOTGW_MQTT__RECEIVE_MAXIMUM", "9")
+    settings = _load("--receive-maximum", "11")
+    assert settings.http.port == 8181  # no flag: the environment holds
+    assert settings.mqtt.receive_maximum == 11  # the flag wins
+
+
+def test_a_flag_value_outside_its_bounds_is_a_settings_error() -> None:
+    with pytest.raises(ValueError, match="receive_maximum"):
+        _load("--receive-maximum", "0")
+
+
+def test_help_shows_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per option: no wrapped words
+    text = _serve_parser().format_help()
+    for words in ("(default 8080)", "(default 1883)", "(default 64)", "(default adaptive-rrl)"):
+        assert words in text, words
