@@ -22,7 +22,7 @@ import keras
 import numpy as np
 
 from models.checkpoint import Checkpoint
-from models.importers.report import ImportFailed, ImportReport, QuantOptions
+from models.importers.report import ImportFailed, ImportReport, QuantOptions, architecture_lines
 from models.importers.zoo_import import quantize_zoo
 from models.zoo import (
     Activation,
@@ -111,7 +111,8 @@ def import_keras(
     except ValueError as exc:
         raise ImportFailed(f"{description}: {exc}") from exc
     checkpoint, decisions = quantize_zoo(spec, tuple(weights), options, sources)
-    return checkpoint, ImportReport(description, tuple(decisions), tuple(notes))
+    report = ImportReport(description, tuple(decisions), tuple(notes), architecture_lines(spec))
+    return checkpoint, report
 
 
 def _check_chain(model: keras.Model, description: str) -> None:

@@ -5,19 +5,18 @@ shards plus ``model.safetensors.index.json`` (``{"weight_map": {tensor: shard fi
 large models. Either (a file, the index, or the folder holding them) is a source here.
 
 PyTorch state dicts carry no architecture, so an architecture mapping says what the tensors
-are: a ``ModelSpec`` description (``models.spec_codec``) whose Dense and Conv2D layers name
-their ``weight`` and optional ``bias`` tensors, e.g. in JSON::
+are and what ``forward()`` does between them: a ``ModelSpec`` description
+(``models.spec_codec``) whose Dense and Conv2D layers name their ``weight`` and optional
+``bias`` tensors. Nothing that changes the model is guessed: every dense and conv2d layer but
+the last states its ``activation`` (the last defaults to linear, a head's logits), and a
+softmax is appended only when the mapping says ``softmax = true`` (the output is then
+``probabilities``, else ``logits``). The import report lists each layer's activation and the
+output. The format, with examples, is in docs/quantized-checkpoints.md.
 
-    {"name": "mnist_mlp", "inputs": [{"name": "pixels", "shape": [784]}],
-     "layers": [{"type": "dense", "units": 256, "activation": "relu",
-                 "weight": "fc1.weight", "bias": "fc1.bias"},
-                {"type": "dense", "units": 10, "weight": "fc2.weight", "bias": "fc2.bias"}]}
-
-(TOML with ``[[inputs]]`` and ``[[layers]]`` tables works too.) Weights are in PyTorch's layout,
-which is the checkpoint's: Linear ``[out, in]``, Conv2d ``[O, I, kh, kw]``. A PyTorch CNN
-flattens NCHW feature maps, so its first Linear after the flatten reads inputs in (C, H, W)
-order: mark that flatten ``{"type": "flatten", "order": "chw"}`` and the importer reorders that
-Linear's columns to the zoo's (H, W, C) order before quantizing.
+Weights are in PyTorch's layout, which is the checkpoint's: Linear ``[out, in]``, Conv2d
+``[O, I, kh, kw]``. A PyTorch CNN flattens NCHW feature maps, so its first Linear after the
+flatten reads inputs in (C, H, W) order: mark that flatten ``{"type": "flatten", "order":
+"chw"}`` and the importer reorders that Linear's columns to the zoo's (H, W, C) order.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from __future__ import annotations
 import json
 import tomllib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,12 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from models.checkpoint import Checkpoint
-from models.importers.report import ImportFailed, ImportReport, QuantOptions
+from models.importers.report import (
+    ImportFailed,
+    ImportReport,
+    QuantOptions,
+    architecture_lines,
+)
 from models.importers.zoo_import import quantize_zoo
 from models.spec_codec import SpecError, spec_from_doc
 from models.zoo import Dense, ModelSpec, Params, layer_shapes
@@ -133,7 +138,8 @@ def import_state_dict(
     source: Path, mapping: Path | Mapping[str, Any], options: QuantOptions
 ) -> tuple[Checkpoint, ImportReport]:
     state = StateDict.open(source)
-    spec, tensor_names, chw = _parse_mapping(read_mapping(mapping))
+    parsed = _parse_mapping(read_mapping(mapping))
+    spec, tensor_names, chw = parsed.spec, parsed.tensors, parsed.chw
     weights: list[Params | None] = []
     source_names: dict[str, str] = {}
     notes: list[str] = []
@@ -178,46 +184,83 @@ def import_state_dict(
         )
         notes.append(f"ignored (not in the architecture mapping): {shown}")
     checkpoint, decisions = quantize_zoo(spec, tuple(weights), options, source_names)
-    return checkpoint, ImportReport(state.description, tuple(decisions), tuple(notes))
+    architecture = architecture_lines(spec, parsed.remarks)
+    return checkpoint, ImportReport(state.description, tuple(decisions), tuple(notes), architecture)
 
 
-def _parse_mapping(
-    doc: Mapping[str, Any],
-) -> tuple[ModelSpec, dict[int, tuple[str, str | None]], set[int]]:
-    """The spec, per parameterised layer its (weight, bias) tensor names, and the indices of
-    flatten layers marked ``order = "chw"``."""
+@dataclass(frozen=True, slots=True)
+class _Mapping:
+    spec: ModelSpec
+    tensors: dict[int, tuple[str, str | None]]
+    """Per parameterised layer, its (weight, bias) tensor names."""
+    chw: set[int]
+    """Indices of flatten layers marked ``order = "chw"``."""
+    remarks: dict[int, str]
+    """Per layer, what the import report adds to its line."""
+
+
+def _layer_entry(index: int, raw: Any, last: bool) -> tuple[dict[str, Any], str | None]:
+    """The layer's spec entry (tensor names and order removed, the head's activation
+    filled in) and the remark on a defaulted activation."""
+    if not isinstance(raw, dict):
+        raise ImportFailed(f"layers[{index}] is not an object")
+    layer = {k: v for k, v in raw.items() if k not in ("weight", "bias", "order")}
+    if layer.get("type") not in ("dense", "conv2d") or "activation" in layer:
+        return layer, None
+    if last:
+        # The model's last layer computes the logits: a PyTorch head is a bare Linear.
+        return {**layer, "activation": "linear"}, " (activation: default of the last layer)"
+    raise ImportFailed(
+        f"layers[{index}] ({layer['type']} {raw.get('weight')!r}) needs an 'activation' key: "
+        '"relu" or "linear" (a state dict does not record the activations of forward(); only '
+        "the last layer defaults to linear)"
+    )
+
+
+def _tensor_names(index: int, raw: dict[str, Any]) -> tuple[str, str | None] | None:
+    weight, bias, kind = raw.get("weight"), raw.get("bias"), raw.get("type")
+    if kind in ("dense", "conv2d"):
+        if not isinstance(weight, str) or not (bias is None or isinstance(bias, str)):
+            raise ImportFailed(
+                f"layers[{index}] ({kind}) needs a 'weight' tensor name (and may name a 'bias')"
+            )
+        return weight, bias
+    if weight is not None or bias is not None:
+        raise ImportFailed(f"layers[{index}] ({kind}) has no parameters to map")
+    return None
+
+
+def _is_chw(index: int, raw: dict[str, Any]) -> bool:
+    order = raw.get("order")
+    if order is None:
+        return False
+    if raw.get("type") != "flatten" or order not in ("hwc", "chw"):
+        raise ImportFailed(f"layers[{index}]: 'order' is for flatten layers: hwc or chw")
+    return bool(order == "chw")
+
+
+def _parse_mapping(doc: Mapping[str, Any]) -> _Mapping:
+    """The mapping's spec and tensor names. Logits unless ``softmax = true``; an activation
+    stated on every dense and conv2d layer but the last (linear by default)."""
     layers = doc.get("layers")
-    if not isinstance(layers, list):
-        raise ImportFailed("the architecture mapping needs a list of layers")
+    if not isinstance(layers, list) or not layers:
+        raise ImportFailed("the architecture mapping needs a non-empty list of layers")
     stripped: list[Any] = []
     names: dict[int, tuple[str, str | None]] = {}
     chw: set[int] = set()
+    remarks: dict[int, str] = {}
     for index, raw in enumerate(layers):
-        if not isinstance(raw, dict):
-            raise ImportFailed(f"layers[{index}] is not an object")
-        layer = dict(raw)
-        weight, bias, order = (
-            layer.pop("weight", None),
-            layer.pop("bias", None),
-            layer.pop("order", None),
-        )
-        kind = layer.get("type")
-        if kind in ("dense", "conv2d"):
-            if not isinstance(weight, str) or not (bias is None or isinstance(bias, str)):
-                raise ImportFailed(
-                    f"layers[{index}] ({kind}) needs a 'weight' tensor name (and may name a 'bias')"
-                )
-            names[index] = (weight, bias)
-        elif weight is not None or bias is not None:
-            raise ImportFailed(f"layers[{index}] ({kind}) has no parameters to map")
-        if order is not None:
-            if kind != "flatten" or order not in ("hwc", "chw"):
-                raise ImportFailed(f"layers[{index}]: 'order' is for flatten layers: hwc or chw")
-            if order == "chw":
-                chw.add(index)
+        layer, remark = _layer_entry(index, raw, last=index == len(layers) - 1)
         stripped.append(layer)
+        if (tensors := _tensor_names(index, raw)) is not None:
+            names[index] = tensors
+            remarks[index] = f" <- {', '.join(t for t in tensors if t)}{remark or ''}"
+        if _is_chw(index, raw):
+            chw.add(index)
+    softmax = doc.get("softmax", False)
+    top = {"softmax": softmax, "output": "probabilities" if softmax is True else "logits"}
     try:
-        spec = spec_from_doc({**doc, "layers": stripped})
+        spec = spec_from_doc({**top, **doc, "layers": stripped})
     except SpecError as exc:
         raise ImportFailed(str(exc)) from exc
     for index in chw:
@@ -227,4 +270,4 @@ def _parse_mapping(
             raise ImportFailed(
                 f"layers[{index}]: a chw flatten must sit between a feature map and a dense layer"
             )
-    return spec, names, chw
+    return _Mapping(spec, names, chw, remarks)

@@ -394,3 +394,114 @@ def test_onnx_import_refuses_garbage(tmp_path: Path) -> None:
     bad.write_bytes(b"not a model")
     with pytest.raises(ImportFailed, match="not a valid ONNX model"):
         import_onnx(bad, QuantOptions(4, 32))
+
+
+# A PyTorch module as its author writes it: forward() applies ReLU after fc1 and fc2 and returns
+# the head's output as it is (logits); none of that is in the state dict, so the mapping says
+# it, and leaves the head's activation and the softmax to their documented defaults.
+TORCH_MLP_MAPPING: dict[str, Any] = {
+    "name": "torch_mlp",
+    "inputs": [{"name": "features", "shape": [32]}],
+    "layers": [
+        {
+            "type": "dense",
+            "units": 64,
+            "activation": "relu",
+            "weight": "fc1.weight",
+            "bias": "fc1.bias",
+        },
+        {
+            "type": "dense",
+            "units": 48,
+            "activation": "relu",
+            "weight": "fc2.weight",
+            "bias": "fc2.bias",
+        },
+        {"type": "dense", "units": 10, "weight": "head.weight", "bias": "head.bias"},
+    ],
+}
+
+
+def _torch_mlp(tmp_path: Path) -> dict[str, np.ndarray]:
+    """nn.Linear's default initialisation, U(-1/sqrt(in), 1/sqrt(in)), saved as a state dict."""
+    rng = np.random.default_rng(5)
+    state = {}
+    for name, n_in, n_out in (("fc1", 32, 64), ("fc2", 64, 48), ("head", 48, 10)):
+        bound = 1 / np.sqrt(n_in)
+        state[f"{name}.weight"] = rng.uniform(-bound, bound, (n_out, n_in)).astype(np.float32)
+        state[f"{name}.bias"] = rng.uniform(-bound, bound, n_out).astype(np.float32)
+    save_file(state, str(tmp_path / "model.safetensors"))
+    return state
+
+
+def _torch_logits(state: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+    h = np.maximum(x @ state["fc1.weight"].T + state["fc1.bias"], 0)
+    h = np.maximum(h @ state["fc2.weight"].T + state["fc2.bias"], 0)
+    return np.asarray(h @ state["head.weight"].T + state["head.bias"])
+
+
+@pytest.mark.parametrize(
+    ("options", "tolerance"),
+    [(QuantOptions(8, 16, KEEP_ALL_FLOAT), 1e-5), (QuantOptions(8, 16), 0.02)],
+    ids=["float", "int8"],
+)
+def test_a_pytorch_mlp_with_a_linear_head_comes_back_as_its_logits(
+    tmp_path: Path, options: QuantOptions, tolerance: float
+) -> None:
+    state = _torch_mlp(tmp_path)
+    checkpoint, report = import_state_dict(tmp_path, TORCH_MLP_MAPPING, options)
+    path = save_checkpoint(checkpoint, tmp_path / "out" / "model.safetensors")
+    config = ModelConfig(
+        runtime="onnxruntime", path=path.name, format="checkpoint", accuracy_level=0
+    )
+    x = np.random.default_rng(6).standard_normal((256, 32)).astype(np.float32)
+    expected = _torch_logits(state, x)
+    rt = load_runtime(ModelVersion("torch_mlp", 1, path.parent, config), Threads(1, 1))
+    try:
+        got = rt.infer({"features": x})
+    finally:
+        rt.close()
+    assert list(got) == ["logits"]
+    logits = got["logits"]
+    # Logits, not probabilities: no row sums to 1, values as the fp32 model's.
+    assert np.mean(logits.argmax(axis=1) == expected.argmax(axis=1)) == 1.0
+    np.testing.assert_allclose(logits, expected, atol=tolerance * np.abs(expected).max())
+    assert report.architecture == (
+        "layers[0] dense 64, activation relu <- fc1.weight, fc1.bias",
+        "layers[1] dense 48, activation relu <- fc2.weight, fc2.bias",
+        "layers[2] dense 10, activation linear <- head.weight, head.bias "
+        "(activation: default of the last layer)",
+        "output 'logits': no softmax (logits)",
+    )
+    text = report.format()
+    assert "activation relu" in text and "no softmax" in text
+
+
+def test_softmax_is_appended_only_when_the_mapping_says_so(tmp_path: Path) -> None:
+    state = _torch_mlp(tmp_path)
+    mapping = {**TORCH_MLP_MAPPING, "softmax": True}
+    checkpoint, report = import_state_dict(tmp_path, mapping, QuantOptions(8, 16, ("*",)))
+    assert report.architecture[-1] == "output 'probabilities': softmax appended (probabilities)"
+    path = save_checkpoint(checkpoint, tmp_path / "out" / "model.safetensors")
+    config = ModelConfig(runtime="onnxruntime", path=path.name, format="checkpoint")
+    x = np.random.default_rng(7).standard_normal((8, 32)).astype(np.float32)
+    rt = load_runtime(ModelVersion("torch_mlp", 1, path.parent, config), Threads(1, 1))
+    try:
+        probabilities = rt.infer({"features": x})["probabilities"]
+    finally:
+        rt.close()
+    logits = _torch_logits(state, x)
+    softmax = np.exp(logits - logits.max(axis=1, keepdims=True))
+    softmax /= softmax.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(probabilities, softmax, rtol=1e-4, atol=1e-6)
+
+
+def test_a_hidden_layer_without_an_activation_is_refused_naming_the_key(tmp_path: Path) -> None:
+    _torch_mlp(tmp_path)
+    layers = [dict(layer) for layer in TORCH_MLP_MAPPING["layers"]]
+    del layers[1]["activation"]
+    mapping = {**TORCH_MLP_MAPPING, "layers": layers}
+    with pytest.raises(
+        ImportFailed, match=r"layers\[1\] \(dense 'fc2.weight'\) needs an 'activation' key"
+    ):
+        import_state_dict(tmp_path, mapping, QuantOptions(8, 16))
