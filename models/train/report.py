@@ -57,6 +57,13 @@ QUICK = ReportPlan(
 )
 
 
+QUICK_CAVEAT = (
+    "Quick mode: one seed, a few optimizer steps per run, so the accuracies are those of "
+    "barely trained models (a check that every study runs), not the paper figures; "
+    "`iotgw train --report` without --quick gives those (docs/training.md)."
+)
+
+
 def _train(config: TrainConfig, progress: bool) -> Trainer:
     trainer = Trainer(config)
     trainer.run(progress=progress)
@@ -403,10 +410,18 @@ def run_report(*, quick: bool, out_dir: Path | None = None, progress: bool = Fal
     }
     plots = plot(plan, runs, path.parent, stem)
     text = [f"# iotgw train report{' (quick)' if quick else ''}", ""]
-    text += [f"Summary: `{summary}`", ""]
+    if quick:
+        text += [QUICK_CAVEAT, ""]
+    text += ["## Summary", "", _markdown(["figure", "value"], _summary_rows(summary)), ""]
     for title, table in tables.items():
         text += [f"## {title}", "", table, ""]
     text += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
     (path.parent / f"{stem}.md").write_text("\n".join(text), encoding="utf-8")
-    print(format_table(["summary", "value"], [[k, f"{v:.4f}"] for k, v in summary.items()]))
+    print(format_table(["summary", "value"], _summary_rows(summary)))
+    if quick:
+        print(QUICK_CAVEAT)
     return path
+
+
+def _summary_rows(summary: dict[str, Any]) -> list[list[str]]:
+    return [[key, f"{value:.4f}"] for key, value in summary.items()]

@@ -299,11 +299,13 @@ class Trainer:
     ) -> History:
         """Train until the budget is spent (or ``stop_after`` more steps); ``log_path`` gets
         one JSON line per step."""
+        # Keras's bar writes ANSI colour codes and carriage returns whatever stdout is: only on a
+        # terminal, never into redirected output.
         bar = (
             keras.utils.Progbar(
                 self.sample_budget, unit_name="sample", stateful_metrics=["batch", "lr", "cos"]
             )
-            if progress
+            if progress and sys.stdout.isatty()
             else None
         )
         log_file = log_path.open("a", encoding="utf-8") if log_path else None

@@ -98,3 +98,11 @@ def test_tiny_training_command(flags: list[str], tmp_path: Path) -> None:
     assert (tmp_path / "state" / "state.json").is_file()
     resumed = ["train", "--resume", "--state", str(tmp_path / "state"), "--max-steps", "4"]
     assert iotgw([*resumed, "--no-progress"]) == 0
+
+
+def test_redirected_output_gets_no_progress_bar_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    """A progress bar into a file or pipe would be ANSI colour codes and carriage returns."""
+    trainer = Trainer(TrainConfig(nodes=1, per_node=2, micro_batch=4, max_steps=2, eval_every=0))
+    trainer.run(progress=True)
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\r" not in out and "\b" not in out
