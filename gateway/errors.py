@@ -84,6 +84,13 @@ class ModelUnavailable(GatewayError):
     reason = "unavailable"
 
 
+class Undeliverable(GatewayError):
+    """The request's reply could not be delivered where it asked (the broker refused it)."""
+
+    status = 502
+    reason = "undeliverable"
+
+
 class InternalError(GatewayError):
     status = 500
     reason = "internal"

@@ -28,7 +28,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 from urllib.parse import urlsplit
 
@@ -39,7 +39,7 @@ from paho.mqtt.properties import Properties, VariableByteIntegers
 
 from gateway.codecs import oip
 from gateway.edge import Edge, Phase, error_document
-from gateway.errors import BadRequest, GatewayError, Overloaded, PayloadTooLarge
+from gateway.errors import BadRequest, GatewayError, Overloaded, PayloadTooLarge, Undeliverable
 from gateway.mqtt_trust import DeviceTrust, ReplyNamespace
 from gateway.service import InferenceService
 from gateway.settings import MqttSettings
@@ -51,6 +51,11 @@ TRANSPORT = "mqtt"
 BINARY_CONTENT_TYPE = "application/vnd.iotgw.oip+binary"
 JSON_CONTENT_TYPE = "application/json"
 _DEDUPE_ENTRIES = 20_000
+# A request whose reply was published this many times, each time followed by the connection's
+# loss before the broker acknowledged it, is answered with an error on the device's own reply
+# topic instead: a reply the broker refuses (and drops the gateway for) must not bring the same
+# request back after every reconnect, stalling every other device each time.
+_MAX_REPLY_ATTEMPTS = 3
 _ROUTE_CACHE_ENTRIES = 4096
 _SHARED_NOT_SUPPORTED = 0x9E
 _TCP_CORK: int | None = getattr(socket, "TCP_CORK", None)  # Linux
@@ -307,6 +312,8 @@ class MqttAdapter:
         # (device, reply topic + correlation or id) -> monotonic time first seen: redeliveries
         # are answered once.
         self._seen: OrderedDict[tuple[str, bytes], float] = OrderedDict()
+        # key -> replies lost with their connection before the broker acknowledged them.
+        self._reply_attempts: OrderedDict[tuple[str, bytes], int] = OrderedDict()
         self._connection: _Connection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.connected = asyncio.Event()
@@ -403,6 +410,7 @@ class MqttAdapter:
         connection.alive = False
         self._backlog.clear()
         for delivery in list(connection.awaiting_puback.values()):
+            self._count_lost_reply(delivery.key)
             self._end(delivery, acknowledge=False)
         connection.awaiting_puback.clear()
         if self._tasks:
@@ -641,6 +649,8 @@ class MqttAdapter:
                     self._service.metrics.mqtt_duplicates.inc()
                     self._end(delivery, acknowledge=True)  # answered by the first delivery
                     return
+                if self._reply_lost_too_often(delivery):
+                    return
                 phase = "infer"
                 response = await self._service.infer(request, transport=TRANSPORT)
                 reply, json_len = oip.encode_response(response, fmt)
@@ -753,6 +763,36 @@ class MqttAdapter:
             connection, message = self._backlog.popleft()
             if connection.alive and not self._stopping.is_set():
                 self._take(connection, message)
+
+    def _count_lost_reply(self, key: tuple[str, bytes] | None) -> None:
+        if key is None:
+            return
+        self._reply_attempts[key] = self._reply_attempts.pop(key, 0) + 1
+        while len(self._reply_attempts) > _DEDUPE_ENTRIES:  # bounded: oldest forgotten
+            self._reply_attempts.popitem(last=False)
+
+    def _reply_lost_too_often(self, delivery: _Delivery) -> bool:
+        """Answer a request whose replies kept taking the connection down with an error on the
+        device's own reply topic (always publishable), once; True when it did."""
+        key, route = delivery.key, delivery.route
+        if key is None or self._reply_attempts.get(key, 0) < _MAX_REPLY_ATTEMPTS:
+            return False
+        del self._reply_attempts[key]
+        log.warning(
+            "MQTT: the reply to a request from %s was lost with the connection %d times; "
+            "answering on its default reply topic instead",
+            route.device,
+            _MAX_REPLY_ATTEMPTS,
+        )
+        delivery.route = replace(
+            route, reply_topic=f"{self._prefix}/infer/{route.model}/res/{route.device}"
+        )
+        err = Undeliverable(
+            f"the reply to this request was refused by the broker {_MAX_REPLY_ATTEMPTS} times "
+            f"(the connection dropped each time); check its Response Topic and size"
+        )
+        self._reply_error(delivery, self._edge.reject(err, phase="infer"), None)
+        return True
 
     def _forget(self, key: tuple[str, bytes] | None) -> None:
         if key is not None:

@@ -142,9 +142,37 @@ class DeviceTrust:
                     f"the request topic names device {device!r} but the broker's "
                     f"{self._identity_property!r} user property names {claimed or 'nobody'}"
                 )
-        if response_topic and not self.namespace.allows(response_topic, model, device):
+        if not response_topic:
+            return None
+        unfit = _unfit_topic(response_topic)
+        if unfit is not None:
+            return ForbiddenResponseTopic(f"Response Topic {_shown(response_topic)}: {unfit}")
+        if not self.namespace.allows(response_topic, model, device):
             return ForbiddenResponseTopic(
-                f"Response Topic {response_topic!r} is outside device {device!r}'s reply "
+                f"Response Topic {_shown(response_topic)} is outside device {device!r}'s reply "
                 f"namespace: it must match {self.namespace.for_device(model, device)!r}"
             )
         return None
+
+
+# Reply topics a broker may refuse to take from the gateway: Mosquitto disconnects a client that
+# publishes to more than 200 levels, and a disconnect leaves the request unacknowledged, so it
+# would come back after every reconnect. Far below any broker's limits, far above real use.
+MAX_REPLY_TOPIC_LEVELS = 32
+MAX_REPLY_TOPIC_BYTES = 1024
+
+
+def _unfit_topic(topic: str) -> str | None:
+    levels = topic.count("/") + 1
+    if levels > MAX_REPLY_TOPIC_LEVELS:
+        return f"{levels} levels, at most {MAX_REPLY_TOPIC_LEVELS} are answered"
+    size = len(topic.encode("utf-8", "surrogatepass"))
+    if size > MAX_REPLY_TOPIC_BYTES:
+        return f"{size} bytes, at most {MAX_REPLY_TOPIC_BYTES} are answered"
+    if "\x00" in topic:
+        return "holds a NUL character"
+    return None
+
+
+def _shown(topic: str) -> str:
+    return repr(topic if len(topic) <= 120 else topic[:120] + "...")

@@ -277,3 +277,66 @@ async def test_large_payloads_are_decoded_off_the_event_loop(
     loop_thread = threading.current_thread().name
     assert threads[0] == loop_thread and threads[2] == loop_thread  # small: inline
     assert threads[1] != loop_thread and threads[3] != loop_thread  # large: on the executor
+
+
+async def _publish_with_response_topic(
+    port: int, device_id: str, response_topic: str, payload: bytes
+) -> dict[str, Any]:
+    """Publish one request naming ``response_topic``; the reply expected on the device's own
+    default reply topic (where refusals go)."""
+    import aiomqtt
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    from tests.gateway.mqtt_client import decode_reply
+
+    async with aiomqtt.Client(
+        "127.0.0.1", port, identifier=device_id, protocol=aiomqtt.ProtocolVersion.V5
+    ) as client:
+        await client.subscribe(f"iotgw/infer/{MODEL}/res/{device_id}", qos=1)
+        props = Properties(PacketTypes.PUBLISH)
+        props.ResponseTopic = response_topic
+        props.CorrelationData = b"deep"
+        await client.publish(
+            f"iotgw/infer/{MODEL}/req/{device_id}", payload, qos=1, properties=props
+        )
+        async with asyncio.timeout(60):
+            async for message in client.messages:
+                assert isinstance(message.payload, bytes)
+                return decode_reply(message.payload)
+    raise AssertionError("no reply")
+
+
+async def test_a_response_topic_deeper_than_brokers_take_is_refused(
+    gw: Gateway, broker: Broker, reference: Reference
+) -> None:
+    """Mosquitto drops a client that publishes to more than 200 levels: the gateway refuses such
+    a Response Topic itself (403 on the device's own topic) instead of publishing there."""
+    deep = f"iotgw/infer/{MODEL}/res/dev-deep/" + "x/" * 250 + "end"
+    body = json.dumps(_good_body(reference, "deep")).encode()
+    reply = await _publish_with_response_topic(broker.port, "dev-deep", deep, body)
+    assert reply["status"] == 403 and reply["reason"] == "forbidden_response_topic", reply
+    assert "levels" in reply["error"]
+    async with device(broker.port, "dev-after-deep") as dev:
+        assert (await dev.request(MODEL, body, "after-deep"))["status"] == 200
+    await _wait_idle(gw)
+
+
+async def test_a_reply_the_broker_keeps_refusing_ends_as_an_error_not_a_loop(
+    gw: Gateway, broker: Broker, reference: Reference, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Defence in depth, with the topic check switched off (fault injection): a reply whose
+    publish makes the broker drop the gateway would come back after every reconnect. After a
+    few lost replies the request is answered with a 502 on the device's own reply topic."""
+    import gateway.mqtt_trust
+
+    monkeypatch.setattr(gateway.mqtt_trust, "MAX_REPLY_TOPIC_LEVELS", 100_000)
+    deep = f"iotgw/infer/{MODEL}/res/dev-loop/" + "x/" * 250 + "end"
+    body = json.dumps(_good_body(reference, "loop")).encode()
+    reply = await _publish_with_response_topic(broker.port, "dev-loop", deep, body)
+    assert reply["status"] == 502 and reply["reason"] == "undeliverable", reply
+    assert gw.mqtt is not None
+    await asyncio.wait_for(gw.mqtt.connected.wait(), 30)
+    async with device(broker.port, "dev-after-loop") as dev:
+        assert (await dev.request(MODEL, body, "after-loop"))["status"] == 200
+    await _wait_idle(gw)
