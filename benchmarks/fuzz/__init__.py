@@ -57,10 +57,16 @@ QUICK = Plan(
 
 def build_repository(dest: Path) -> Path:
     """Only ``sensor_mlp`` (ONNX): the fuzzer aims at the decoding edge, not the models."""
-    from models.demo import DEMO_MODELS, VERSION, write_model_version
+    from models.demo import DEMO_MODELS, VERSION, config_toml, write_model_version
+    from models.repository import CONFIG_FILE, read_config
 
     (demo,) = [m for m in DEMO_MODELS if m.name == MODEL]
-    write_model_version(demo, dest / demo.name / str(VERSION))
+    folder = dest / demo.name / str(VERSION)
+    write_model_version(demo, folder)
+    # The fuzzer judges answers, not latency: with a generous deadline a well-formed request on
+    # a busy machine is answered, not refused with a deadline 503.
+    config = read_config(folder / CONFIG_FILE).model_copy(update={"slo_ms": 10_000.0})
+    (folder / CONFIG_FILE).write_text(config_toml(config), encoding="utf-8")
     return dest
 
 
