@@ -36,4 +36,6 @@ fi
 "$venv/bin/ruff" check .
 "$venv/bin/ruff" format --check .
 "$venv/bin/mypy" gateway rrl models device_sim benchmarks tests
+# The images' Dockerfiles (no container engine here): hadolint from the test extra's wheel.
+"$venv/bin/hadolint" --config .hadolint.yaml Dockerfile Dockerfile.gpu
 exec "$venv/bin/python" -m pytest -q -ra "$@"
