@@ -179,3 +179,12 @@ def make_process(kind: str, params: dict[str, float]) -> ArrivalProcess:
         raise ValueError(f"a {kind!r} process needs {', '.join(map(repr, missing))}")
     process: ArrivalProcess = process_class(kind)(**params)
     return process
+
+
+def describe_process(process: ArrivalProcess) -> tuple[str, dict[str, float]]:
+    """(name, parameters) of a process, as a scenario file would write it."""
+    names = {cls: name for name, cls in _PROCESSES.items()}
+    kind = names.get(type(process), type(process).__name__)
+    if dataclasses.is_dataclass(process) and not isinstance(process, type):
+        return kind, {k: float(v) for k, v in dataclasses.asdict(process).items()}
+    return kind, {}

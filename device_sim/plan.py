@@ -8,11 +8,12 @@ truncated to ``max_requests`` and ``max_duration_s`` so a run always ends by its
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from device_sim.scenario import Scenario
+from device_sim.arrivals import describe_process
+from device_sim.scenario import Phase, Scenario
 from device_sim.trace import TraceEntry
 
 
@@ -21,6 +22,11 @@ class PhaseInfo:
     name: str
     start_s: float
     duration_s: float
+    process: str = "trace"
+    """The arrival process's name (``trace`` for a replay)."""
+    parameters: dict[str, float] = field(default_factory=dict)
+    mean_rate: float = 0.0
+    """Long-run mean requests/s the phase offers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +48,12 @@ class Plan:
 def _bounds(times: np.ndarray, max_requests: int, max_duration_s: float) -> int:
     """How many of the (sorted) arrivals fit both bounds."""
     return min(max_requests, int(np.searchsorted(times, max_duration_s, side="left")))
+
+
+def _phase_info(phase: Phase, start_s: float) -> PhaseInfo:
+    kind, parameters = describe_process(phase.process)
+    mean = round(phase.process.mean_rate(), 6)
+    return PhaseInfo(phase.name, start_s, phase.duration_s, kind, parameters, mean)
 
 
 def plan_from_scenario(
@@ -73,7 +85,7 @@ def plan_from_scenario(
         model[mask] = index[rng.integers(0, index.size, int(mask.sum()))]
 
     phases = tuple(
-        PhaseInfo(p.name, start, p.duration_s)
+        _phase_info(p, start)
         for p, start in zip(scenario.phases, scenario.phase_starts(), strict=True)
         if start < max_duration_s
     )
@@ -114,7 +126,9 @@ def plan_from_trace(
         phase=np.zeros(n, dtype=np.int32),
         devices=tuple(devices),
         models=tuple(models),
-        phases=(PhaseInfo("trace", 0.0, duration),),
+        phases=(
+            PhaseInfo("trace", 0.0, duration, "trace", {"speed": speed}, round(n / duration, 6)),
+        ),
         duration_s=duration,
         payloads=tuple(e.payload for e in kept),
     )

@@ -1,4 +1,9 @@
-"""PNG plots of a run's per-second timeline (from the summary document)."""
+"""PNG plots of a run's per-second timeline (from the summary document).
+
+Every chart is titled with what was run (models, transport, offered rate), marks and names the
+phases of a scenario, and says so in words when there is nothing to draw (an errors chart of a
+run without errors), rather than drawing an empty axis.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +15,60 @@ import matplotlib
 # Agg: files only, no display; must be chosen before pyplot is imported.
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+
+def run_caption(summary: dict[str, Any]) -> str:
+    """``sensor_mlp over mqtt5, 100 req/s offered`` (what of it the summary knows)."""
+    run = summary.get("run") or {}
+    parts = []
+    if run.get("models"):
+        parts.append(", ".join(run["models"]))
+    if run.get("transport"):
+        parts.append(f"over {run['transport']}")
+    caption = " ".join(parts)
+    rate = f"{summary['offered_rps']:g} req/s offered"
+    return f"{caption}, {rate}" if caption else rate
+
+
+def phase_label(phase: dict[str, Any]) -> str:
+    process = phase.get("process")
+    if process is None or process == "trace":
+        return str(phase["name"])
+    return f"{phase['name']}: {process} {phase.get('mean_rate', 0):g}/s"
 
 
 def _phase_marks(ax: Any, summary: dict[str, Any]) -> None:
-    for phase in summary["phases"][1:]:
-        ax.axvline(phase["start_s"], color="grey", linestyle=":", linewidth=1)
+    """A dotted line at each phase's start, labelled with the phase (several phases only)."""
+    phases = summary["phases"]
+    if len(phases) < 2:
+        return
+    for phase in phases:
+        if phase["start_s"] > 0:
+            ax.axvline(phase["start_s"], color="grey", linestyle=":", linewidth=1)
+        ax.text(
+            phase["start_s"],
+            0.99,
+            " " + phase_label(phase),
+            transform=ax.get_xaxis_transform(),  # x in data, y in axes units: the top edge
+            fontsize=8,
+            color="dimgrey",
+            va="top",
+            ha="left",
+        )
 
 
-def plot_latency(summary: dict[str, Any], path: Path) -> None:
+def _finish(fig: Figure, ax: Any, summary: dict[str, Any], what: str, xlabel: str) -> Figure:
+    _phase_marks(ax, summary)
+    ax.set(xlabel=xlabel, title=f"{what}\n{run_caption(summary)}")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="lower right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def latency_figure(summary: dict[str, Any]) -> Figure:
     rows = summary["timeline"]
     t = [r["t"] for r in rows]
     fig, ax = plt.subplots(figsize=(9, 4))
@@ -26,38 +77,42 @@ def plot_latency(summary: dict[str, Any], path: Path) -> None:
         ax.plot(t, values, marker=".", label=label)
     if summary["slo"] is not None:
         ax.axhline(summary["slo"]["slo_ms"], color="red", linestyle="--", label="SLO")
-    _phase_marks(ax, summary)
-    ax.set(
-        xlabel="time since start (s), by send time",
-        ylabel="latency (ms)",
-        title="Latency at the device (successful replies)",
+    ax.set_ylabel("latency (ms)")
+    return _finish(
+        fig,
+        ax,
+        summary,
+        "Latency at the device (successful replies)",
+        "time since start (s), by send time",
     )
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
-def plot_rate(summary: dict[str, Any], path: Path) -> None:
+def rate_figure(summary: dict[str, Any]) -> Figure:
     rows = summary["timeline"]
-    t = [r["t"] for r in rows]
+    # Each bin drawn over its own span: the last one (which runs on to the last reply) ends
+    # where the run ends instead of stopping at its start.
+    edges = [r["t"] for r in rows] + [
+        rows[-1]["t"] + rows[-1].get("span_s", summary["timeline_bin_s"])
+    ]
     fig, ax = plt.subplots(figsize=(9, 4))
-    ax.step(t, [r["offered_rps"] for r in rows], where="post", label="offered")
-    ax.step(t, [r["achieved_rps"] for r in rows], where="post", label="achieved (200 replies)")
-    _phase_marks(ax, summary)
-    ax.set(xlabel="time since start (s)", ylabel="requests/s", title="Offered vs achieved rate")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    # Offered wide and pale underneath: where the server keeps up, both lines stay visible.
+    series: tuple[tuple[str, str, dict[str, Any]], ...] = (
+        ("offered_rps", "offered", {"linewidth": 4, "alpha": 0.4}),
+        ("achieved_rps", "achieved (200 replies)", {"linewidth": 1.5}),
+    )
+    for key, label, style in series:
+        values = [r[key] for r in rows]
+        ax.step(edges, [*values, values[-1]], where="post", label=label, **style)
+    ax.set_ylabel("requests/s")
+    ax.set_ylim(bottom=0)
+    return _finish(fig, ax, summary, "Offered vs achieved rate", "time since start (s)")
 
 
-def plot_errors(summary: dict[str, Any], path: Path) -> None:
+def errors_figure(summary: dict[str, Any]) -> Figure:
     rows = summary["timeline"]
     t = [r["t"] for r in rows]
     kinds = sorted({k for r in rows for k in r["errors"]})
+    lost = [r["lost"] for r in rows]
     width = 0.9 * summary["timeline_bin_s"]
     fig, ax = plt.subplots(figsize=(9, 4))
     bottom = [0] * len(rows)
@@ -65,26 +120,38 @@ def plot_errors(summary: dict[str, Any], path: Path) -> None:
         counts = [r["errors"].get(kind, 0) for r in rows]
         ax.bar(t, counts, width=width, align="edge", bottom=bottom, label=kind)
         bottom = [b + c for b, c in zip(bottom, counts, strict=True)]
-    lost = [r["lost"] for r in rows]
-    ax.bar(
-        t, lost, width=width, align="edge", bottom=bottom, label="lost (no reply)", color="black"
-    )
-    _phase_marks(ax, summary)
-    ax.set(
-        xlabel="time since start (s)",
-        ylabel=f"requests per {summary['timeline_bin_s']:g} s",
-        title="Errors by kind and lost requests",
-    )
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    if any(lost):
+        ax.bar(
+            t,
+            lost,
+            width=width,
+            align="edge",
+            bottom=bottom,
+            label="lost (no reply)",
+            color="black",
+        )
+    if not kinds and not any(lost):
+        ax.text(
+            0.5,
+            0.5,
+            "no errors, no lost requests",
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            fontsize=14,
+        )
+        ax.set_ylim(0, 1)
+        ax.set_yticks([])
+        ax.set_xlim(0, rows[-1]["t"] + rows[-1].get("span_s", summary["timeline_bin_s"]))
+    ax.set_ylabel(f"requests per {summary['timeline_bin_s']:g} s")
+    return _finish(fig, ax, summary, "Errors by kind and lost requests", "time since start (s)")
 
 
 def write_plots(summary: dict[str, Any], out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / "latency.png", out_dir / "rate.png", out_dir / "errors.png"]
-    for plot, path in zip((plot_latency, plot_rate, plot_errors), paths, strict=True):
-        plot(summary, path)
+    for draw, path in zip((latency_figure, rate_figure, errors_figure), paths, strict=True):
+        fig = draw(summary)
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
     return paths

@@ -344,6 +344,16 @@ async def run_plan(
     return time.perf_counter() - origin
 
 
+def _source(options: SimOptions) -> dict[str, str | None]:
+    """``source``: arrival (command-line process), scenario or trace; ``source_file``."""
+    if options.trace is not None:
+        return {"source": "trace", "source_file": str(options.trace)}
+    assert options.scenario is not None
+    if options.scenario.source in ("arrival", "scenario"):
+        return {"source": options.scenario.source, "source_file": None}
+    return {"source": "scenario", "source_file": options.scenario.source}
+
+
 def request_index(request_tag: str, rid: str | None) -> int | None:
     """The plan index in a request id ``<tag>-<i>`` of this run, else None."""
     if rid is None or not rid.startswith(request_tag + "-"):
@@ -394,7 +404,7 @@ async def simulate(options: SimOptions, progress: TextIO | None = sys.stderr) ->
         "models": list(plan.models),
         "seed": options.seed,
         "timeout_s": options.timeout_s,
-        "source": str(options.trace) if options.trace else "scenario",
+        **_source(options),
         "speed": options.speed if options.trace else None,
     }
     return RunResult(plan, ledger, elapsed, run_info)

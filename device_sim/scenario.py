@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,8 @@ class Schedule:
 @dataclass(frozen=True, slots=True)
 class Scenario:
     phases: tuple[Phase, ...]
+    source: str = field(default="scenario", compare=False)
+    """Where the load came from: ``arrival`` (command-line options) or the scenario file."""
 
     @property
     def duration_s(self) -> float:
@@ -69,7 +71,7 @@ class Scenario:
 
 
 def single_phase(process: ArrivalProcess, duration_s: float, name: str = "main") -> Scenario:
-    return Scenario((Phase(name, _duration(duration_s, name), process),))
+    return Scenario((Phase(name, _duration(duration_s, name), process),), source="arrival")
 
 
 def _duration(value: Any, where: str) -> float:
@@ -127,6 +129,6 @@ def load_scenario(path: Path) -> Scenario:
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ValueError(f"{path}: {exc}") from None
     try:
-        return parse_scenario(doc)
+        return replace(parse_scenario(doc), source=str(path))
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None

@@ -106,13 +106,14 @@ def timeline_bin_s(plan: Plan, ledger: Ledger) -> float:
 
 
 def timeline(plan: Plan, ledger: Ledger, bin_s: float) -> list[dict[str, Any]]:
-    """Figures per bin of ``bin_s`` seconds (rates per second): offered by planned time,
-    achieved and errors by reply time, latency and losses by send time."""
-    ends = [plan.duration_s]
+    """Figures per bin of ``bin_s`` seconds over the offered window (rates per second):
+    offered by planned time, achieved and errors by reply time, latency and losses by send
+    time. The last bin runs on to the last reply, so replies to the last requests are counted
+    where they belong instead of in an almost empty extra bin (a false drop to 0); each row's
+    ``span_s`` is its length, and its rates are per second of it."""
+    n_bins = max(1, math.ceil(plan.duration_s / bin_s - 1e-9))
     finite_done = ledger.done_at[np.isfinite(ledger.done_at)]
-    if finite_done.size:
-        ends.append(float(finite_done.max()))
-    n_bins = max(1, math.ceil(max(ends) / bin_s - 1e-9))
+    end = max(plan.duration_s, float(finite_done.max()) if finite_done.size else 0.0)
 
     def bins(t: np.ndarray) -> np.ndarray:
         # + 1e-9: a constant process puts arrivals exactly on bin edges (0.3 / 0.1 < 3.0).
@@ -131,6 +132,9 @@ def timeline(plan: Plan, ledger: Ledger, bin_s: float) -> list[dict[str, Any]]:
 
     rows = []
     for b in range(n_bins):
+        start = b * bin_s
+        span = bin_s if b < n_bins - 1 else end - start
+        offered_span = min(start + bin_s, plan.duration_s) - start  # the bin within the window
         in_bin = ok & (sent_bins == b) & sent
         figures = latency_figures(latency[in_bin])
         errors = {
@@ -141,14 +145,15 @@ def timeline(plan: Plan, ledger: Ledger, bin_s: float) -> list[dict[str, Any]]:
         }
         rows.append(
             {
-                "t": round(b * bin_s, 6),
+                "t": round(start, 6),
+                "span_s": round(span, 6),
                 "offered": int(offered[b]),
                 "sent": int(sent_count[b]),
                 "ok": int(achieved[b]),
                 "lost": int(lost[b]),
                 "errors": errors,
-                "offered_rps": float(offered[b] / bin_s),
-                "achieved_rps": float(achieved[b] / bin_s),
+                "offered_rps": float(offered[b] / offered_span) if offered_span > 0 else 0.0,
+                "achieved_rps": float(achieved[b] / span) if span > 0 else 0.0,
                 "p50_ms": figures["p50"] if figures else None,
                 "p95_ms": figures["p95"] if figures else None,
                 "p99_ms": figures["p99"] if figures else None,
@@ -189,6 +194,9 @@ def summarize(
     summary["phases"] = [
         {
             "name": p.name,
+            "process": p.process,
+            "parameters": p.parameters,
+            "mean_rate": p.mean_rate,
             **window_figures(
                 ledger,
                 plan.phase == i,
