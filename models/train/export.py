@@ -11,6 +11,8 @@ after training with the same quantizer and layout (round to nearest, nothing ret
 
 from __future__ import annotations
 
+import json
+import tomllib
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from models.checkpoint import Checkpoint, Tensor, save_checkpoint
+from models.repository import CONFIG_FILE, ModelConfig
 from models.zoo import ModelSpec, Params, Weights
 from models.zoo_checkpoint import (
     bias_name,
@@ -74,22 +77,19 @@ def export_serving_folder(
     """Write a ready-to-serve model version: ``version_dir/model.safetensors`` and the
     ``config.toml`` (``format = "checkpoint"``) that makes ``iotgw serve --model-repo <repo>``
     serve it. ``version_dir`` is ``<repo>/<model>/<version>``; returns the config's path."""
-    from models.demo import config_toml
-    from models.repository import CONFIG_FILE, ModelConfig
-
     check_version_dir(version_dir)
-    config = ModelConfig.model_validate(
-        {
-            "runtime": runtime,
-            "path": "model.safetensors",
-            "format": "checkpoint",
-            "description": "digits CNN trained by iotgw train (input image [N, 8, 8, 1] in [0, 1])",
-        }
+    # The keys that matter, and no more: every other setting keeps its documented default.
+    text = (
+        f"runtime = {json.dumps(runtime)}\n"
+        'path = "model.safetensors"\n'
+        'format = "checkpoint"\n'
+        'description = "digits CNN trained by iotgw train (input image [N, 8, 8, 1] in [0, 1])"\n'
     )
+    config = ModelConfig.model_validate(tomllib.loads(text))  # what the gateway will read
     export_checkpoint(trainer, version_dir / config.path, softmax=softmax)
     # Written last: the gateway takes a version folder with a config.toml as complete.
     target = version_dir / CONFIG_FILE
-    target.write_text(config_toml(config), encoding="utf-8")
+    target.write_text(text, encoding="utf-8")
     return target
 
 
