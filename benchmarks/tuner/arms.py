@@ -133,7 +133,16 @@ def _switch(
 ) -> None:
     for at_s, knobs in switches:
         time.sleep(max(0.0, origin + at_s - time.monotonic()))
-        set_knobs(base, model, knobs)
+        for attempt in range(20):
+            # Under overload the gateway may refuse a new connection (503, its connection cap):
+            # the switch is retried, as an operator would.
+            try:
+                set_knobs(base, model, knobs)
+                break
+            except RuntimeError:
+                if attempt == 19:
+                    raise
+                time.sleep(0.25)
 
 
 def wait_for_agent_start(base: str, model: str, expected: dict[str, Any], timeout_s: float) -> None:
