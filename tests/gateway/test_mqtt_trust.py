@@ -26,7 +26,7 @@ from paho.mqtt.properties import Properties
 from pydantic import ValidationError
 
 from gateway.main import Gateway
-from gateway.mqtt import MqttAdapter, _Route
+from gateway.mqtt.adapter import MqttAdapter, _Route
 from gateway.mqtt_trust import DeviceTrust, ReplyNamespace
 from gateway.settings import GatewaySettings, MqttSettings
 from tests.brokers import Broker, mosquitto

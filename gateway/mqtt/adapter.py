@@ -1,0 +1,476 @@
+"""The MQTT adapter's request flow: requests from ``<prefix>/infer/<model>/req/<device>``,
+replies on the MQTT 5 Response Topic (Correlation Data echoed) or on
+``<prefix>/infer/<model>/res/<device>``. The wire contract is docs/mqtt.md.
+
+Delivery: QoS 1 with manual acknowledgement, so a request is acknowledged only after the broker
+acknowledged its reply. The broker therefore sends at most Receive Maximum unacknowledged
+requests at once (our in-flight bound), and redelivers what was not answered when the gateway
+reconnects to its persistent session (``session``). Each request taken is one ``_Delivery``
+that ends exactly once (``_end``). Per message: routed in paho's receive callback (through
+``paho_seam``), then one task decodes it at the shared edge, awaits its inference and hands the
+reply to paho; the request is acknowledged from that reply's PUBACK.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Any, cast
+
+import aiomqtt
+import paho.mqtt.client as paho
+from paho.mqtt.properties import Properties
+
+from gateway.codecs import oip
+from gateway.edge import Edge, Phase, error_document
+from gateway.errors import BadRequest, GatewayError, Overloaded, PayloadTooLarge, Undeliverable
+from gateway.mqtt.paho_seam import Message, install_fast_path
+from gateway.mqtt.seen import MAX_REPLY_ATTEMPTS, SeenRequests
+from gateway.mqtt.session import BrokerAddress, BrokerSession
+from gateway.mqtt.wire import reply_properties, with_status
+from gateway.mqtt_trust import DeviceTrust, ReplyNamespace
+from gateway.service import InferenceService
+from gateway.settings import MqttSettings
+from gateway.types import InferenceRequest
+
+log = logging.getLogger("gateway.mqtt")
+
+TRANSPORT = "mqtt"
+_ROUTE_CACHE_ENTRIES = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class _Route:
+    """Where a request came from and where its reply goes.
+
+    ``refusal`` is set when the request may not be served as sent (a Response Topic outside the
+    device's reply namespace, a publisher identity that does not match the topic's device,
+    gateway/mqtt_trust.py); ``reply_topic`` is then the device's own default reply topic. The
+    request path calls ``raise_if_refused`` before decoding, so the refusal is answered like any
+    other ``GatewayError`` (a 403 error reply on ``reply_topic``) and acknowledged."""
+
+    model: str
+    device: str
+    reply_topic: str
+    correlation: bytes | None
+    v5: bool
+    refusal: GatewayError | None = None
+
+    def raise_if_refused(self) -> None:
+        if self.refusal is not None:
+            raise self.refusal
+
+
+@dataclass(slots=True)
+class _Delivery:
+    """One request taken from the broker, from receipt until it ends: what its reply and its
+    acknowledgement need (``mid``/``qos`` of the request, where the reply goes, the key under
+    which it counts as seen for duplicate detection)."""
+
+    connection: _Connection
+    mid: int
+    qos: int
+    route: _Route
+    key: tuple[str, bytes] | None = None
+    ended: bool = False
+
+
+@dataclass(slots=True)
+class _Connection:
+    """One broker connection's data path: the paho client under aiomqtt and the requests
+    answered on it whose reply the broker has not acknowledged yet (by the reply's packet id)."""
+
+    client: paho.Client
+    awaiting_puback: dict[int, _Delivery] = field(default_factory=dict)
+    alive: bool = True
+
+
+class MqttAdapter:
+    """Owns one broker connection (re-established with backoff) and the request handlers."""
+
+    def __init__(
+        self,
+        *,
+        service: InferenceService,
+        settings: MqttSettings,
+        address: BrokerAddress,
+        protocol: str,
+        edge: Edge,
+    ) -> None:
+        self._service = service
+        self._edge = edge.for_transport(TRANSPORT)
+        self._settings = settings
+        self._address = address
+        self._v5 = protocol == "5"
+        self._prefix = settings.topic_prefix.rstrip("/")
+        self._head = f"{self._prefix}/infer/"
+        self._limit = settings.receive_maximum
+        self._reply_qos = settings.qos
+        # Requests taken and not finished (inference running, or reply not yet acknowledged);
+        # beyond Receive Maximum, arrivals wait in the backlog (a broker that does not enforce
+        # the limit, or QoS 0) unacknowledged.
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._backlog: deque[tuple[_Connection, Message]] = deque()
+        self._backlog_limit = settings.max_backlog
+        self._resume_scheduled = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._routes: dict[str, tuple[str, str] | None] = {}
+        self._trust = DeviceTrust(
+            namespace=ReplyNamespace(settings.response_topic_pattern, self._prefix),
+            identity=settings.device_identity,
+            identity_property=settings.identity_property,
+        )
+        # (device, reply topic + correlation or id) -> monotonic time first seen: redeliveries
+        # are answered once.
+        self._seen = SeenRequests(settings.dedupe_window_s)
+        self._connection: _Connection | None = None
+        self._stopping = asyncio.Event()
+        self._session = BrokerSession(
+            settings=settings,
+            address=address,
+            v5=self._v5,
+            request_filter=self.request_filter,
+            handler=self,
+            on_reconnect=service.metrics.mqtt_reconnects.inc,
+        )
+        service.metrics.watch_mqtt(
+            f"{address.host}:{address.port}",
+            connected=self.connected.is_set,
+            in_flight=lambda: self._in_flight,
+            backlog=lambda: len(self._backlog),
+        )
+
+    @property
+    def in_flight(self) -> int:
+        """Requests taken from the broker and not yet ended (answered and acknowledged, or
+        released for redelivery)."""
+        return self._in_flight
+
+    @property
+    def request_filter(self) -> str:
+        return f"{self._prefix}/infer/+/req/+"
+
+    @property
+    def connected(self) -> asyncio.Event:
+        """Set while connected and subscribed (readiness asks it)."""
+        return self._session.connected
+
+    @property
+    def subscribed_topic(self) -> str | None:
+        return self._session.subscribed_topic
+
+    async def run(self) -> None:
+        """Serve until ``shutdown``: the session connects, reconnects and calls back."""
+        await self._session.run(self._stopping)
+
+    # -- the session's callbacks (SessionHandler) ------------------------------------------
+
+    def attach(self, client: aiomqtt.Client) -> None:
+        inner = install_fast_path(
+            client,
+            v5=self._v5,
+            on_message=self._on_message,
+            on_reply_acked=self._reply_acked,
+            loop=asyncio.get_running_loop(),
+        )
+        self._connection = _Connection(inner)
+
+    async def drain(self) -> None:
+        self._backlog.clear()  # not acknowledged: the next session gets them
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), self._settings.drain_timeout_s)
+
+    async def detach(self) -> None:
+        """Forget the requests of a connection that is gone: the broker redelivers those not
+        acknowledged, and each must then be answered again rather than taken as a duplicate.
+        The inferences still running finish first, so that none of them can race its own
+        redelivery on the next connection."""
+        connection, self._connection = self._connection, None
+        if connection is None:
+            return
+        connection.alive = False
+        self._backlog.clear()
+        for delivery in list(connection.awaiting_puback.values()):
+            self._seen.reply_lost(delivery.key)
+            self._end(delivery, acknowledge=False)
+        connection.awaiting_puback.clear()
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=self._settings.drain_timeout_s)
+
+    async def shutdown(self) -> None:
+        """Stop taking requests, answer those taken, disconnect."""
+        self._stopping.set()
+
+    # -- paho callbacks (event loop thread, through the seam) ------------------------------
+
+    def _on_message(self, _client: paho.Client, _userdata: object, message: Message) -> None:
+        connection = self._connection
+        if connection is None or not connection.alive or self._stopping.is_set():
+            return  # not acknowledged: the broker redelivers it to the next session
+        if self._in_flight >= self._limit:
+            if len(self._backlog) < self._backlog_limit:
+                self._backlog.append((connection, message))
+            else:
+                self._refuse_overflow(connection, message)
+            return
+        self._take(connection, message)
+
+    def _reply_acked(self, mid: int) -> bool:
+        connection = self._connection
+        delivery = connection.awaiting_puback.pop(mid, None) if connection is not None else None
+        if delivery is None:
+            return False
+        self._end(delivery, acknowledge=True)
+        return True
+
+    # -- one request -----------------------------------------------------------------------
+
+    def _take(self, connection: _Connection, message: Message) -> None:
+        """Take a request from the broker: from here on it ends exactly once (``_end``):
+        answered (with its inference or an error) and acknowledged, or, when its connection is
+        gone, left unacknowledged for the broker to redeliver. One task per request does the
+        rest, so a slow decode or inference never holds up the receive callback."""
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            route = self._route(message)
+        except Exception as exc:  # a topic or property nobody can answer to
+            log.debug("MQTT: request on %r cannot be routed: %s", message.topic, exc)
+            route = None
+        if route is None:  # not a request topic of ours: nothing to answer, only acknowledge
+            self._acknowledge(connection, message.mid, message.qos)
+            self._finish()
+            return
+        delivery = _Delivery(connection, message.mid, message.qos, route)
+        task = asyncio.get_running_loop().create_task(self._serve(delivery, message))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _refuse_overflow(self, connection: _Connection, message: Message) -> None:
+        """Beyond the in-flight limit and a full backlog (a broker that does not enforce
+        Receive Maximum, e.g. MQTT 3.1.1): answered at once with a retryable error, never
+        dropped in silence and never buffered without bound."""
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            route = self._route(message)
+        except Exception:
+            route = None
+        if route is None:
+            self._acknowledge(connection, message.mid, message.qos)
+            self._finish()
+            return
+        delivery = _Delivery(connection, message.mid, message.qos, route)
+        busy = Overloaded(
+            f"the gateway has {self._in_flight - 1} MQTT requests in flight and "
+            f"{len(self._backlog)} waiting; retry later",
+            retry_after=1.0,
+        )
+        self._reply_error(delivery, busy, None)
+
+    async def _serve(self, delivery: _Delivery, message: Message) -> None:
+        route = delivery.route
+        try:
+            phase: Phase = "decode"
+            try:
+                request, fmt = await self._decode(message, route)
+                delivery.key = self._dedupe_key(route, request.id)
+                if self._seen.is_duplicate(delivery.key):
+                    log.debug("MQTT: duplicate of %s from %s ignored", request.id, route.device)
+                    delivery.key = None  # the first delivery's key: not ours to forget
+                    self._service.metrics.mqtt_duplicates.inc()
+                    self._end(delivery, acknowledge=True)  # answered by the first delivery
+                    return
+                if self._reply_lost_too_often(delivery):
+                    return
+                phase = "infer"
+                response = await self._service.infer(request, transport=TRANSPORT)
+                reply, json_len = oip.encode_response(response, fmt)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # RecursionError and MemoryError included
+                err = self._edge.reject(exc, phase=phase, model=route.model)
+                self._reply_error(delivery, err, None)
+                return
+            if json_len is None:
+                self._reply(delivery, with_status(reply), False, 200)
+            else:
+                self._reply(delivery, oip.frame(reply, json_len), True, 200)
+        except BaseException:
+            # Cancelled (shutdown, connection lost) or a failure while replying: unanswered, so
+            # the broker's redelivery must be answered rather than taken for a duplicate.
+            self._end(delivery, acknowledge=False)
+            raise
+
+    async def _decode(
+        self, message: Message, route: _Route
+    ) -> tuple[InferenceRequest, oip.OutputFormat]:
+        route.raise_if_refused()  # answered as 403 on the device's own reply topic
+        payload = message.payload
+        limit = self._settings.max_payload_bytes
+        if len(payload) > limit:
+            raise PayloadTooLarge(f"payload of {len(payload)} bytes exceeds the limit of {limit}")
+        body, header_length = oip.unframe(bytes(payload))  # paho hands over bytes: no copy
+        request, fmt = await self._edge.decode_oip(
+            body, model=route.model, version=None, header_length=header_length
+        )
+        if route.correlation is None and request.id is None:
+            raise BadRequest(
+                "a request without Correlation Data (e.g. MQTT 3.1.1) needs an 'id' to "
+                "correlate the reply"
+            )
+        if request.timeout_s is None:
+            expiry = _property(message, "MessageExpiryInterval")
+            if expiry:
+                request.timeout_s = float(expiry)
+        # A binary request gets binary outputs unless it chose otherwise.
+        if header_length is not None and not fmt.binary and request.outputs is None:
+            fmt = oip.OutputFormat(binary_all=True)
+        return request, fmt
+
+    def _reply_error(self, delivery: _Delivery, err: GatewayError, request_id: str | None) -> None:
+        doc = error_document(err, request_id)
+        self._reply(delivery, json.dumps(doc).encode(), False, err.status)
+
+    def _reply(self, delivery: _Delivery, body: bytes, binary: bool, status: int) -> None:
+        """Hand the reply to paho; the request is acknowledged once the broker has the reply
+        (its PUBACK at QoS 1; at QoS 0 the request's PUBACK follows the reply on the wire)."""
+        connection, route = delivery.connection, delivery.route
+        if not connection.alive:
+            self._end(delivery, acknowledge=False)
+            return
+        properties = reply_properties(binary, status, route.correlation) if route.v5 else None
+        try:
+            info = connection.client.publish(
+                route.reply_topic,
+                body,
+                qos=self._reply_qos,
+                properties=cast(Properties | None, properties),
+            )
+        except ValueError as exc:  # e.g. a Response Topic with wildcards: never answerable
+            log.warning("MQTT: reply to %s cannot be published: %s", route.device, exc)
+            self._end(delivery, acknowledge=True)
+            return
+        if info.rc != paho.MQTT_ERR_SUCCESS:
+            log.warning(
+                "MQTT: reply to %s not published (%s); the broker will redeliver",
+                route.device,
+                paho.error_string(info.rc),
+            )
+            self._end(delivery, acknowledge=False)
+            return
+        if self._reply_qos == 0:
+            self._end(delivery, acknowledge=True)
+        else:
+            connection.awaiting_puback[info.mid] = delivery
+
+    def _end(self, delivery: _Delivery, *, acknowledge: bool) -> None:
+        """The one way a request ends: acknowledged (answered), or not (the broker redelivers
+        it, and then it must be answered again, not taken for a duplicate). Idempotent, so
+        no path can free its in-flight slot twice."""
+        if delivery.ended:
+            return
+        delivery.ended = True
+        if acknowledge:
+            self._acknowledge(delivery.connection, delivery.mid, delivery.qos)
+        else:
+            self._seen.forget(delivery.key)
+        self._finish()
+
+    def _acknowledge(self, connection: _Connection, mid: int, qos: int) -> None:
+        if qos > 0 and connection.alive:
+            connection.client.ack(mid, qos)
+
+    def _finish(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self._idle.set()
+        if self._backlog and not self._resume_scheduled:
+            self._resume_scheduled = True
+            asyncio.get_running_loop().call_soon(self._resume)
+
+    def _resume(self) -> None:
+        self._resume_scheduled = False
+        while self._backlog and self._in_flight < self._limit:
+            connection, message = self._backlog.popleft()
+            if connection.alive and not self._stopping.is_set():
+                self._take(connection, message)
+
+    def _reply_lost_too_often(self, delivery: _Delivery) -> bool:
+        """Answer a request whose replies kept taking the connection down with an error on the
+        device's own reply topic (always publishable), once; True when it did."""
+        route = delivery.route
+        if not self._seen.give_up_on_reply(delivery.key):
+            return False
+        log.warning(
+            "MQTT: the reply to a request from %s was lost with the connection %d times; "
+            "answering on its default reply topic instead",
+            route.device,
+            MAX_REPLY_ATTEMPTS,
+        )
+        delivery.route = replace(
+            route, reply_topic=f"{self._prefix}/infer/{route.model}/res/{route.device}"
+        )
+        err = Undeliverable(
+            f"the reply to this request was refused by the broker {MAX_REPLY_ATTEMPTS} times "
+            f"(the connection dropped each time); check its Response Topic and size"
+        )
+        self._reply_error(delivery, self._edge.reject(err, phase="infer"), None)
+        return True
+
+    def _route(self, message: Message) -> _Route | None:
+        topic: str = message.topic
+        if topic in self._routes:
+            parsed = self._routes[topic]
+        else:
+            parsed = self._parse_topic(topic)
+            if len(self._routes) >= _ROUTE_CACHE_ENTRIES:
+                self._routes.clear()  # devices come and go: keep the cache bounded
+            self._routes[topic] = parsed
+        if parsed is None:
+            return None
+        model, device = parsed
+        props = message.properties
+        response_topic = getattr(props, "ResponseTopic", None) if props is not None else None
+        correlation = getattr(props, "CorrelationData", None) if props is not None else None
+        user_properties = getattr(props, "UserProperty", None) if props is not None else None
+        refusal = self._trust.refusal(model, device, response_topic, user_properties)
+        default = f"{self._prefix}/infer/{model}/res/{device}"
+        reply = default if refusal is not None or not response_topic else response_topic
+        return _Route(model, device, reply, correlation, self._v5, refusal)
+
+    def _parse_topic(self, topic: str) -> tuple[str, str] | None:
+        if not topic.startswith(self._head):
+            return None
+        parts = topic[len(self._head) :].split("/")
+        if len(parts) != 3 or parts[1] != "req" or not parts[0] or not parts[2]:
+            return None
+        if any("+" in p or "#" in p for p in parts):
+            return None  # not a topic name (a broker never delivers one): no device to answer
+        return parts[0], parts[2]
+
+    @staticmethod
+    def _dedupe_key(route: _Route, request_id: str | None) -> tuple[str, bytes] | None:
+        """(device, kind + reply topic + correlation or id): a device's ids are its own, so
+        another device reusing them (on its own topic, or on this one without an ACL that
+        stops it) is a different request unless it also names this device's reply topic. The
+        reply topic is length-prefixed (MQTT caps it at 65535 bytes) so no two keys collide."""
+        if route.correlation is not None:
+            kind, value = b"c", route.correlation
+        elif request_id is not None:
+            kind, value = b"i", request_id.encode()
+        else:
+            return None
+        topic = route.reply_topic.encode()
+        return route.device, kind + len(topic).to_bytes(2, "big") + topic + value
+
+
+def _property(message: Message, name: str) -> Any:
+    props = message.properties
+    return getattr(props, name, None) if props is not None else None
