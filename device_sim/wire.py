@@ -40,20 +40,29 @@ class RequestBody(Protocol):
 class OipBody:
     """An inference request with everything but its ``id`` serialized."""
 
-    header_rest: bytes  # the JSON header without "id", without its opening brace
+    header_rest: bytes  # the JSON header without "id" and "parameters", without its "{"
     tensors: bytes  # binary section; empty for JSON framing
     binary: bool
+    parameters: bytes = b""  # the request's parameters, serialized without their braces
 
     @property
     def content_type(self) -> str:
         return BINARY_CONTENT_TYPE if self.binary else JSON_CONTENT_TYPE
 
-    def header(self, request_id: str) -> bytes:
+    def header(self, request_id: str, deadline_unix_ms: int | None = None) -> bytes:
+        """The JSON header; ``deadline_unix_ms`` adds the request's absolute deadline (the
+        gateway then also counts the time the request waited in the broker)."""
         sep = b"" if self.header_rest == b"}" else b","
-        return b'{"id":' + json.dumps(request_id).encode() + sep + self.header_rest
+        head = b'{"id":' + json.dumps(request_id).encode()
+        params = self.parameters
+        if deadline_unix_ms is not None:
+            params += (b"," if params else b"") + b'"deadline_unix_ms":%d' % deadline_unix_ms
+        if params:
+            head += b',"parameters":{' + params + b"}"
+        return head + sep + self.header_rest
 
-    def mqtt(self, request_id: str) -> bytes:
-        header = self.header(request_id)
+    def mqtt(self, request_id: str, deadline_unix_ms: int | None = None) -> bytes:
+        header = self.header(request_id, deadline_unix_ms)
         if not self.binary:
             return header
         return BINARY_MAGIC + _LEN.pack(len(header)) + header + self.tensors
@@ -81,6 +90,10 @@ class RawBody:
 
 def _header_rest(header: dict[str, Any]) -> bytes:
     return json.dumps(header, separators=(",", ":")).encode()[1:]
+
+
+def _parameters(params: dict[str, Any]) -> bytes:
+    return json.dumps(params, separators=(",", ":")).encode()[1:-1]
 
 
 def _tensor_bytes(arr: np.ndarray) -> bytes:
@@ -124,9 +137,7 @@ def encode_request(
         params["timeout"] = timeout_us
     if binary:
         params["binary_data_output"] = True
-    if params:
-        header["parameters"] = params
-    return OipBody(_header_rest(header), b"".join(chunks), binary)
+    return OipBody(_header_rest(header), b"".join(chunks), binary, _parameters(params))
 
 
 def split_binary(payload: bytes) -> tuple[bytes, bytes] | None:
@@ -152,7 +163,12 @@ def body_from_payload(payload: bytes) -> RequestBody:
     if not isinstance(header, dict):
         return RawBody(payload, BINARY_CONTENT_TYPE if binary else JSON_CONTENT_TYPE)
     header.pop("id", None)
-    return OipBody(_header_rest(header), tensors, binary)
+    params = header.pop("parameters", None)
+    if params is not None and not isinstance(params, dict):
+        return RawBody(payload, BINARY_CONTENT_TYPE if binary else JSON_CONTENT_TYPE)
+    params = dict(params or {})
+    params.pop("deadline_unix_ms", None)  # a recorded absolute deadline has long passed
+    return OipBody(_header_rest(header), tensors, binary, _parameters(params))
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,7 +59,7 @@ def run(plan: Plan, *, quick: bool, soak_run: bool, out_dir: Path | None) -> Pat
         slo_ms = read_config(repo / MODEL / "1" / "config.toml").slo_ms
         body = request_body(np.random.default_rng(0))
         with ClientProcesses(DEVICE_PROCESSES, run_devices, name="chaos-devices") as clients:
-            load = Load(clients, plan, body)
+            load = Load(clients, plan, body, slo_s=slo_ms / 1000.0)
             for scenario in (gateway_kills, broker_restart, replicas):
                 cases.append(_announce(scenario(load, repo, folder)))
             for embedded in (False, True):

@@ -49,6 +49,7 @@ class DeviceJob:
     start_at: float  # time.monotonic() at which the load starts (the same for every process)
     rate: float = 0.0  # open loop: requests per second from this process (over its devices)
     in_flight: int = 0  # closed loop (rate 0): requests outstanding per device
+    slo_s: float = 0.1  # the request's deadline, sent as deadline_unix_ms
 
 
 @dataclass(slots=True)
@@ -140,8 +141,12 @@ class Device:
         ledger.replied_at.append(math.nan)
         ledger.status.append(0)
         ledger.sent_at.append(time.monotonic())
+        # The model's SLO as an absolute deadline: the gateway then refuses (503 deadline) a
+        # request that already waited it out in the broker's queue instead of answering late.
+        deadline = round((time.time() + self.job.slo_s) * 1000)
+        payload = self.job.body.mqtt(rid, deadline)
         # Disconnected, paho keeps the message in its store and sends it after reconnecting.
-        self.client.publish(self._topic, self.job.body.mqtt(rid), qos=1, properties=props)
+        self.client.publish(self._topic, payload, qos=1, properties=props)
 
     def _on_message(self, _c: paho.Client, _u: object, message: paho.MQTTMessage) -> None:
         now = time.monotonic()

@@ -53,7 +53,8 @@ class Case:
 
 
 def request_body(rng: np.random.Generator) -> OipBody:
-    """One binary-framed 1x32 FP32 ``sensor_mlp`` request; its deadline is the model's SLO."""
+    """One binary-framed 1x32 FP32 ``sensor_mlp`` request; each device stamps the model's SLO
+    on it as an absolute deadline (``deadline_unix_ms``) when it publishes."""
     features = rng.standard_normal((1, 32)).astype(np.float32)
     return encode_request({"features": features}, binary=True)
 
@@ -61,10 +62,13 @@ def request_body(rng: np.random.Generator) -> OipBody:
 class Load:
     """Device processes (spawned once, reused by every case) and the way a case drives them."""
 
-    def __init__(self, clients: ClientProcesses, plan: Plan, body: OipBody) -> None:
+    def __init__(
+        self, clients: ClientProcesses, plan: Plan, body: OipBody, *, slo_s: float
+    ) -> None:
         self.clients = clients
         self.plan = plan
         self.body = body
+        self.slo_s = slo_s
         self._names = iter(range(1 << 30))
 
     def jobs(
@@ -92,6 +96,7 @@ class Load:
                 start_at=start_at,
                 rate=rate / n,
                 in_flight=in_flight,
+                slo_s=self.slo_s,
             )
             for p in range(n)
         ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,7 @@ import numpy as np
 
 from gateway.codecs.datatypes import dtype_label, numpy_dtype
 from gateway.codecs.limits import DEFAULT_LIMITS, DecodeLimits, check_scalar_parameters, load_json
-from gateway.errors import BadRequest, GatewayError
+from gateway.errors import BadRequest, DeadlineUnmeetable, GatewayError
 from gateway.types import InferenceRequest, InferenceResponse
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -371,10 +372,26 @@ def _int_param(params: dict[str, Any], key: str, default: int, upper: int) -> in
 
 
 def _timeout(params: dict[str, Any]) -> float | None:
-    """The ``timeout`` parameter is in microseconds, as in Triton; 0 or absent: the model SLO."""
+    """The request's time budget from now: the ``timeout`` parameter (microseconds, as in
+    Triton; 0 or absent: the model SLO), capped by ``deadline_unix_ms``, an absolute deadline
+    on the device's wall clock. A relative timeout starts when the gateway reads the request,
+    so time spent queued in an MQTT broker is invisible to it; an absolute deadline is not
+    (it needs clocks kept in step, e.g. by NTP)."""
     value = params.get("timeout")
-    if value is None or value == 0:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise BadRequest("parameter 'timeout' must be a non-negative number of microseconds")
-    return float(value) / 1e6
+    timeout_s: float | None = None
+    if value is not None and value != 0:
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise BadRequest("parameter 'timeout' must be a non-negative number of microseconds")
+        timeout_s = float(value) / 1e6
+    deadline = params.get("deadline_unix_ms")
+    if deadline is None:
+        return timeout_s
+    if isinstance(deadline, bool) or not isinstance(deadline, int | float) or deadline <= 0:
+        raise BadRequest("parameter 'deadline_unix_ms' must be a positive Unix time in ms")
+    remaining = float(deadline) / 1000.0 - time.time()
+    if remaining <= 0:
+        raise DeadlineUnmeetable(
+            f"the request's deadline (deadline_unix_ms) passed {-remaining * 1000:.0f} ms "
+            "before the gateway read it (queued in the broker or the network)"
+        )
+    return remaining if timeout_s is None else min(timeout_s, remaining)

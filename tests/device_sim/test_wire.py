@@ -134,3 +134,20 @@ def test_trace_payloads_cannot_point_outside_the_trace_folder(tmp_path: Path) ->
     assert isinstance(payloads.body("ok.bin"), OipBody)
     with pytest.raises(ValueError, match="outside the trace's folder"):
         payloads.body("../secret.bin")
+
+
+def test_a_deadline_is_spliced_into_the_request_parameters() -> None:
+    body = encode_request({"features": np.zeros((1, 32), np.float32)}, binary=True)
+    payload = body.mqtt("r1", 1_700_000_000_000)
+    n = int.from_bytes(payload[4:8], "little")
+    header = json.loads(payload[8 : 8 + n])
+    assert header["id"] == "r1"
+    assert header["parameters"] == {
+        "binary_data_output": True,
+        "deadline_unix_ms": 1_700_000_000_000,
+    }
+    # A recorded payload replays without its (long past) deadline, with a fresh id.
+    replayed = body_from_payload(payload).mqtt("r2")
+    n = int.from_bytes(replayed[4:8], "little")
+    again = json.loads(replayed[8 : 8 + n])
+    assert again["id"] == "r2" and again["parameters"] == {"binary_data_output": True}

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
 
 from gateway.codecs import oip
-from gateway.errors import BadRequest
+from gateway.errors import BadRequest, DeadlineUnmeetable
 from gateway.types import InferenceResponse
 
 
@@ -71,3 +72,31 @@ def test_mqtt_framing_round_trip() -> None:
     assert oip.unframe(b'{"inputs": []}') == (b'{"inputs": []}', None)
     with pytest.raises(BadRequest, match="prefix"):
         oip.unframe(b"OIPB\x01")
+
+
+def test_an_absolute_deadline_bounds_the_time_budget() -> None:
+    soon = time.time() * 1000 + 5_000
+    request, _ = oip.decode_request(
+        _request(parameters={"deadline_unix_ms": soon}), model="m", version=None
+    )
+    assert request.timeout_s is not None and 0 < request.timeout_s <= 5.0
+    # With a relative timeout too, the earlier of the two holds.
+    request, _ = oip.decode_request(
+        _request(parameters={"deadline_unix_ms": soon, "timeout": 1_000}), model="m", version=None
+    )
+    assert request.timeout_s == pytest.approx(0.001)
+
+
+def test_a_deadline_already_passed_is_refused_as_unmeetable() -> None:
+    passed = time.time() * 1000 - 250
+    with pytest.raises(DeadlineUnmeetable, match="passed") as caught:
+        oip.decode_request(
+            _request(parameters={"deadline_unix_ms": passed}), model="m", version=None
+        )
+    assert caught.value.status == 503 and caught.value.reason == "deadline"
+
+
+@pytest.mark.parametrize("bad", [True, "soon", -1, 0])
+def test_a_malformed_deadline_is_a_bad_request(bad: object) -> None:
+    with pytest.raises(BadRequest, match="deadline_unix_ms"):
+        oip.decode_request(_request(parameters={"deadline_unix_ms": bad}), model="m", version=None)
