@@ -272,7 +272,9 @@ class MqttAdapter:
             f"{len(self._backlog)} waiting; retry later",
             retry_after=1.0,
         )
-        self._reply_error(delivery, busy, None)
+        # Without Correlation Data (MQTT 3.1.1) the reply is matched by the request's id alone.
+        request_id = _peek_id(bytes(message.payload)) if route.correlation is None else None
+        self._reply_error(delivery, self._edge.reject(busy, phase="decode"), request_id)
 
     async def _serve(self, delivery: _Delivery, message: Message) -> None:
         route = delivery.route
@@ -469,6 +471,17 @@ class MqttAdapter:
             return None
         topic = route.reply_topic.encode()
         return route.device, kind + len(topic).to_bytes(2, "big") + topic + value
+
+
+def _peek_id(payload: bytes) -> str | None:
+    """The request's ``id`` when its JSON header reads (for refusals made without decoding)."""
+    try:
+        body, header_length = oip.unframe(payload)
+        doc = json.loads(body if header_length is None else body[:header_length])
+    except Exception:  # malformed in any way (RecursionError included): no id to give
+        return None
+    value = doc.get("id") if isinstance(doc, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def _property(message: Message, name: str) -> Any:

@@ -1,0 +1,65 @@
+"""A broker that sends more than Receive Maximum (MQTT 3.1.1 has no such limit; amqtt, the
+fallback embedded broker, speaks only 3.1.1) meets a bounded backlog: what fits waits for an
+in-flight slot, the rest is answered at once with 503 and a retry hint, never dropped."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gateway.main import Gateway
+from gateway.settings import GatewaySettings
+from tests.brokers import mosquitto
+from tests.gateway.helpers import GENEROUS_TIMEOUT_US, Reference, make_repo, random_inputs
+from tests.gateway.mqtt_client import device, json_payload
+
+MODEL = "sensor_mlp"
+REQUESTS = 20  # Mosquitto's default in-flight window for a 3.1.1 client
+
+
+@pytest.mark.slow
+async def test_overflow_beyond_the_backlog_gets_503_replies_and_nothing_is_lost(
+    demo_repo: Path, tmp_path: Path, reference: Reference
+) -> None:
+    # Requests wait up to 400 ms for a batch to fill, so the in-flight slots stay taken.
+    repo = make_repo(
+        tmp_path / "repo",
+        demo_repo,
+        {MODEL: {"batching": {"batch_timeout_ms": 400.0, "max_batch_size": 64}}},
+    )
+    with mosquitto(tmp_path) as broker:
+        settings = GatewaySettings.load(
+            http={"port": 0, "host": "127.0.0.1"},
+            serving={"model_repo": repo, "cache_dir": tmp_path / "cache"},
+            mqtt={
+                "broker": broker.url,
+                "protocol": "3.1.1",
+                "client_id": "gw-backlog",
+                "receive_maximum": 2,
+                "max_backlog": 2,
+            },
+        )
+        async with Gateway(settings) as gw:
+            await gw.wait_loaded()
+            assert gw.mqtt is not None
+            await asyncio.wait_for(gw.mqtt.connected.wait(), 10)
+            inputs = random_inputs(reference.metadata(MODEL), rows=1, rng=np.random.default_rng(2))
+            async with device(broker.port, "dev-flood", v5=False) as dev:
+                futures = []
+                for i in range(REQUESTS):
+                    body = json.loads(json_payload(inputs, f"flood-{i}"))
+                    body["parameters"] = {"timeout": GENEROUS_TIMEOUT_US}
+                    futures.append(await dev.publish(MODEL, json.dumps(body).encode(), body["id"]))
+                replies = [await asyncio.wait_for(f, 30) for f in futures]
+            assert gw.mqtt.in_flight == 0
+    statuses = Counter(r["status"] for r in replies)
+    assert sum(statuses.values()) == REQUESTS  # every request answered
+    assert statuses[200] >= 2
+    refused = [r for r in replies if r["status"] == 503]
+    assert refused, statuses
+    assert all(r["reason"] == "queue_full" and r["retry_after_s"] > 0 for r in refused)
