@@ -53,8 +53,15 @@ async def _until(check: Callable[[], Awaitable[bool]], what: str, deadline_s: fl
 
 
 async def test_document_lists_models_and_follows_the_load(
-    gateway: Gateway, url: str, http: aiohttp.ClientSession
+    demo_repo: Path, tmp_path: Path, http: aiohttp.ClientSession
 ) -> None:
+    # A gateway of its own: the shared one's window holds other tests' requests.
+    repo = make_repo(tmp_path / "repo", demo_repo, {"sensor_mlp": None, "sensor_fusion": None})
+    async with running_gateway(repo, tmp_path / "cache") as gateway:
+        await _follows_the_load(gateway, base_url(gateway), http)
+
+
+async def _follows_the_load(gateway: Gateway, url: str, http: aiohttp.ClientSession) -> None:
     before = await _document(http, url)
     statuses = gateway.service.statuses()
     assert [(m["name"], m["version"]) for m in before["models"]] == [

@@ -69,11 +69,18 @@ def _chromium() -> Iterator[Any]:
 
 async def _wait(driver: Any, condition: Callable[[Any], T], what: str, timeout_s: float = 60) -> T:
     """Selenium's explicit wait, in a thread: the gateway serving the page shares this loop."""
-    from selenium.common.exceptions import TimeoutException
+    from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
     from selenium.webdriver.support.ui import WebDriverWait
 
     def wait() -> T:
-        return WebDriverWait(driver, timeout_s, poll_frequency=0.2).until(condition)
+        # The page re-renders its rows on every poll: an element read while it is replaced is
+        # stale, which only means "look again".
+        return WebDriverWait(
+            driver,
+            timeout_s,
+            poll_frequency=0.2,
+            ignored_exceptions=(StaleElementReferenceException,),
+        ).until(condition)
 
     try:
         return await asyncio.to_thread(wait)
@@ -82,12 +89,22 @@ async def _wait(driver: Any, condition: Callable[[Any], T], what: str, timeout_s
 
 
 def _cell(driver: Any, model: str, field: str) -> str:
+    return _text(driver, f'tr[data-model="{model}"] [data-field="{field}"]')
+
+
+def _text(driver: Any, selector: str) -> str:
+    """The text of the first element matching ``selector`` ("" when none), read again when the
+    page's next render replaced the element between finding and reading it."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
-    found = driver.find_elements(
-        By.CSS_SELECTOR, f'tr[data-model="{model}"] [data-field="{field}"]'
-    )
-    return str(found[0].text) if found else ""
+    for _ in range(50):
+        try:
+            found = driver.find_elements(By.CSS_SELECTOR, selector)
+            return str(found[0].text) if found else ""
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError(f"{selector} kept being replaced while read")
 
 
 def _number(text: str) -> float:
@@ -173,9 +190,7 @@ async def test_dashboard_in_a_real_browser(demo_repo: Path, tmp_path: Path) -> N
             finally:
                 stop.set()
                 await load
-            mqtt_state = driver.find_element(
-                By.CSS_SELECTOR, '#mqtt [data-field="mqtt-state"]'
-            ).text
+            mqtt_state = _text(driver, '#mqtt [data-field="mqtt-state"]')
             assert mqtt_state == "connected"
             assert sent[0] > 0
             shot = tmp_path / "dashboard.png"
