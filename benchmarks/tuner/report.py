@@ -1,15 +1,16 @@
 """The headline figures of a scenario, from its arms (per seed, then medians over seeds).
 
-- ``violations_vs_best_static``: the agent's SLO violations over those of the best static
-  configuration in hindsight (the static arm with the lowest objective, p95 + 2 x SLO x violating
-  share, over the whole trace); 1.0 when both are 0, None when only the best static has none;
+- ``violations_vs_best_static``: (the agent's SLO violations + 1) over (those of the best
+  static configuration in hindsight + 1), the best static one being the static arm with the
+  lowest objective (p95 + 2 x SLO x violating share) over the whole trace;
 - ``steady_p95_vs_best_static``: per phase, the steady p95 (the median of the 1 s bins' p95 over
   the phase's second half) of the agent over the best static one's; the worst phase;
 - ``p95_reduction_vs_default``: 1 - agent p95 / the configured knobs' p95, whole trace;
 - ``gap_to_oracle_p95``: agent p95 / the per-phase oracle's p95 - 1, whole trace;
 - ``settle_s``: per step (every phase after the first), the seconds from the step until the
   agent's p95 (median of 3 consecutive 1 s bins) is within 10% of the oracle's steady p95 of
-  that phase and stays there to the phase's end; the worst step (None: never within the phase).
+  that phase and stays there to the phase's end; the worst step (a step that never settles counts
+  as its whole phase, and ``settle_censored`` says so).
 """
 
 from __future__ import annotations
@@ -90,9 +91,10 @@ def seed_summary(
     a = agent["overall"]
     if best is not None:
         mine, theirs = a["slo_violations"] or 0, arms[best]["overall"]["slo_violations"] or 0
-        out["violations_vs_best_static"] = (
-            1.0 if mine == theirs == 0 else (round(mine / theirs, 4) if theirs else None)
-        )
+        # One added to both: a best static arm without violations still gives a figure (56
+        # against none reads 57, not "undefined", which a median over seeds would drop).
+        out["violations_vs_best_static"] = round((mine + 1) / (theirs + 1), 4)
+        out["violations"] = {"agent": mine, "best_static": theirs}
         ratios = [
             _ratio(steady_p95(agent, p["start_s"], p["duration_s"]), steady)
             for p in phases
@@ -115,8 +117,14 @@ def seed_summary(
             )
             steps.append({"phase": p["name"], "settle_s": settled, "oracle_steady_p95_ms": target})
         out["settle_steps"] = steps
-        values = [s["settle_s"] for s in steps]
-        out["settle_s"] = None if not values or None in values else max(values)
+        # A step never settled counts as the whole phase (censored), so that a median over
+        # seeds does not drop the seeds where the agent did worst.
+        values = [
+            p["duration_s"] if s["settle_s"] is None else s["settle_s"]
+            for s, p in zip(steps, phases[1:], strict=True)
+        ]
+        out["settle_s"] = max(values) if values else None
+        out["settle_censored"] = any(s["settle_s"] is None for s in steps)
     return out
 
 
@@ -167,3 +175,43 @@ def table(runs: list[dict[str, Any]]) -> str:
             )
     headers = ["scenario", "seed", "arm", "phase", "requests", "p50 ms", "p95 ms", "viol", "lost"]
     return format_table(headers, rows)
+
+
+def phase_windows(phases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each phase's name, start and duration (seconds from the trace's start)."""
+    out, start = [], 0.0
+    for p in phases:
+        out.append({"name": p["name"], "start_s": start, "duration_s": p["duration_s"]})
+        start += p["duration_s"]
+    return out
+
+
+def scenario_summary(
+    runs: list[dict[str, Any]], phases: list[dict[str, Any]], slo_ms: float
+) -> dict[str, Any]:
+    """Medians over the seeds of ``runs`` (one scenario), the targets and each seed's figures."""
+    per_seed = []
+    for seed in sorted({r["seed"] for r in runs}):
+        arms = {r["arm"]: r for r in runs if r["seed"] == seed}
+        figures = seed_summary(arms, phase_windows(phases), slo_ms)
+        figures["seed"] = seed
+        per_seed.append(figures)
+    summary = median_summary(per_seed)
+    summary["targets"] = targets(summary)
+    summary["per_seed"] = per_seed
+    return summary
+
+
+def resummarize(doc: dict[str, Any]) -> dict[str, Any]:
+    """A results document's summary recomputed from its runs (same keys as a fresh run's)."""
+    out = {}
+    for name, config in doc["config"]["scenarios"].items():
+        runs = [r for r in doc["runs"] if r["scenario"] == name]
+        out[name] = scenario_summary(runs, config["phases"], config["slo_ms"])
+        # What the run measured about its own replay stays.
+        replay = {s["seed"]: s for s in doc["summary"].get(name, {}).get("per_seed", [])}
+        for s in out[name]["per_seed"]:
+            for key in ("replay_s", "replay_configs"):
+                if key in replay.get(s["seed"], {}):
+                    s[key] = replay[s["seed"]][key]
+    return out

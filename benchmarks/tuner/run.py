@@ -4,6 +4,7 @@ static configurations and the per-phase oracle, run every arm for real, summariz
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from dataclasses import dataclass
@@ -229,14 +230,7 @@ def run_seed(
         )
         runs.append(result)
     arms = {r["arm"]: r for r in runs}
-    windows = [
-        {
-            "name": p.name,
-            "start_s": sum(q.duration_s for q in phases[:i]),
-            "duration_s": p.duration_s,
-        }
-        for i, p in enumerate(phases)
-    ]
+    windows = report.phase_windows([vars(p) for p in phases])
     figures = report.seed_summary(arms, windows, model.slo_ms)
     figures.update(seed=seed, replay_s=round(replay_s, 2), replay_configs=len(scored))
     return runs, figures
@@ -368,9 +362,19 @@ def cli(argv: list[str] | None = None) -> int:
     p.add_argument("--arms", help=f"comma-separated subset of {','.join(arm_runs.ARMS)}")
     p.add_argument("--seeds", help="comma-separated seeds (default 0,1,2; --quick: 0)")
     p.add_argument(
+        "--resummarize",
+        type=Path,
+        help="recompute the summary of this results file from its runs, then exit",
+    )
+    p.add_argument(
         "--replay-arms", type=int, choices=[1, 2], default=1, help="replay candidates run for real"
     )
     args = p.parse_args(argv)
+    if args.resummarize:
+        doc = json.loads(args.resummarize.read_text(encoding="utf-8"))
+        doc["summary"] = report.resummarize(doc)
+        args.resummarize.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        return 0
     opts = Options(quick=args.quick, out_dir=args.out, keep=args.keep)
     scenarios = _subset(p, args.scenarios, tuple(SCENARIOS), "scenarios")
     arms = _subset(p, args.arms, arm_runs.ARMS, "arms")
