@@ -1,6 +1,8 @@
 """The online agent: one decision loop per served model, inside the gateway's event loop.
 
-Each decision interval the agent
+When it starts, the agent applies ``AgentSettings.start`` (the gateway passes the expert
+default, ``rrl.space.expert_default``), so tuning begins from what a practitioner would
+configure. Then each decision interval the agent
 
 1. picks a configuration: the tuner's proposal, unless the safety rules below say otherwise;
 2. applies it through the control interface (``rrl.control``; request-level knobs take effect
