@@ -5,9 +5,11 @@ in-flight slot, the rest is answered at once with 503 and a retry hint, never dr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -23,8 +25,9 @@ REQUESTS = 20  # Mosquitto's default in-flight window for a 3.1.1 client
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("broker_kind", ["mosquitto-3.1.1", "embedded-amqtt"])
 async def test_overflow_beyond_the_backlog_gets_503_replies_and_nothing_is_lost(
-    demo_repo: Path, tmp_path: Path, reference: Reference
+    demo_repo: Path, tmp_path: Path, reference: Reference, broker_kind: str
 ) -> None:
     # Requests wait up to 400 ms for a batch to fill, so the in-flight slots stay taken.
     repo = make_repo(
@@ -32,30 +35,24 @@ async def test_overflow_beyond_the_backlog_gets_503_replies_and_nothing_is_lost(
         demo_repo,
         {MODEL: {"batching": {"batch_timeout_ms": 400.0, "max_batch_size": 64}}},
     )
-    with mosquitto(tmp_path) as broker:
+    bounds = {"client_id": "gw-backlog", "receive_maximum": 2, "max_backlog": 2}
+    with contextlib.ExitStack() as stack:
+        if broker_kind == "embedded-amqtt":  # the gateway starts it, in process, on a free port
+            mqtt: dict[str, object] = {"embedded_broker": "amqtt", "embedded_port": 0, **bounds}
+        else:
+            broker = stack.enter_context(mosquitto(tmp_path))
+            mqtt = {"broker": broker.url, "protocol": "3.1.1", **bounds}
         settings = GatewaySettings.load(
             http={"port": 0, "host": "127.0.0.1"},
             serving={"model_repo": repo, "cache_dir": tmp_path / "cache"},
-            mqtt={
-                "broker": broker.url,
-                "protocol": "3.1.1",
-                "client_id": "gw-backlog",
-                "receive_maximum": 2,
-                "max_backlog": 2,
-            },
+            mqtt=mqtt,
         )
         async with Gateway(settings) as gw:
             await gw.wait_loaded()
             assert gw.mqtt is not None
             await asyncio.wait_for(gw.mqtt.connected.wait(), 10)
-            inputs = random_inputs(reference.metadata(MODEL), rows=1, rng=np.random.default_rng(2))
-            async with device(broker.port, "dev-flood", v5=False) as dev:
-                futures = []
-                for i in range(REQUESTS):
-                    body = json.loads(json_payload(inputs, f"flood-{i}"))
-                    body["parameters"] = {"timeout": GENEROUS_TIMEOUT_US}
-                    futures.append(await dev.publish(MODEL, json.dumps(body).encode(), body["id"]))
-                replies = [await asyncio.wait_for(f, 30) for f in futures]
+            port = gw.broker.port if gw.broker is not None else broker.port
+            replies = await _flood(port, reference)
             assert gw.mqtt.in_flight == 0
     statuses = Counter(r["status"] for r in replies)
     assert sum(statuses.values()) == REQUESTS  # every request answered
@@ -63,3 +60,14 @@ async def test_overflow_beyond_the_backlog_gets_503_replies_and_nothing_is_lost(
     refused = [r for r in replies if r["status"] == 503]
     assert refused, statuses
     assert all(r["reason"] == "queue_full" and r["retry_after_s"] > 0 for r in refused)
+
+
+async def _flood(port: int, reference: Reference) -> list[dict[str, Any]]:
+    inputs = random_inputs(reference.metadata(MODEL), rows=1, rng=np.random.default_rng(2))
+    async with device(port, "dev-flood", v5=False) as dev:
+        futures = []
+        for i in range(REQUESTS):
+            body = json.loads(json_payload(inputs, f"flood-{i}"))
+            body["parameters"] = {"timeout": GENEROUS_TIMEOUT_US}
+            futures.append(await dev.publish(MODEL, json.dumps(body).encode(), body["id"]))
+        return [await asyncio.wait_for(f, 30) for f in futures]
