@@ -43,6 +43,13 @@ class NotFound(GatewayError):
     reason = "not_found"
 
 
+class DuplicateRequestId(GatewayError):
+    """Another request of the same device used this id (or Correlation Data) recently."""
+
+    status = 409
+    reason = "duplicate_id"
+
+
 class PayloadTooLarge(GatewayError):
     status = 413
     reason = "payload_too_large"

@@ -27,12 +27,19 @@ from paho.mqtt.properties import Properties
 
 from gateway.codecs import oip
 from gateway.edge import Edge, Phase, error_document
-from gateway.errors import BadRequest, GatewayError, Overloaded, PayloadTooLarge, Undeliverable
+from gateway.errors import (
+    BadRequest,
+    DuplicateRequestId,
+    GatewayError,
+    Overloaded,
+    PayloadTooLarge,
+    Undeliverable,
+)
 from gateway.mqtt.paho_seam import Message, install_fast_path
-from gateway.mqtt.seen import MAX_REPLY_ATTEMPTS, SeenRequests
+from gateway.mqtt.routes import Route, Router, dedupe_key
+from gateway.mqtt.seen import MAX_REPLY_ATTEMPTS, Earlier, SeenRequests, digest
 from gateway.mqtt.session import BrokerAddress, BrokerSession
 from gateway.mqtt.wire import reply_properties, with_status
-from gateway.mqtt_trust import DeviceTrust, ReplyNamespace
 from gateway.service import InferenceService
 from gateway.settings import MqttSettings
 from gateway.types import InferenceRequest
@@ -40,29 +47,6 @@ from gateway.types import InferenceRequest
 log = logging.getLogger("gateway.mqtt")
 
 TRANSPORT = "mqtt"
-_ROUTE_CACHE_ENTRIES = 4096
-
-
-@dataclass(frozen=True, slots=True)
-class _Route:
-    """Where a request came from and where its reply goes.
-
-    ``refusal`` is set when the request may not be served as sent (a Response Topic outside the
-    device's reply namespace, a publisher identity that does not match the topic's device,
-    gateway/mqtt_trust.py); ``reply_topic`` is then the device's own default reply topic. The
-    request path calls ``raise_if_refused`` before decoding, so the refusal is answered like any
-    other ``GatewayError`` (a 403 error reply on ``reply_topic``) and acknowledged."""
-
-    model: str
-    device: str
-    reply_topic: str
-    correlation: bytes | None
-    v5: bool
-    refusal: GatewayError | None = None
-
-    def raise_if_refused(self) -> None:
-        if self.refusal is not None:
-            raise self.refusal
 
 
 @dataclass(slots=True)
@@ -74,7 +58,7 @@ class _Delivery:
     connection: _Connection
     mid: int
     qos: int
-    route: _Route
+    route: Route
     key: tuple[str, bytes] | None = None
     ended: bool = False
 
@@ -107,7 +91,6 @@ class MqttAdapter:
         self._address = address
         self._v5 = protocol == "5"
         self._prefix = settings.topic_prefix.rstrip("/")
-        self._head = f"{self._prefix}/infer/"
         self._limit = settings.receive_maximum
         self._reply_qos = settings.qos
         # Requests taken and not finished (inference running, or reply not yet acknowledged);
@@ -120,14 +103,7 @@ class MqttAdapter:
         self._backlog_limit = settings.max_backlog
         self._resume_scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
-        self._routes: dict[str, tuple[str, str] | None] = {}
-        self._trust = DeviceTrust(
-            namespace=ReplyNamespace(settings.response_topic_pattern, self._prefix),
-            identity=settings.device_identity,
-            identity_property=settings.identity_property,
-        )
-        # (device, reply topic + correlation or id) -> monotonic time first seen: redeliveries
-        # are answered once.
+        self._router = Router(settings, v5=self._v5)
         self._seen = SeenRequests(settings.dedupe_window_s)
         self._connection: _Connection | None = None
         self._stopping = asyncio.Event()
@@ -239,7 +215,7 @@ class MqttAdapter:
         self._in_flight += 1
         self._idle.clear()
         try:
-            route = self._route(message)
+            route = self._router.route(message)
         except Exception as exc:  # a topic or property nobody can answer to
             log.debug("MQTT: request on %r cannot be routed: %s", message.topic, exc)
             route = None
@@ -259,7 +235,7 @@ class MqttAdapter:
         self._in_flight += 1
         self._idle.clear()
         try:
-            route = self._route(message)
+            route = self._router.route(message)
         except Exception:
             route = None
         if route is None:
@@ -282,12 +258,10 @@ class MqttAdapter:
             phase: Phase = "decode"
             try:
                 request, fmt = await self._decode(message, route)
-                delivery.key = self._dedupe_key(route, request.id)
-                if self._seen.is_duplicate(delivery.key):
-                    log.debug("MQTT: duplicate of %s from %s ignored", request.id, route.device)
-                    delivery.key = None  # the first delivery's key: not ours to forget
-                    self._service.metrics.mqtt_duplicates.inc()
-                    self._end(delivery, acknowledge=True)  # answered by the first delivery
+                delivery.key = dedupe_key(route, request.id)
+                earlier = self._seen.earlier(delivery.key, digest(bytes(message.payload)))
+                if earlier is not None:
+                    self._answer_repeat(delivery, earlier, request.id, message)
                     return
                 if self._reply_lost_too_often(delivery):
                     return
@@ -311,7 +285,7 @@ class MqttAdapter:
             raise
 
     async def _decode(
-        self, message: Message, route: _Route
+        self, message: Message, route: Route
     ) -> tuple[InferenceRequest, oip.OutputFormat]:
         route.raise_if_refused()  # answered as 403 on the device's own reply topic
         payload = message.payload
@@ -367,10 +341,42 @@ class MqttAdapter:
             )
             self._end(delivery, acknowledge=False)
             return
+        if status >= 500:
+            self._seen.forget(delivery.key)  # retryable: a retry is a new attempt, not a repeat
+        else:
+            self._seen.remember_reply(delivery.key, (body, binary, status))
         if self._reply_qos == 0:
             self._end(delivery, acknowledge=True)
         else:
             connection.awaiting_puback[info.mid] = delivery
+
+    def _answer_repeat(
+        self, delivery: _Delivery, earlier: Earlier, request_id: str | None, message: Message
+    ) -> None:
+        """A request whose key was seen within the dedupe window: a redelivery (same payload)
+        gets the first one's reply again, or none while that is still being answered; another
+        request reusing the id is refused, so the device learns why it got no answer."""
+        delivery.key = None  # the first delivery's key: not this one's to forget or remember
+        self._service.metrics.mqtt_duplicates.inc()
+        route = delivery.route
+        if earlier.digest != digest(bytes(message.payload)):
+            log.info(
+                "MQTT: %s reused request id %r within %g s; refused",
+                route.device,
+                request_id or route.correlation,
+                self._settings.dedupe_window_s,
+            )
+            reused = DuplicateRequestId(
+                f"request id {request_id!r} (or its Correlation Data) was used by another "
+                f"request of device {route.device!r} within {self._settings.dedupe_window_s:g} s; "
+                "give each request its own"
+            )
+            self._reply_error(delivery, self._edge.reject(reused, phase="decode"), request_id)
+        elif earlier.reply is not None:
+            log.debug("MQTT: redelivery of %s from %s answered again", request_id, route.device)
+            self._reply(delivery, *earlier.reply)
+        else:
+            self._end(delivery, acknowledge=True)  # the first delivery's reply is on its way
 
     def _end(self, delivery: _Delivery, *, acknowledge: bool) -> None:
         """The one way a request ends: acknowledged (answered), or not (the broker redelivers
@@ -425,52 +431,6 @@ class MqttAdapter:
         )
         self._reply_error(delivery, self._edge.reject(err, phase="infer"), None)
         return True
-
-    def _route(self, message: Message) -> _Route | None:
-        topic: str = message.topic
-        if topic in self._routes:
-            parsed = self._routes[topic]
-        else:
-            parsed = self._parse_topic(topic)
-            if len(self._routes) >= _ROUTE_CACHE_ENTRIES:
-                self._routes.clear()  # devices come and go: keep the cache bounded
-            self._routes[topic] = parsed
-        if parsed is None:
-            return None
-        model, device = parsed
-        props = message.properties
-        response_topic = getattr(props, "ResponseTopic", None) if props is not None else None
-        correlation = getattr(props, "CorrelationData", None) if props is not None else None
-        user_properties = getattr(props, "UserProperty", None) if props is not None else None
-        refusal = self._trust.refusal(model, device, response_topic, user_properties)
-        default = f"{self._prefix}/infer/{model}/res/{device}"
-        reply = default if refusal is not None or not response_topic else response_topic
-        return _Route(model, device, reply, correlation, self._v5, refusal)
-
-    def _parse_topic(self, topic: str) -> tuple[str, str] | None:
-        if not topic.startswith(self._head):
-            return None
-        parts = topic[len(self._head) :].split("/")
-        if len(parts) != 3 or parts[1] != "req" or not parts[0] or not parts[2]:
-            return None
-        if any("+" in p or "#" in p for p in parts):
-            return None  # not a topic name (a broker never delivers one): no device to answer
-        return parts[0], parts[2]
-
-    @staticmethod
-    def _dedupe_key(route: _Route, request_id: str | None) -> tuple[str, bytes] | None:
-        """(device, kind + reply topic + correlation or id): a device's ids are its own, so
-        another device reusing them (on its own topic, or on this one without an ACL that
-        stops it) is a different request unless it also names this device's reply topic. The
-        reply topic is length-prefixed (MQTT caps it at 65535 bytes) so no two keys collide."""
-        if route.correlation is not None:
-            kind, value = b"c", route.correlation
-        elif request_id is not None:
-            kind, value = b"i", request_id.encode()
-        else:
-            return None
-        topic = route.reply_topic.encode()
-        return route.device, kind + len(topic).to_bytes(2, "big") + topic + value
 
 
 def _peek_id(payload: bytes) -> str | None:

@@ -1,15 +1,23 @@
 """What the request flow remembers about requests across deliveries, bounded: which ones were
-seen recently (a redelivery is answered once) and how often a request's reply was lost with
-its connection (a reply the broker keeps refusing must not loop forever)."""
+seen recently, with a digest of their payload and, once answered, their reply (a redelivery
+gets the same reply again; another request reusing the id is told so), and how often a
+request's reply was lost with its connection (a reply the broker keeps refusing must not loop
+forever)."""
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 
 Key = tuple[str, bytes]  # (device, reply topic + correlation data or id)
+Reply = tuple[bytes, bool, int]  # body, binary framing, status
 
 _ENTRIES = 20_000
+# Replies kept for redeliveries, all together: beyond it the oldest are dropped (a redelivery of
+# those is acknowledged without a reply, as before replies were kept).
+_REPLY_BYTES = 32 * 1024 * 1024
 # A request whose reply was published this many times, each time followed by the connection's
 # loss before the broker acknowledged it, is answered with an error on the device's own reply
 # topic instead: a reply the broker refuses (and drops the gateway for) must not bring the same
@@ -17,33 +25,60 @@ _ENTRIES = 20_000
 MAX_REPLY_ATTEMPTS = 3
 
 
+@dataclass(slots=True)
+class Earlier:
+    """The first request seen under a key."""
+
+    seen_at: float
+    digest: bytes
+    reply: Reply | None = None  # None while it is being answered (or its reply was dropped)
+
+
+def digest(payload: bytes) -> bytes:
+    return hashlib.blake2b(payload, digest_size=16).digest()
+
+
 class SeenRequests:
     def __init__(self, window_s: float) -> None:
         self._window_s = window_s
-        self._seen: OrderedDict[Key, float] = OrderedDict()  # key -> monotonic time first seen
+        self._seen: OrderedDict[Key, Earlier] = OrderedDict()
+        self._reply_bytes = 0
         self._lost_replies: OrderedDict[Key, int] = OrderedDict()
 
-    def is_duplicate(self, key: Key | None, now: float | None = None) -> bool:
-        """True when ``key`` was seen within the window; otherwise records it (a request
-        without a key cannot be matched, so it is never a duplicate)."""
+    def earlier(self, key: Key | None, payload_digest: bytes) -> Earlier | None:
+        """The request seen under ``key`` within the window, or None after recording this one
+        as the first (a request without a key cannot be matched: never a repeat)."""
         if key is None:
-            return False
-        now = time.monotonic() if now is None else now
+            return None
+        now = time.monotonic()
         while self._seen:
-            oldest_key, seen_at = next(iter(self._seen.items()))
-            if len(self._seen) < _ENTRIES and now - seen_at < self._window_s:
+            oldest_key, oldest = next(iter(self._seen.items()))
+            if len(self._seen) < _ENTRIES and now - oldest.seen_at < self._window_s:
                 break
-            del self._seen[oldest_key]
-        if key in self._seen:
-            return True
-        self._seen[key] = now
-        return False
+            self._drop(oldest_key)
+        found = self._seen.get(key)
+        if found is None:
+            self._seen[key] = Earlier(now, payload_digest)
+        return found
+
+    def remember_reply(self, key: Key | None, reply: Reply) -> None:
+        entry = self._seen.get(key) if key is not None else None
+        if entry is None or len(reply[0]) > _REPLY_BYTES // 64:
+            return  # a very large reply is not kept: its redelivery is only acknowledged
+        entry.reply = reply
+        self._reply_bytes += len(reply[0])
+        for old_key, old in self._seen.items():  # oldest first
+            if self._reply_bytes <= _REPLY_BYTES:
+                break
+            if old.reply is not None and old_key != key:
+                self._reply_bytes -= len(old.reply[0])
+                old.reply = None
 
     def forget(self, key: Key | None) -> None:
         """The request went unanswered: its redelivery must be answered, not taken for a
-        duplicate."""
+        repeat."""
         if key is not None:
-            self._seen.pop(key, None)
+            self._drop(key)
 
     def reply_lost(self, key: Key | None) -> None:
         if key is None:
@@ -58,3 +93,8 @@ class SeenRequests:
             return False
         del self._lost_replies[key]
         return True
+
+    def _drop(self, key: Key) -> None:
+        entry = self._seen.pop(key, None)
+        if entry is not None and entry.reply is not None:
+            self._reply_bytes -= len(entry.reply[0])

@@ -14,13 +14,12 @@ import pytest_asyncio
 from gateway.main import Gateway
 from gateway.settings import GatewaySettings
 from tests.brokers import Broker, mosquitto
-from tests.gateway.helpers import Reference, random_inputs
+from tests.gateway.helpers import Reference, metric_samples, random_inputs
 from tests.gateway.mqtt_client import (
     device,
     framed_binary_request,
     json_payload,
     outputs_of,
-    response_topic,
 )
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -168,34 +167,50 @@ async def test_mqtt311_request_without_id_gets_an_error_reply(
     assert reply["status"] == 400 and "'id'" in reply["error"]
 
 
-async def test_redelivered_request_is_answered_once(
+async def test_a_redelivery_gets_the_same_reply_again(
     gateway_mqtt: Gateway, broker: Broker, reference: Reference
 ) -> None:
+    """A device (or the broker) sending a request again after it was answered: the gateway
+    does not compute it twice, and the repeat gets the first reply again rather than silence."""
     meta = reference.metadata("sensor_mlp")
     inputs = random_inputs(meta, rows=1, rng=np.random.default_rng(1))
     proto = gateway_mqtt.settings.mqtt.protocol
     rid = f"dup-{proto}"
+    answered_before = _answered(gateway_mqtt)
     async with device(broker.port, f"dev-dup-{proto}", v5=True) as dev:
-        first = await dev.publish("sensor_mlp", json_payload(inputs, rid), rid)
-        await dev.client.publish(  # the same request again, as a device retry would send it
-            f"iotgw/infer/sensor_mlp/req/dev-dup-{proto}",
-            json_payload(inputs, rid),
-            qos=1,
-            properties=_props(rid),
-        )
-        await asyncio.wait_for(first, 30)
-        await asyncio.sleep(0.5)
-    assert [k for k, _ in dev.replies] == [rid]
+        first = await dev.request("sensor_mlp", json_payload(inputs, rid), rid)
+        again = await dev.request("sensor_mlp", json_payload(inputs, rid), rid)
+    assert first["status"] == again["status"] == 200
+    assert first["outputs"] == again["outputs"]
+    assert _answered(gateway_mqtt) == answered_before + 1  # computed once
 
 
-def _props(key: str):
-    from paho.mqtt.packettypes import PacketTypes
-    from paho.mqtt.properties import Properties
+def _answered(gw: Gateway) -> float:
+    """Requests sensor_mlp answered over MQTT since the start (a counter: no window)."""
+    return sum(
+        value
+        for name, labels, value in metric_samples(gw.metrics.render().decode())
+        if name == "iotgw_requests_total"
+        and labels.get("model") == "sensor_mlp"
+        and labels.get("transport") == "mqtt"
+        and labels.get("outcome") == "ok"
+    )
 
-    p = Properties(PacketTypes.PUBLISH)
-    p.ResponseTopic = response_topic("iotgw", "sensor_mlp", f"dev-dup-{key.split('-', 1)[1]}")
-    p.CorrelationData = key.encode()
-    return p
+
+async def test_a_reused_request_id_gets_a_409_reply(
+    gateway_mqtt: Gateway, broker: Broker, reference: Reference
+) -> None:
+    meta = reference.metadata("sensor_mlp")
+    rng = np.random.default_rng(4)
+    proto = gateway_mqtt.settings.mqtt.protocol
+    rid = f"reused-{proto}"
+    async with device(broker.port, f"dev-reuse-{proto}", v5=proto == "5") as dev:
+        first = await dev.request("sensor_mlp", json_payload(random_inputs(meta, 1, rng), rid), rid)
+        other = json_payload(random_inputs(meta, 1, rng), rid)  # another request, same id
+        reused = await dev.request("sensor_mlp", other, rid)
+    assert first["status"] == 200
+    assert reused["status"] == 409 and reused["reason"] == "duplicate_id", reused
+    assert rid in reused["error"]
 
 
 async def test_metrics_are_labelled_by_transport(gateway_mqtt: Gateway) -> None:

@@ -26,7 +26,7 @@ from paho.mqtt.properties import Properties
 from pydantic import ValidationError
 
 from gateway.main import Gateway
-from gateway.mqtt.adapter import MqttAdapter, _Route
+from gateway.mqtt.routes import Route, dedupe_key
 from gateway.mqtt_trust import DeviceTrust, ReplyNamespace
 from gateway.settings import GatewaySettings, MqttSettings
 from tests.brokers import Broker, mosquitto
@@ -378,8 +378,8 @@ def test_user_property_identity_needs_the_broker_stamp_and_mqtt5() -> None:
 def test_dedupe_keys_of_two_devices_never_collide() -> None:
     # Separators in a device id or a correlation cannot make two requests' keys equal.
     def key(device: str, reply_topic: str, correlation: bytes) -> tuple[str, bytes] | None:
-        route = _Route("m", device, reply_topic, correlation, True)
-        return MqttAdapter._dedupe_key(route, None)
+        route = Route("m", device, reply_topic, correlation, True)
+        return dedupe_key(route, None)
 
     assert key("a", "t/a", b"1") != key("b", "t/a", b"1")
     assert key("a", "t/a", b"x/1") != key("a", "t/a/x", b"1")
