@@ -276,8 +276,9 @@ class MqttAdapter:
                 return
             if json_len is None:
                 self._reply(delivery, with_status(reply), False, 200)
-            else:
-                self._reply(delivery, oip.frame(reply, json_len), True, 200)
+            else:  # the binary reply's JSON header carries the status too
+                header = with_status(reply[:json_len])
+                self._reply(delivery, oip.frame(header + reply[json_len:], len(header)), True, 200)
         except BaseException:
             # Cancelled (shutdown, connection lost) or a failure while replying: unanswered, so
             # the broker's redelivery must be answered rather than taken for a duplicate.

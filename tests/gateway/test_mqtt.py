@@ -88,6 +88,7 @@ async def test_round_trip_json_and_binary(
         for rid, inputs, future in sent:
             reply = await asyncio.wait_for(future, 30)
             assert reply["id"] == rid
+            assert reply["status"] == 200  # binary replies carry it in their JSON header too
             assert reply["model_name"] == model
             got = outputs_of(reply)
             want = reference.infer(model, inputs)
@@ -213,9 +214,32 @@ async def test_a_reused_request_id_gets_a_409_reply(
     assert rid in reused["error"]
 
 
-async def test_metrics_are_labelled_by_transport(gateway_mqtt: Gateway) -> None:
-    text = gateway_mqtt.metrics.render().decode()
-    assert 'transport="mqtt"' in text
+def _requests_counted(gw: Gateway) -> dict[tuple[str, str], float]:
+    """iotgw_requests_total of sensor_mlp by (transport, outcome)."""
+    counted: dict[tuple[str, str], float] = {}
+    for name, labels, value in metric_samples(gw.metrics.render().decode()):
+        if name == "iotgw_requests_total" and labels.get("model") == "sensor_mlp":
+            key = (labels["transport"], labels["outcome"])
+            counted[key] = counted.get(key, 0.0) + value
+    return counted
+
+
+async def test_requests_are_counted_by_transport_and_outcome(
+    gateway_mqtt: Gateway, broker: Broker, reference: Reference
+) -> None:
+    inputs = random_inputs(reference.metadata("sensor_mlp"), 1, np.random.default_rng(5))
+    wrong_shape = {"features": np.zeros((1, 5), dtype=np.float32)}
+    proto = gateway_mqtt.settings.mqtt.protocol
+    before = _requests_counted(gateway_mqtt)
+    async with device(broker.port, f"dev-count-{proto}", v5=True) as dev:
+        for i in range(3):
+            reply = await dev.request("sensor_mlp", json_payload(inputs, f"n{i}"), f"n{i}")
+            assert reply["status"] == 200
+        bad = await dev.request("sensor_mlp", json_payload(wrong_shape, "bad"), "bad")
+        assert bad["status"] == 400
+    after = _requests_counted(gateway_mqtt)
+    grown = {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
+    assert grown == {("mqtt", "ok"): 3, ("mqtt", "bad_request"): 1}
 
 
 async def test_embedded_broker_round_trip(
