@@ -250,7 +250,7 @@ class Gateway:
             await self.tuning.stop()  # no knob change may start while the models unload
 
     async def close(self) -> None:
-        """Undo every start-up step, newest first (MQTT, loading, broker, HTTP, models,
+        """Undo every start-up step, newest first (MQTT, loading, HTTP, broker, models,
         executor); no drain."""
         stack, self._stack = self._stack, None
         self._http_listening = False
