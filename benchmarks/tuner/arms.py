@@ -26,9 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks import http as http_bench
+from benchmarks import servers as http_bench
 from benchmarks.common import ServerProcess, python_argv
-from benchmarks.http import _clean_env, _http, set_knobs
+from benchmarks.servers import admin_request as _http
+from benchmarks.servers import clean_env as _clean_env
+from benchmarks.servers import set_knobs
 from benchmarks.tuner.scenarios import Phase, Scenario
 
 STATIC_ARMS = ("configured", "expert", "replay-best-1", "replay-best-2")

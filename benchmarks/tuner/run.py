@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import machine_info, usable_cores, write_results
-from benchmarks.http import set_knobs
+from benchmarks.servers import set_knobs
 from benchmarks.tuner import arms as arm_runs
 from benchmarks.tuner import report
 from benchmarks.tuner.scenarios import (
