@@ -71,7 +71,7 @@ def build_repository(dest: Path) -> Path:
 
 
 def run(plan: Plan, quick: bool, out_dir: Path | None, logs: Path | None = None) -> Path:
-    from benchmarks.mqtt import _mosquitto as start_mosquitto
+    from benchmarks.servers import start_mosquitto
 
     machine = machine_info()
     with tempfile.TemporaryDirectory(prefix="iotgw-bench-fuzz-") as tmp:
