@@ -10,6 +10,7 @@ import contextlib
 import json
 import socket
 import struct
+import time
 from collections import Counter
 from typing import Any
 
@@ -51,7 +52,9 @@ class MqttResponder:
     """Subscribes to every request, waits ``service_s``, answers per docs/mqtt.md.
 
     ``drop_every=k`` leaves every k-th request received unanswered; ``error_every=k`` answers
-    every k-th with a ``queue_full`` error instead. ``seen`` counts requests per device id."""
+    every k-th with a ``queue_full`` error instead. ``seen`` counts requests per device id;
+    ``stamps`` holds, per request id, ``time.perf_counter()`` when the request was taken and
+    just before its reply was published (the simulator's clock: both run in one process)."""
 
     def __init__(
         self,
@@ -75,6 +78,7 @@ class MqttResponder:
         self.dropped = 0
         self.errors = 0
         self.seen: Counter[str] = Counter()
+        self.stamps: dict[str, tuple[float, float]] = {}
         self.binary_requests = 0
         self._stack = contextlib.AsyncExitStack()
 
@@ -99,6 +103,7 @@ class MqttResponder:
 
     async def _serve(self) -> None:
         async for message in self._client.messages:
+            taken = time.perf_counter()
             self.received += 1
             _, _, model, _, device = str(message.topic).split("/")
             self.seen[device] += 1
@@ -106,14 +111,17 @@ class MqttResponder:
                 self.dropped += 1
                 continue
             error = bool(self.error_every and self.received % self.error_every == 0)
-            self._tasks.create_task(self._answer(message, model, device, error))
+            self._tasks.create_task(self._answer(message, model, device, error, taken))
 
-    async def _answer(self, message: aiomqtt.Message, model: str, device: str, error: bool) -> None:
+    async def _answer(
+        self, message: aiomqtt.Message, model: str, device: str, error: bool, taken: float
+    ) -> None:
         await asyncio.sleep(self.service_s)
         payload = bytes(message.payload)
         header, _, binary = parse_request(payload)
         self.binary_requests += binary
         request_id = header.get("id")
+        self.stamps[str(request_id)] = (taken, time.perf_counter())
         if error:
             self.errors += 1
             body = error_reply(request_id, 503, "queue_full")
@@ -133,6 +141,8 @@ class MqttResponder:
 
 
 COUNTS = web.AppKey("counts", Counter)
+# Per request id: time.perf_counter() when the request was read and when its reply was ready.
+STAMPS = web.AppKey("stamps", dict)
 METADATA = {
     "name": "toy",
     "versions": ["1"],
@@ -145,6 +155,7 @@ METADATA = {
 def http_app(service_s: float = 0.02, error_every: int = 0) -> web.Application:
     """``GET /v2/models/toy`` and ``POST /v2/models/{m}/infer`` with a fixed service time."""
     counts = Counter[str]()
+    stamps: dict[str, tuple[float, float]] = {}
 
     async def metadata(request: web.Request) -> web.Response:
         if request.match_info["model"] != "toy":
@@ -153,6 +164,7 @@ def http_app(service_s: float = 0.02, error_every: int = 0) -> web.Application:
 
     async def infer(request: web.Request) -> web.Response:
         body = await request.read()
+        taken = time.perf_counter()
         counts["received"] += 1
         n = counts["received"]  # this request's number; the counter moves on during the sleep
         header_length = request.headers.get("Inference-Header-Content-Length")
@@ -162,6 +174,7 @@ def http_app(service_s: float = 0.02, error_every: int = 0) -> web.Application:
             return web.json_response({"error": "queue full"}, status=503)
         x = header["inputs"][0]
         assert x["name"] == "x" and x["datatype"] == "FP32" and x["shape"] == [1, 4]
+        stamps[str(header.get("id"))] = (taken, time.perf_counter())
         return web.json_response(
             {
                 "model_name": request.match_info["model"],
@@ -172,6 +185,7 @@ def http_app(service_s: float = 0.02, error_every: int = 0) -> web.Application:
 
     app = web.Application()
     app[COUNTS] = counts
+    app[STAMPS] = stamps
     app.router.add_get("/v2/models/{model}", metadata)
     app.router.add_post("/v2/models/{model}/infer", infer)
     return app

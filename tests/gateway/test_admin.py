@@ -143,13 +143,36 @@ async def test_admin_with_the_right_token_works(
     assert body == {"model": "sensor_mlp", "version": "1", "knobs": {**before, **change}}
     assert await _knobs(http, url) == {**before, **change}
 
-    async with http.get(url + "/admin/models/sensor_mlp/stats?window_s=60", headers=GOOD) as r:
-        assert r.status == 200
-        assert "p99_ms" in await r.json()
-
     # Put it back for the other tests of this module.
     async with http.put(url + KNOBS, json=before, headers=GOOD) as r:
         assert r.status == 200
+
+
+async def _stats(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    # The widest window: nothing this module sent can have left it.
+    async with http.get(url + "/admin/models/sensor_mlp/stats?window_s=3600", headers=GOOD) as r:
+        assert r.status == 200
+        stats: dict[str, Any] = await r.json()
+    return stats
+
+
+async def test_stats_count_the_requests_served(
+    http: aiohttp.ClientSession, guarded: Gateway
+) -> None:
+    url = base_url(guarded)
+    before = await _stats(http, url)
+    sent, rows = 3, 2
+    for seed in range(sent):
+        x = np.random.default_rng(seed).standard_normal((rows, 32)).astype(np.float32)
+        status, _, _ = await infer_binary(http, url, "sensor_mlp", {"features": x})
+        assert status == 200
+    after = await _stats(http, url)
+    assert after["completed"] == before["completed"] + sent
+    assert after["arrived"] == before["arrived"] + sent
+    assert after["arrived_rows"] == before["arrived_rows"] + sent * rows
+    assert after["rejected"] == before["rejected"] and after["queue_depth"] == 0
+    assert 0 < after["p50_ms"] <= after["p95_ms"] <= after["p99_ms"]
+    assert after["rate_per_s"] == after["completed"] / 3600
 
 
 async def test_inference_needs_no_admin_token(
