@@ -12,6 +12,7 @@ re-exported here so a benchmark finds all it needs in one module.
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import contextlib
 import os
@@ -41,6 +42,20 @@ from models.reporting import results_path as results_path
 from models.reporting import write_results as write_results
 
 MIN_FULL_RUNS = 5
+
+
+def bench_parser(prog: str, description: str | None) -> argparse.ArgumentParser:
+    """The arguments every benchmark's ``python -m`` takes: ``--quick`` and ``--out``."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--quick", action="store_true", help="seconds, to check it still works")
+    p.add_argument("--out", type=Path, help="results directory (default benchmarks/results)")
+    return p
+
+
+def print_summary(summary: Mapping[str, object]) -> None:
+    """The summary figures as the last table of a benchmark's printout."""
+    print("\nSummary")
+    print(format_table(["figure", "value"], [[k, v] for k, v in summary.items()]))
 
 
 # -- statistics ----------------------------------------------------------------------------

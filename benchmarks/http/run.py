@@ -1,0 +1,96 @@
+"""The HTTP benchmark from start to end: the servers up, the five experiments in order, the
+results written and printed, everything stopped whatever happens."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import machine_info, now_iso, write_results
+from benchmarks.http import report
+from benchmarks.http.bench import Bench
+from benchmarks.http.headline import paired_headline
+from benchmarks.http.limit import inprocess_sweep
+from benchmarks.http.low_load import low_load
+from benchmarks.http.plan import FULL, LOW_LOAD_MODEL, NAME, QUICK, Plan
+from benchmarks.http.saturation import gateway_knob_sweep, gateway_saturation
+from benchmarks.http.workload import Model, build_repository, check_replies, load_models
+from benchmarks.servers import start_gateway, start_http_echo
+
+
+def _logger() -> Callable[[str], None]:
+    t_start = time.monotonic()
+
+    def log(msg: str) -> None:
+        print(f"[{time.monotonic() - t_start:6.1f}s] {msg}", flush=True)
+
+    return log
+
+
+def _experiments(
+    bench: Bench, workdir: Path
+) -> tuple[dict[str, Model], dict[str, Any], dict[str, Any]]:
+    """(models, the throughput ratios per model, the low-load entries per client kind)."""
+    plan, log = bench.plan, bench.log
+    repo = build_repository(workdir / "repo")
+    models = load_models(repo)
+    log(f"starting the gateway (repository {repo})")
+    bench.gateway, base = start_gateway(repo, workdir, plan.startup_timeout_s)
+    bench.config["gateway"] = {
+        "argv": bench.gateway.argv,
+        "where": "separate process on the same machine, loopback",
+        "repository": "models.demo's sensor_mlp and vision_cnn (ONNX), same weights/config",
+    }
+    diffs = check_replies(base, models)
+    log(f"gateway replies match the runtime (max abs diff {diffs})")
+    best = inprocess_sweep(bench, models)
+    gw_knobs = gateway_knob_sweep(bench, base, models, best)
+    sweeps = gateway_saturation(bench, base, models, best, gw_knobs)
+    heads = paired_headline(bench, base, models, best, gw_knobs, sweeps)
+    log("low load")
+    bench.echo, echo_base = start_http_echo(workdir, plan.startup_timeout_s)
+    low = low_load(bench, base, echo_base, models[LOW_LOAD_MODEL])
+    return models, heads, low
+
+
+def run(plan: Plan, out_dir: Path | None) -> Path:
+    created = now_iso()
+    machine = machine_info()
+    t_start = time.monotonic()
+    workdir = Path(tempfile.mkdtemp(prefix="iotgw-bench-http-"))
+    bench = Bench(plan, _logger())
+    try:
+        models, heads, low = _experiments(bench, workdir)
+    finally:
+        bench.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+    summary = report.summarize(plan, heads, low, bench.runs)
+    bench.config.update(
+        {
+            "models": report.models_config(models),
+            **report.METHOD,
+            "wall_s": round(time.monotonic() - t_start, 1),
+        }
+    )
+    path = write_results(
+        NAME,
+        quick=plan.quick,
+        out_dir=out_dir,
+        machine=machine,
+        summary=summary,
+        runs=bench.runs,
+        config=bench.config,
+        created=created,
+    )
+    report.print_tables(bench.runs, summary)
+    print(f"\nwrote {path}")
+    return path
+
+
+def main(quick: bool = False, out_dir: Path | None = None) -> int:
+    run(QUICK if quick else FULL, out_dir)
+    return 0

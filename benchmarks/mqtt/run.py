@@ -1,0 +1,37 @@
+"""The MQTT benchmark from start to end: the stack up, the two experiments, the report."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common import load_average, machine_info
+from benchmarks.mqtt import report
+from benchmarks.mqtt.experiments import Recorder, low_load, saturation
+from benchmarks.mqtt.plan import FULL, QUICK, Plan, request
+from benchmarks.mqtt.stack import open_stack
+
+
+def run(plan: Plan, out_dir: Path | None, quick: bool) -> Path:
+    req = request(np.random.default_rng(0), "bench")
+    rec = Recorder()
+    machine = machine_info()
+    with (
+        tempfile.TemporaryDirectory(prefix="iotgw-bench-mqtt-") as tmp,
+        open_stack(Path(tmp), plan) as stack,
+    ):
+        low_load(stack, plan, req, rec)
+        saturation(stack, plan, req, rec)
+    machine["load_average_at_end"] = load_average()
+    summary = report.summarize(plan, rec.results, rec.runs)
+    report.print_report(plan, rec.results, summary)
+    path = report.write(plan, quick, out_dir, machine, summary, rec.runs)
+    print(f"results: {path}")
+    return path
+
+
+def main(quick: bool = False, out_dir: Path | None = None) -> int:
+    run(QUICK if quick else FULL, out_dir, quick)
+    return 0

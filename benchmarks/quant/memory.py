@@ -1,0 +1,155 @@
+"""Weight memory, measured in fresh processes: each configuration loaded in a Python process
+that already imported everything and ran a tiny model on the same runtime (one-time
+allocations out of the way); the figure is the growth of the process's anonymous resident
+memory (``RssAnon``, after ``malloc_trim``) from before the load to after the load and a few
+batch-1 inferences, and the extra peak of one inference (``VmHWM`` reset just before it).
+
+The child is ``python -m benchmarks.quant --measure-memory JOBS``: it prints one
+``MEMORY {json}`` line per job (``measure_memory_here``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import json
+import os
+import subprocess
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.common import Repeated, python_argv
+from benchmarks.quant.measure import version_of
+from benchmarks.quant.plan import RUNTIMES, Config, Plan
+from models.runtime import Threads
+from models.zoo import SENSOR_FUSION, ModelSpec
+
+MEMORY_MARK = "MEMORY "
+WARM_CALLS = 3  # batch-1 calls before the memory a session holds is read
+
+
+def _status_kib(field: str) -> int | None:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return None
+
+
+def _held_bytes() -> int:
+    """Anonymous resident bytes, after handing freed heap pages back to the kernel."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    kib = _status_kib("RssAnon")
+    if kib is None:
+        raise RuntimeError("no RssAnon in /proc/self/status (needs Linux)")
+    return kib * 1024
+
+
+def _reset_peak() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # 5: reset VmHWM to the current RSS
+        return True
+    except OSError:
+        return False
+
+
+def _warm_runtime(job: dict[str, Any]) -> None:
+    """One-time costs of the runtime (libraries, thread pools, kernel registries) first."""
+    from models.backends import load_runtime
+
+    warm = version_of(Path(job["warmup_path"]), job["runtime"], "warmup")
+    warm_rt = load_runtime(warm, Threads(1, 1))
+    warm_rt.infer({n: np.zeros((1, *s), np.float32) for n, s in job["warmup_inputs"]})
+    warm_rt.close()
+
+
+def _measure_one(job: dict[str, Any]) -> dict[str, Any]:
+    from models.backends import load_runtime
+
+    version = version_of(Path(job["path"]), job["runtime"], job["model"])
+    feed = {i["name"]: np.zeros((1, *i["shape"]), np.float32) for i in job["inputs"]}
+    _warm_runtime(job)
+    before = _held_bytes()
+    runtime = load_runtime(version, Threads(1, 1))
+    loaded = _held_bytes()
+    # The first runs allocate for good (TF optimizes the graph and builds executors, the
+    # allocators settle): the figure is the steady state after WARM_CALLS, and the peak is
+    # that of the last one.
+    for _ in range(WARM_CALLS - 1):
+        runtime.infer(feed)
+    _held_bytes()
+    rss_before_call = (_status_kib("VmRSS") or 0) * 1024
+    peak_ok = _reset_peak()
+    runtime.infer(feed)
+    peak = (_status_kib("VmHWM") or 0) * 1024
+    held = _held_bytes()
+    runtime.close()
+    del runtime
+    return {
+        "label": job["label"],
+        "load_bytes": loaded - before,
+        "held_bytes": held - before,
+        "run_peak_extra_bytes": peak - rss_before_call if peak_ok else None,
+    }
+
+
+def measure_memory_here(jobs: Sequence[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Run in a fresh process: load each job's checkpoint in turn, measure, close."""
+    for job in jobs:
+        yield _measure_one(job)
+
+
+def measure_memory(
+    plan: Plan, configs: Sequence[Config], specs: dict[str, ModelSpec], warmup: Path
+) -> dict[str, dict[str, Repeated]]:
+    """label -> figure (``load_bytes``, ``held_bytes``, ``run_peak_extra_bytes``)."""
+    warm_inputs = [[i.name, list(i.shape)] for i in SENSOR_FUSION.inputs]
+
+    def job(c: Config) -> dict[str, Any]:
+        return {
+            "label": c.label,
+            "model": c.model,
+            "path": str(c.version.model_path),
+            "runtime": c.runtime,
+            "inputs": [{"name": i.name, "shape": list(i.shape)} for i in specs[c.model].inputs],
+            "warmup_path": str(warmup),
+            "warmup_inputs": warm_inputs,
+        }
+
+    if plan.memory_process_per_config:
+        batches = [[job(c)] for _ in range(plan.memory_runs) for c in configs]
+    else:
+        batches = [[job(c) for c in configs if c.runtime == r] for r in RUNTIMES]
+    samples: dict[str, dict[str, list[float]]] = {}
+    for jobs in batches:
+        for result in _memory_child(jobs):
+            per = samples.setdefault(result["label"], {})
+            for key in ("load_bytes", "held_bytes", "run_peak_extra_bytes"):
+                if result[key] is not None:
+                    per.setdefault(key, []).append(result[key])
+    return {label: {k: Repeated.of(v) for k, v in per.items()} for label, per in samples.items()}
+
+
+def _memory_child(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    proc = subprocess.run(
+        python_argv("benchmarks.quant", "--measure-memory", json.dumps(jobs)),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"memory measurement failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+        )
+    return [
+        json.loads(line[len(MEMORY_MARK) :])
+        for line in proc.stdout.splitlines()
+        if line.startswith(MEMORY_MARK)
+    ]

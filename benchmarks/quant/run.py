@@ -1,0 +1,79 @@
+"""The quantization benchmark from start to end: the checkpoints written, memory, agreement
+and latency measured, the results written and printed."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import machine_info, now_iso, print_summary, write_results
+from benchmarks.quant import report
+from benchmarks.quant.measure import (
+    agreement,
+    measure_latency,
+    stored_bytes,
+    version_of,
+    write_checkpoints,
+)
+from benchmarks.quant.memory import measure_memory
+from benchmarks.quant.plan import FULL, NAME, PRECISIONS, QUICK, RUNTIMES, Config, Plan
+from models.checkpoint import save_checkpoint
+from models.zoo import SENSOR_FUSION, init_weights
+from models.zoo_checkpoint import uniform_policy, zoo_checkpoint
+
+
+def _measure(plan: Plan, work: Path) -> list[dict[str, Any]]:
+    """Every configuration measured: its results entries, in configuration order."""
+    specs = {s.name: s for s in plan.models}
+    files = write_checkpoints(plan, work)
+    warm_checkpoint = zoo_checkpoint(
+        SENSOR_FUSION, init_weights(SENSOR_FUSION), uniform_policy(None, 16)
+    )
+    warmup = save_checkpoint(warm_checkpoint, work / "warmup" / "model.safetensors")
+    configs = [
+        Config(
+            spec.name,
+            precision,
+            runtime,
+            version_of(files[spec.name][precision], runtime, spec.name),
+        )
+        for spec in plan.models
+        for runtime in RUNTIMES
+        for precision, _ in PRECISIONS
+    ]
+    sizes = {c.label: stored_bytes(c.version.model_path) for c in configs}
+    print(f"measuring weight memory ({len(configs)} configurations)...", flush=True)
+    memory = measure_memory(plan, configs, specs, warmup)
+    print("measuring output agreement...", flush=True)
+    agree = agreement(plan, configs, specs)
+    print(f"measuring latency ({plan.rounds} round(s))...", flush=True)
+    latency = measure_latency(plan, configs, specs)
+    return [report.entry(c, sizes[c.label], memory, latency, agree[c.label]) for c in configs]
+
+
+def run(plan: Plan, out_dir: Path | None) -> Path:
+    created = now_iso()
+    machine = machine_info()
+    with tempfile.TemporaryDirectory(prefix="iotgw-bench-quant-") as tmp:
+        runs = _measure(plan, Path(tmp))
+    summary = report.summarize(plan, runs)
+    path = write_results(
+        NAME,
+        quick=plan.quick,
+        out_dir=out_dir,
+        machine=machine,
+        summary=summary,
+        runs=runs,
+        config=report.config(plan),
+        created=created,
+    )
+    print(report.table(runs))
+    print_summary(summary)
+    print(f"\nwrote {path}")
+    return path
+
+
+def main(quick: bool = False, out_dir: Path | None = None) -> int:
+    run(QUICK if quick else FULL, out_dir)
+    return 0
