@@ -44,6 +44,13 @@ def _run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "an arrival process, a scenario file or a recorded trace, and measure every reply. "
         "Writes summary.json and latency/rate/errors PNGs to --out.",
     )
+    _load_arguments(p)
+    _where_arguments(p)
+    _device_arguments(p)
+    _measurement_arguments(p)
+
+
+def _load_arguments(p: argparse.ArgumentParser) -> None:
     load = p.add_argument_group("load (one of --arrival, --scenario, --trace)")
     source = load.add_mutually_exclusive_group(required=True)
     source.add_argument("--arrival", choices=sorted(_PROCESS_ARGS), help="arrival process")
@@ -58,6 +65,8 @@ def _run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     load.add_argument("--period-s", type=float, default=60.0, help="diurnal: period (s)")
     load.add_argument("--speed", type=float, default=1.0, help="trace replay speed factor")
 
+
+def _where_arguments(p: argparse.ArgumentParser) -> None:
     where = p.add_argument_group("where")
     where.add_argument(
         "--transport",
@@ -77,6 +86,8 @@ def _run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "--allow-remote", action="store_true", help="allow non-loopback broker/gateway hosts"
     )
 
+
+def _device_arguments(p: argparse.ArgumentParser) -> None:
     who = p.add_argument_group("devices and payloads")
     who.add_argument("--devices", type=int, default=10, help="virtual devices (default 10)")
     who.add_argument("--device-prefix", default="dev", help="device ids are <prefix><n>")
@@ -104,6 +115,8 @@ def _run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     who.add_argument("--batch", type=int, default=1, help="rows per request")
     who.add_argument("--deadline-ms", type=float, help="request 'timeout' parameter")
 
+
+def _measurement_arguments(p: argparse.ArgumentParser) -> None:
     measure = p.add_argument_group("measurement and bounds")
     measure.add_argument("--seed", type=int, default=0)
     measure.add_argument("--timeout-s", type=float, default=5.0, help="reply wait before lost")

@@ -15,6 +15,7 @@ deterministic function of (spec, weights): the same inputs always give the same 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from models.zoo import (
     Conv2D,
     Dense,
     Flatten,
+    Layer,
     MaxPool2D,
     ModelSpec,
     Params,
@@ -55,12 +57,11 @@ def build_onnx(
     quantized layers (4: int8 activations; 0: fp32). ``conv_im2col``: which quantized
     convolutions run as im2col and MatMulNBits (``quant_onnx.conv_im2col_chosen``) instead of
     dequantizing their kernels for a ``Conv``."""
-    g = GraphBuilder()
+    b = _LayerWriter(GraphBuilder(), accuracy_level, conv_im2col)
     if len(spec.inputs) == 1:
         x = spec.inputs[0].name
     else:
-        x = g.node("Concat", [i.name for i in spec.inputs], "concat", axis=-1)
-    layout = "nhwc"  # of the current tensor when it is a feature map
+        x = b.g.node("Concat", [i.name for i in spec.inputs], "concat", axis=-1)
     shape = spec_input_shape(spec)
     last = len(spec.layers) - 1
     for i, (layer, p, out_shape) in enumerate(
@@ -68,63 +69,106 @@ def build_onnx(
     ):
         # The last layer writes the graph output directly unless a softmax follows it.
         out = spec.output if i == last and not spec.softmax else f"l{i}"
-        match layer:
-            case Dense():
-                x = _dense(g, i, x, p, out, layer.activation, accuracy_level)
-            case Conv2D(kernel=k, stride=s, padding=padding):
-                pads = (0, 0, 0, 0)
-                if padding == "same":
-                    top, bottom = same_pads(shape[0], k, s)
-                    left, right = same_pads(shape[1], k, s)
-                    pads = (top, left, bottom, right)
-                if isinstance(p, QuantParams) and quant_onnx.conv_im2col_chosen(
-                    conv_im2col, p.kernel.data, out_shape
-                ):
-                    x = _to_layout(g, i, x, layout, "nhwc")
-                    layout = "nhwc"
-                    pre = out if layer.activation == "linear" else f"{out}_pre"
-                    x = quant_onnx.conv_matmul_nbits(
-                        g,
-                        f"l{i}",
-                        x,
-                        p.kernel.data,
-                        p.bias,
-                        kernel=(k, k),
-                        stride=s,
-                        pads=pads,
-                        out_hw=(out_shape[0], out_shape[1]),
-                        out=pre,
-                        accuracy_level=accuracy_level,
-                    )
-                    if layer.activation != "linear":
-                        x = g.node("Relu", [x], out)
-                else:
-                    x = _to_layout(g, i, x, layout, "nchw")
-                    layout = "nchw"
-                    w = _conv_kernel(g, i, p)
-                    b = g.const(f"l{i}_bias", _bias(p))
-                    x = _activated(
-                        g,
-                        "Conv",
-                        [x, w, b],
-                        out,
-                        layer.activation,
-                        kernel_shape=[k, k],
-                        strides=[s, s],
-                        pads=list(pads),
-                    )
-            case MaxPool2D(pool=pool):
-                x = _to_layout(g, i, x, layout, "nchw")
-                layout = "nchw"
-                x = g.node("MaxPool", [x], out, kernel_shape=[pool, pool], strides=[layer.step] * 2)
-            case Flatten():
-                x = _to_layout(g, i, x, layout, "nhwc")
-                layout = "nhwc"
-                x = g.node("Flatten", [x], out, axis=1)
+        x = b.layer(_Step(i, out, shape, out_shape), layer, x, p)
         shape = out_shape
     if spec.softmax:
-        x = g.node("Softmax", [x], spec.output, axis=-1)
+        x = b.g.node("Softmax", [x], spec.output, axis=-1)
+    return _model(spec, weights, b.g)
 
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """Where a layer stands: its index, its output's name, its input and output shapes."""
+
+    i: int
+    out: str
+    shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class _LayerWriter:
+    """Writes the layers' nodes in turn, tracking the layout of the current feature map."""
+
+    g: GraphBuilder
+    accuracy_level: int
+    conv_im2col: quant_onnx.ConvIm2col
+    layout: str = "nhwc"  # of the current tensor when it is a feature map
+
+    def layer(self, step: _Step, layer: Layer, x: str, p: LayerParams) -> str:
+        i, out = step.i, step.out
+        match layer:
+            case Dense():
+                return _dense(self.g, i, x, p, out, layer.activation, self.accuracy_level)
+            case Conv2D():
+                return self.conv(step, layer, x, p)
+            case MaxPool2D(pool=pool):
+                x = self.to_layout(i, x, "nchw")
+                return self.g.node(
+                    "MaxPool", [x], out, kernel_shape=[pool, pool], strides=[layer.step] * 2
+                )
+            case Flatten():
+                x = self.to_layout(i, x, "nhwc")
+                return self.g.node("Flatten", [x], out, axis=1)
+        raise ValueError(f"layer {i}: {layer!r} cannot be exported")
+
+    def to_layout(self, i: int, x: str, wanted: str) -> str:
+        x = _to_layout(self.g, i, x, self.layout, wanted)
+        self.layout = wanted
+        return x
+
+    def conv(self, step: _Step, layer: Conv2D, x: str, p: LayerParams) -> str:
+        i, k, s = step.i, layer.kernel, layer.stride
+        pads = (0, 0, 0, 0)
+        if layer.padding == "same":
+            top, bottom = same_pads(step.shape[0], k, s)
+            left, right = same_pads(step.shape[1], k, s)
+            pads = (top, left, bottom, right)
+        if isinstance(p, QuantParams) and quant_onnx.conv_im2col_chosen(
+            self.conv_im2col, p.kernel.data, step.out_shape
+        ):
+            x = self.to_layout(i, x, "nhwc")
+            return self.conv_as_matmul(step, layer, x, p, pads)
+        x = self.to_layout(i, x, "nchw")
+        w = _conv_kernel(self.g, i, p)
+        b = self.g.const(f"l{i}_bias", _bias(p))
+        return _activated(
+            self.g,
+            "Conv",
+            [x, w, b],
+            step.out,
+            layer.activation,
+            kernel_shape=[k, k],
+            strides=[s, s],
+            pads=list(pads),
+        )
+
+    def conv_as_matmul(
+        self, step: _Step, layer: Conv2D, x: str, p: QuantParams, pads: tuple[int, int, int, int]
+    ) -> str:
+        """im2col on NHWC and MatMulNBits over the codes."""
+        out = step.out
+        pre = out if layer.activation == "linear" else f"{out}_pre"
+        x = quant_onnx.conv_matmul_nbits(
+            self.g,
+            f"l{step.i}",
+            x,
+            p.kernel.data,
+            p.bias,
+            kernel=(layer.kernel, layer.kernel),
+            stride=layer.stride,
+            pads=pads,
+            out_hw=(step.out_shape[0], step.out_shape[1]),
+            out=pre,
+            accuracy_level=self.accuracy_level,
+        )
+        if layer.activation != "linear":
+            x = self.g.node("Relu", [x], out)
+        return x
+
+
+def _model(spec: ModelSpec, weights: Sequence[LayerParams], g: GraphBuilder) -> onnx.ModelProto:
+    """The graph's nodes and initializers as a checked model, with the opsets they need."""
     graph = helper.make_graph(
         g.nodes,
         spec.name,

@@ -15,6 +15,7 @@ from __future__ import annotations
 # Sets the environment TensorFlow reads when it is first imported (Keras imports it).
 from models import tf_env  # noqa: F401  isort: skip
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,19 +66,44 @@ def import_keras(
     shape = tuple(model.inputs[0].shape[1:])
     if any(d is None for d in shape):
         raise ImportFailed(f"{description}: the input shape {shape} must be fully known")
-    layers: list[Layer] = []
-    weights: list[Params | None] = []
-    sources: dict[str, str] = {}
-    notes: list[str] = []
     _check_chain(model, description)
-    softmax = False
+    chain = _Chain()
     for klayer in model.layers:
+        chain.add(klayer)
+    try:
+        spec = ModelSpec(
+            name=model.name,
+            inputs=(Input(input_name or model.inputs[0].name, shape),),
+            layers=tuple(chain.layers),
+            output=output_name,
+            softmax=chain.softmax,
+            description=f"imported from {description}",
+        )
+    except ValueError as exc:
+        raise ImportFailed(f"{description}: {exc}") from exc
+    checkpoint, decisions = quantize_zoo(spec, tuple(chain.weights), options, chain.sources)
+    notes = tuple(chain.notes)
+    report = ImportReport(description, tuple(decisions), notes, architecture_lines(spec))
+    return checkpoint, report
+
+
+@dataclass(slots=True)
+class _Chain:
+    """The zoo layers made of the Keras layers so far, their weights and where they came from."""
+
+    layers: list[Layer] = field(default_factory=list)
+    weights: list[Params | None] = field(default_factory=list)
+    sources: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    softmax: bool = False  # the model ends with a softmax: nothing may follow
+
+    def add(self, klayer: Any) -> None:
         kind = type(klayer).__name__
         if kind in _SKIPPED:
             if kind != "InputLayer":
-                notes.append(f"{klayer.name} ({kind}) skipped: does nothing at inference")
-            continue
-        if softmax:
+                self.notes.append(f"{klayer.name} ({kind}) skipped: does nothing at inference")
+            return
+        if self.softmax:
             raise ImportFailed(f"{klayer.name}: a softmax may only end the model")
         config = klayer.get_config()
         activation = _activation(config)
@@ -87,32 +113,18 @@ def import_keras(
             ):
                 raise ImportFailed(f"{klayer.name}: only a plain ReLU is supported")
             name = {"ReLU": "relu", "Softmax": "softmax"}.get(kind, activation)
-            softmax = _fold(layers, name, klayer.name)
-            continue
+            self.softmax = _fold(self.layers, name, klayer.name)
+            return
         layer, params = _convert(klayer, kind, config)
         if activation == "softmax":
-            softmax = True
+            self.softmax = True
         elif activation not in ("linear", "relu"):
             raise ImportFailed(f"{klayer.name}: activation {activation!r} is not supported")
         if params is not None:
-            sources[f"layers.{len(layers)}.weight"] = f"{klayer.name}.kernel"
-            sources[f"layers.{len(layers)}.bias"] = f"{klayer.name}.bias"
-        layers.append(layer)
-        weights.append(params)
-    try:
-        spec = ModelSpec(
-            name=model.name,
-            inputs=(Input(input_name or model.inputs[0].name, shape),),
-            layers=tuple(layers),
-            output=output_name,
-            softmax=softmax,
-            description=f"imported from {description}",
-        )
-    except ValueError as exc:
-        raise ImportFailed(f"{description}: {exc}") from exc
-    checkpoint, decisions = quantize_zoo(spec, tuple(weights), options, sources)
-    report = ImportReport(description, tuple(decisions), tuple(notes), architecture_lines(spec))
-    return checkpoint, report
+            self.sources[f"layers.{len(self.layers)}.weight"] = f"{klayer.name}.kernel"
+            self.sources[f"layers.{len(self.layers)}.bias"] = f"{klayer.name}.bias"
+        self.layers.append(layer)
+        self.weights.append(params)
 
 
 def _check_chain(model: keras.Model, description: str) -> None:

@@ -54,15 +54,44 @@ class _Candidate:
 
 
 def import_onnx(source: Path, options: QuantOptions) -> tuple[Checkpoint, ImportReport]:
+    model = _load(source)
+    notes: list[str] = []
+    _name_nodes(model.graph)
+    decisions: list[TensorDecision] = []
+    candidates = _candidates(model.graph, decisions)
+    chosen = _choose(candidates, options, decisions)
+    if (
+        chosen
+        and _needs_dequantize_linear(chosen, options)
+        and _opset(model) < quant_onnx.QUANT_OPSET
+    ):
+        model = _convert_for_dequantize_linear(model, source, notes)
+    tensors, rewrites = _quantize(chosen, options, decisions)
+    graph = model.graph
+    kept = _take_float_initializers(graph, tensors, candidates, decisions)
+    if GRAPH_TENSOR in tensors:
+        raise ImportFailed(f"{source}: an initializer is named {GRAPH_TENSOR!r}, reserved here")
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    tensors[GRAPH_TENSOR] = np.frombuffer(model.SerializeToString(), np.uint8)
+    architecture = {"kind": ONNX_KIND, "graph": GRAPH_TENSOR, "rewrites": rewrites}
+    checkpoint = Checkpoint(architecture, tensors, frozenset({GRAPH_TENSOR}))
+    return checkpoint, ImportReport(str(source), tuple(decisions), tuple(notes))
+
+
+def _load(source: Path) -> onnx.ModelProto:
     try:
         model = onnx.load(str(source))
         onnx.checker.check_model(model)
     except Exception as exc:  # onnx raises DecodeError, ValidationError, OSError...
         raise ImportFailed(f"{source}: not a valid ONNX model: {exc}") from exc
-    notes: list[str] = []
-    _name_nodes(model.graph)
-    decisions: list[TensorDecision] = []
-    candidates = _candidates(model.graph, decisions)
+    return model
+
+
+def _choose(
+    candidates: dict[str, _Candidate], options: QuantOptions, decisions: list[TensorDecision]
+) -> dict[str, _Candidate]:
+    """The candidates the options let be quantized; the others are recorded as kept in float."""
     chosen: dict[str, _Candidate] = {}
     for name, candidate in candidates.items():
         shape = tuple(candidate.weight.shape)
@@ -71,23 +100,31 @@ def import_onnx(source: Path, options: QuantOptions) -> tuple[Checkpoint, Import
             decisions.append(TensorDecision(name, shape, False, reason))
             continue
         chosen[name] = candidate
-    if (
-        chosen
-        and _needs_dequantize_linear(chosen, options)
-        and _opset(model) < quant_onnx.QUANT_OPSET
-    ):
-        before = _opset(model)
-        try:
-            model = onnx.version_converter.convert_version(model, quant_onnx.QUANT_OPSET)
-        except Exception as exc:
-            raise ImportFailed(
-                f"{source}: blocked DequantizeLinear needs opset {quant_onnx.QUANT_OPSET} and "
-                f"converting from opset {before} failed ({exc}); try --bits 2, 4 or 8 with "
-                f"--keep-float for the convolutions"
-            ) from exc
-        notes.append(
-            f"converted from opset {before} to {quant_onnx.QUANT_OPSET} (blocked DequantizeLinear)"
-        )
+    return chosen
+
+
+def _convert_for_dequantize_linear(
+    model: onnx.ModelProto, source: Path, notes: list[str]
+) -> onnx.ModelProto:
+    before = _opset(model)
+    try:
+        model = onnx.version_converter.convert_version(model, quant_onnx.QUANT_OPSET)
+    except Exception as exc:
+        raise ImportFailed(
+            f"{source}: blocked DequantizeLinear needs opset {quant_onnx.QUANT_OPSET} and "
+            f"converting from opset {before} failed ({exc}); try --bits 2, 4 or 8 with "
+            f"--keep-float for the convolutions"
+        ) from exc
+    notes.append(
+        f"converted from opset {before} to {quant_onnx.QUANT_OPSET} (blocked DequantizeLinear)"
+    )
+    return model
+
+
+def _quantize(
+    chosen: dict[str, _Candidate], options: QuantOptions, decisions: list[TensorDecision]
+) -> tuple[dict[str, Tensor], dict[str, dict[str, str]]]:
+    """The chosen weights as quantized tensors, and the node that consumes each."""
     tensors: dict[str, Tensor] = {}
     rewrites: dict[str, dict[str, str]] = {}
     for name, candidate in chosen.items():
@@ -104,7 +141,17 @@ def import_onnx(source: Path, options: QuantOptions) -> tuple[Checkpoint, Import
                 + quantized_detail(options.bits, options.block_size, candidate.weight.shape),
             )
         )
-    graph = model.graph
+    return tensors, rewrites
+
+
+def _take_float_initializers(
+    graph: onnx.GraphProto,
+    tensors: dict[str, Tensor],
+    candidates: dict[str, _Candidate],
+    decisions: list[TensorDecision],
+) -> list[onnx.TensorProto]:
+    """Float initializers not quantized become float checkpoint tensors; returns the others
+    (shapes, indices, external data), which stay inside the graph."""
     kept = []
     for init in graph.initializer:
         if init.name in tensors:
@@ -125,14 +172,7 @@ def import_onnx(source: Path, options: QuantOptions) -> tuple[Checkpoint, Import
                 )
         else:
             kept.append(init)
-    if GRAPH_TENSOR in tensors:
-        raise ImportFailed(f"{source}: an initializer is named {GRAPH_TENSOR!r}, reserved here")
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
-    tensors[GRAPH_TENSOR] = np.frombuffer(model.SerializeToString(), np.uint8)
-    architecture = {"kind": ONNX_KIND, "graph": GRAPH_TENSOR, "rewrites": rewrites}
-    checkpoint = Checkpoint(architecture, tensors, frozenset({GRAPH_TENSOR}))
-    return checkpoint, ImportReport(str(source), tuple(decisions), tuple(notes))
+    return kept
 
 
 def _opset(model: onnx.ModelProto) -> int:

@@ -296,12 +296,22 @@ def _markdown(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def plot(plan: ReportPlan, runs: list[dict[str, Any]], out_dir: Path, stem: str) -> list[Path]:
+    """The study's four charts as PNG files: accuracy against weight width, SimiGrad's batch
+    size and validation accuracy per step, communication per step."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
+    return [
+        _save(_plot_accuracy_bits(plan, runs), out_dir / f"{stem}_accuracy_bits.png"),
+        _save(_plot_simigrad_batch(plan, runs), out_dir / f"{stem}_simigrad_batch.png"),
+        _save(_plot_simigrad_val(plan, runs), out_dir / f"{stem}_simigrad_val.png"),
+        _save(_plot_traffic(runs), out_dir / f"{stem}_traffic.png"),
+    ]
+
+
+def _plot_accuracy_bits(plan: ReportPlan, runs: list[dict[str, Any]]) -> Any:
     import matplotlib.pyplot as plt
 
-    paths = []
     fig, ax = plt.subplots(figsize=(6, 4))
     fp32 = [r["test_accuracy"] for r in runs if r.get("mode") == "fp32"]
     ax.axhline(100 * _mean(fp32), color="black", linestyle="--", label="fp32")
@@ -318,7 +328,11 @@ def plot(plan: ReportPlan, runs: list[dict[str, Any]], out_dir: Path, stem: str)
     ax.invert_xaxis()
     ax.legend()
     ax.set_title(f"Accuracy vs weight width ({len(plan.seeds)} seeds, mean +/- std)")
-    paths.append(_save(fig, out_dir / f"{stem}_accuracy_bits.png"))
+    return fig
+
+
+def _plot_simigrad_batch(plan: ReportPlan, runs: list[dict[str, Any]]) -> Any:
+    import matplotlib.pyplot as plt
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
     seed = plan.seeds[0]
@@ -336,9 +350,14 @@ def plot(plan: ReportPlan, runs: list[dict[str, Any]], out_dir: Path, stem: str)
     bottom.set_xlabel("optimizer step")
     bottom.set_ylabel("cosine of half gradients")
     bottom.legend()
-    paths.append(_save(fig, out_dir / f"{stem}_simigrad_batch.png"))
+    return fig
+
+
+def _plot_simigrad_val(plan: ReportPlan, runs: list[dict[str, Any]]) -> Any:
+    import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
+    seed = plan.seeds[0]
     for r in runs:
         if r["study"] == "simigrad" and r["seed"] == seed and r["val"]:
             steps, acc = zip(*r["val"], strict=True)
@@ -349,7 +368,11 @@ def plot(plan: ReportPlan, runs: list[dict[str, Any]], out_dir: Path, stem: str)
     ax.set_ylabel("validation accuracy (%)")
     ax.legend()
     ax.set_title(f"Validation accuracy per step (seed {seed})")
-    paths.append(_save(fig, out_dir / f"{stem}_simigrad_val.png"))
+    return fig
+
+
+def _plot_traffic(runs: list[dict[str, Any]]) -> Any:
+    import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
     traffic8 = next(r for r in runs if r["study"] == "traffic" and r["bits"] == 8)
@@ -366,8 +389,7 @@ def plot(plan: ReportPlan, runs: list[dict[str, Any]], out_dir: Path, stem: str)
     ax.set_ylabel("kB received per step, all ranks")
     ax.legend()
     ax.set_title(f"Communication per step ({traffic8['nodes']} nodes x {traffic8['per_node']})")
-    paths.append(_save(fig, out_dir / f"{stem}_traffic.png"))
-    return paths
+    return fig
 
 
 def _save(fig: Any, path: Path) -> Path:
