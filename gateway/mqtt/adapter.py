@@ -26,7 +26,7 @@ import paho.mqtt.client as paho
 from paho.mqtt.properties import Properties
 
 from gateway.codecs import oip
-from gateway.edge import Edge, Phase, error_document
+from gateway.edge import OFFLOAD_BYTES, Edge, Phase, error_document
 from gateway.errors import (
     BadRequest,
     DuplicateRequestId,
@@ -272,7 +272,7 @@ class MqttAdapter:
                 raise
             except Exception as exc:  # RecursionError and MemoryError included
                 err = self._edge.reject(exc, phase=phase, model=route.model)
-                self._reply_error(delivery, err, None)
+                self._reply_error(delivery, err, _unread_id(route, err, message))
                 return
             if json_len is None:
                 self._reply(delivery, with_status(reply), False, 200)
@@ -432,6 +432,16 @@ class MqttAdapter:
         )
         self._reply_error(delivery, self._edge.reject(err, phase="infer"), None)
         return True
+
+
+def _unread_id(route: Route, err: GatewayError, message: Message) -> str | None:
+    """The id of a request refused before its payload was read (an unknown model), when the
+    device has no Correlation Data to match the reply by: without it an MQTT 3.1.1 device
+    could match the refusal to none of its requests. Not looked for in large payloads."""
+    if route.correlation is not None or err.request_id is not None:
+        return None
+    payload = bytes(message.payload)
+    return _peek_id(payload) if len(payload) < OFFLOAD_BYTES else None
 
 
 def _peek_id(payload: bytes) -> str | None:

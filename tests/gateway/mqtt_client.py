@@ -104,7 +104,9 @@ class Device:
             if future is not None and not future.done():
                 future.set_result(reply)
 
-    async def publish(self, model: str, payload: bytes, key: str) -> asyncio.Future[Any]:
+    async def publish(
+        self, model: str, payload: bytes, key: str, *, qos: int = 1
+    ) -> asyncio.Future[Any]:
         """Publish a request whose reply is matched by ``key`` (Correlation Data, or ``id``)."""
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiting[key] = future
@@ -116,7 +118,7 @@ class Device:
         await self.client.publish(
             f"{self.prefix}/infer/{model}/req/{self.device_id}",
             payload,
-            qos=1,
+            qos=qos,
             properties=properties,
         )
         return future
