@@ -81,6 +81,10 @@ class MqttResponder:
         self.stamps: dict[str, tuple[float, float]] = {}
         self.binary_requests = 0
         self._stack = contextlib.AsyncExitStack()
+        # With answer_twice, the two copies of a reply leave back to back, never interleaved
+        # with another request's: whoever reads them in order sees each duplicate next to its
+        # first copy.
+        self._pair = asyncio.Lock()
 
     async def __aenter__(self) -> MqttResponder:
         client = aiomqtt.Client(
@@ -136,8 +140,11 @@ class MqttResponder:
             topic = response_topic
         else:
             topic = f"{self.prefix}/infer/{model}/res/{device}"
-        for _ in range(2 if self.answer_twice else 1):
-            await self._client.publish(topic, body, qos=1, properties=props if self.v5 else None)
+        async with self._pair:
+            for _ in range(2 if self.answer_twice else 1):
+                await self._client.publish(
+                    topic, body, qos=1, properties=props if self.v5 else None
+                )
 
 
 COUNTS = web.AppKey("counts", Counter)

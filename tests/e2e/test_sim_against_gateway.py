@@ -10,6 +10,7 @@ import pytest
 
 from device_sim.cli import main as sim_main
 from tests.brokers import mosquitto
+from tests.gateway.helpers import make_repo
 from tests.gateway.processes import gateway_process
 
 pytestmark = pytest.mark.slow
@@ -18,9 +19,11 @@ pytestmark = pytest.mark.slow
 def test_simulated_devices_on_every_transport_get_every_answer(
     demo_repo: Path, tmp_path: Path
 ) -> None:
+    # The two ONNX models the devices use, not the whole demo repository (TensorFlow too).
+    repo = make_repo(tmp_path / "repo", demo_repo, {"sensor_mlp": None, "vision_cnn": None})
     with (
         mosquitto(tmp_path) as broker,
-        gateway_process(demo_repo, tmp_path, broker=broker.url, client_id="gw-sim") as gw,
+        gateway_process(repo, tmp_path, broker=broker.url, client_id="gw-sim") as gw,
     ):
         for transport, framing in [("mqtt5", "json"), ("mqtt311", "binary"), ("http", "binary")]:
             out = tmp_path / f"{transport}-{framing}"
@@ -51,6 +54,10 @@ def test_simulated_devices_on_every_transport_get_every_answer(
                     "vision_cnn",
                     "--slo-ms",
                     "5000",
+                    # A correctness test: every request gets a deadline far beyond any wait on
+                    # a busy machine, so an answer is a 200, never a deadline 503.
+                    "--deadline-ms",
+                    "20000",
                     "--timeout-s",
                     "30",
                     "--out",

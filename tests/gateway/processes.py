@@ -29,14 +29,20 @@ class GatewayProcess:
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as r:
             return r.read().decode()
 
-    def stop(self, sig: int = signal.SIGTERM) -> None:
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 60.0) -> int:
+        """Send ``sig`` and wait for the exit; returns the exit status (negative: the signal
+        that ended it). A gateway still alive after ``timeout_s`` is killed and the test fails:
+        a stop that hangs is a defect, not a slow exit."""
         if self.process.poll() is None:
             self.process.send_signal(sig)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        try:
+            return self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise AssertionError(
+                f"gateway still running {timeout_s} s after signal {sig}:\n{self.log.read_text()}"
+            ) from None
 
 
 def start_gateway(

@@ -12,13 +12,29 @@ import numpy as np
 import pytest
 
 from tests.brokers import mosquitto
-from tests.gateway.helpers import Reference, random_inputs
+from tests.gateway.helpers import Reference, make_repo, random_inputs
 from tests.gateway.mqtt_client import Device, device, json_payload, outputs_of
 from tests.gateway.processes import gateway_process, mqtt_requests_served, start_gateway
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="function")]
 
 DEVICES = 20
+MODEL = "sensor_mlp"
+
+
+@pytest.fixture
+def mlp_repo(demo_repo: Path, tmp_path: Path) -> Path:
+    """The one ONNX model these gateways serve: each process starts in a fraction of the time
+    the whole demo repository (TensorFlow included) takes."""
+    return make_repo(tmp_path / "repo", demo_repo, {MODEL: None})
+
+
+async def _marker(dev: Device, inputs: dict[str, np.ndarray], key: str) -> None:
+    """A request published after everything else, answered: a duplicate reply to anything
+    taken before it would have been published by then (the gateway answers in order of
+    arrival, and the broker keeps the order of one publisher's messages)."""
+    reply = await dev.request(MODEL, json_payload(inputs, key), key)
+    assert reply["status"] == 200
 
 
 async def _send_all(
@@ -35,16 +51,16 @@ async def _send_all(
 
 
 async def test_two_replicas_share_the_load_and_answer_every_request_once(
-    demo_repo: Path, tmp_path: Path, reference: Reference
+    mlp_repo: Path, tmp_path: Path, reference: Reference
 ) -> None:
     per_device = 100
-    meta = reference.metadata("sensor_mlp")
+    meta = reference.metadata(MODEL)
     inputs = random_inputs(meta, rows=1, rng=np.random.default_rng(11))
-    want = reference.infer("sensor_mlp", inputs)["probabilities"]
+    want = reference.infer(MODEL, inputs)["probabilities"]
     with (
         mosquitto(tmp_path) as broker,
-        gateway_process(demo_repo, tmp_path, broker=broker.url, client_id="gw-a") as gw_a,
-        gateway_process(demo_repo, tmp_path, broker=broker.url, client_id="gw-b") as gw_b,
+        gateway_process(mlp_repo, tmp_path, broker=broker.url, client_id="gw-a") as gw_a,
+        gateway_process(mlp_repo, tmp_path, broker=broker.url, client_id="gw-b") as gw_b,
     ):
 
         async def run_device(i: int) -> Device:
@@ -52,52 +68,59 @@ async def test_two_replicas_share_the_load_and_answer_every_request_once(
                 payloads = [
                     (f"{i}-{j}", json_payload(inputs, f"{i}-{j}")) for j in range(per_device)
                 ]
-                futures = await _send_all(dev, "sensor_mlp", payloads, window=8)
+                futures = await _send_all(dev, MODEL, payloads, window=8)
                 await asyncio.wait_for(asyncio.gather(*futures), 120)
-                await asyncio.sleep(0.5)  # a duplicate reply would arrive by now
+                await _marker(dev, inputs, f"{i}-marker")
                 return dev
 
         devices = await asyncio.gather(*(run_device(i) for i in range(DEVICES)))
         served = [mqtt_requests_served(gw.metrics()) for gw in (gw_a, gw_b)]
 
-    keys = Counter(k for dev in devices for k, _ in dev.replies)
+    keys = Counter(k for dev in devices for k, _ in dev.replies if not str(k).endswith("-marker"))
     assert len(keys) == DEVICES * per_device  # every request answered...
     assert set(keys.values()) == {1}  # ...exactly once
     for dev in devices:
         for _, reply in dev.replies:
             assert reply["status"] == 200
             np.testing.assert_allclose(outputs_of(reply)["probabilities"], want, rtol=1e-5)
-    assert sum(served) == DEVICES * per_device
+    assert sum(served) == DEVICES * (per_device + 1)  # markers included: none computed twice
     assert min(served) > 0, f"one replica served nothing: {served}"
 
 
-@pytest.mark.parametrize("stop_signal", [signal.SIGKILL, signal.SIGTERM], ids=["kill", "term"])
+@pytest.mark.parametrize(
+    ("stop_signal", "exit_status"),
+    [(signal.SIGKILL, -signal.SIGKILL), (signal.SIGTERM, 0)],
+    ids=["kill", "term"],
+)
 async def test_restarted_gateway_answers_every_request_published_meanwhile(
-    demo_repo: Path, tmp_path: Path, reference: Reference, stop_signal: int
+    mlp_repo: Path, tmp_path: Path, reference: Reference, stop_signal: int, exit_status: int
 ) -> None:
     total, rate = 300, 100.0  # requests, per second: the gateway is down for part of it
-    meta = reference.metadata("sensor_mlp")
+    meta = reference.metadata(MODEL)
     inputs = random_inputs(meta, rows=1, rng=np.random.default_rng(12))
-    want = reference.infer("sensor_mlp", inputs)["probabilities"]
+    want = reference.infer(MODEL, inputs)["probabilities"]
     with mosquitto(tmp_path) as broker:
-        gw = start_gateway(demo_repo, tmp_path, broker=broker.url, client_id="gw-restart")
+        gw = start_gateway(mlp_repo, tmp_path, broker=broker.url, client_id="gw-restart")
         try:
             async with device(broker.port, "restart-dev", v5=True) as dev:
                 futures = []
+                stopped: asyncio.Task[int] | None = None
                 for j in range(total):
                     key = f"r-{j}"
-                    futures.append(await dev.publish("sensor_mlp", json_payload(inputs, key), key))
-                    if j == total // 3:
-                        gw.stop(stop_signal)  # down while a third of the requests is sent
+                    futures.append(await dev.publish(MODEL, json_payload(inputs, key), key))
+                    if j == total // 3:  # down while the rest is published
+                        stopped = asyncio.create_task(asyncio.to_thread(gw.stop, stop_signal))
                     await asyncio.sleep(1 / rate)
-                assert gw.process.poll() is not None
+                assert stopped is not None
+                # A graceful stop exits 0 (a drain that hangs fails here, it is not killed).
+                assert await stopped == exit_status, gw.log.read_text()
                 down_while = sum(1 for f in futures if not f.done())
-                gw = start_gateway(demo_repo, tmp_path, broker=broker.url, client_id="gw-restart")
+                gw = start_gateway(mlp_repo, tmp_path, broker=broker.url, client_id="gw-restart")
                 await asyncio.wait_for(asyncio.gather(*futures), 120)
-                await asyncio.sleep(0.5)
+                await _marker(dev, inputs, "marker")
         finally:
             gw.stop(signal.SIGKILL)
-    keys = Counter(k for k, _ in dev.replies)
+    keys = Counter(k for k, _ in dev.replies if k != "marker")
     assert down_while > 0  # requests really waited for the restart
     assert set(keys) == {f"r-{j}" for j in range(total)}  # none lost
     if stop_signal == signal.SIGTERM:

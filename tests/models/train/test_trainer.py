@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -74,30 +75,47 @@ def test_step_log_and_learning_rate_scaling() -> None:
 @pytest.mark.parametrize(
     "flags",
     [
-        pytest.param(["--bits", "none", "--no-qgz"], marks=pytest.mark.slow),  # all off
+        ["--bits", "none", "--no-qgz"],  # all off
         ["--bits", "4", "--simigrad", "--error-feedback"],  # all on
-        pytest.param(
-            ["--bits", "2", "--no-qgz", "--simigrad", "--nodes", "1", "--per-node", "2"],
-            marks=pytest.mark.slow,
-        ),
+        ["--bits", "2", "--no-qgz", "--simigrad", "--nodes", "1", "--per-node", "2"],
     ],
 )
 def test_tiny_training_command(flags: list[str], tmp_path: Path) -> None:
-    out = tmp_path / "model.safetensors"
-    log = tmp_path / "steps.jsonl"
-    argv = ["train", *flags, "--max-steps", "3", "--micro-batch", "2", "--no-progress"]
-    if "--nodes" not in flags:
-        argv += ["--nodes", "2", "--per-node", "1"]
-    argv += ["--out", str(out), "--log", str(log), "--state", str(tmp_path / "state")]
-    assert iotgw(argv) == 0
-    assert len(log.read_text().splitlines()) == 3
-    checkpoint = load_checkpoint(out)
+    def train(name: str, steps: int) -> list[str]:
+        """Arguments of a fresh run of ``steps`` steps writing ``name``.{safetensors,jsonl}."""
+        argv = ["train", *flags, "--max-steps", str(steps), "--micro-batch", "2", "--no-progress"]
+        if "--nodes" not in flags:
+            argv += ["--nodes", "2", "--per-node", "1"]
+        return [*argv, *_outputs(tmp_path, name), "--state", str(tmp_path / name)]
+
+    assert iotgw(train("first", 3)) == 0
+    assert len(_steps(tmp_path / "first.jsonl")) == 3
+    checkpoint = load_checkpoint(tmp_path / "first.safetensors")
     kernels = [t for n, t in checkpoint.tensors.items() if n.endswith(".weight")]
     quantized = [isinstance(t, QuantizedTensor) for t in kernels]
     assert all(quantized) if flags[1] != "none" else not any(quantized)
-    assert (tmp_path / "state" / "state.json").is_file()
-    resumed = ["train", "--resume", "--state", str(tmp_path / "state"), "--max-steps", "4"]
-    assert iotgw([*resumed, "--no-progress"]) == 0
+    assert (tmp_path / "first" / "state.json").is_file()
+    resumed = ["train", "--resume", "--state", str(tmp_path / "first"), "--max-steps", "4"]
+    assert iotgw([*resumed, "--no-progress", *_outputs(tmp_path, "resumed")]) == 0
+    # The resumed run went on from step 3 (one step, numbered 4) and ends exactly where a run
+    # of 4 steps never interrupted does: same step log, same exported bytes.
+    assert iotgw(train("whole", 4)) == 0
+    assert [s["step"] for s in _steps(tmp_path / "resumed.jsonl")] == [4]
+    assert _steps(tmp_path / "first.jsonl") + _steps(tmp_path / "resumed.jsonl") == _steps(
+        tmp_path / "whole.jsonl"
+    )
+    resumed_bytes = (tmp_path / "resumed.safetensors").read_bytes()
+    assert resumed_bytes == (tmp_path / "whole.safetensors").read_bytes()
+    assert resumed_bytes != (tmp_path / "first.safetensors").read_bytes()
+
+
+def _outputs(folder: Path, name: str) -> list[str]:
+    return ["--out", str(folder / f"{name}.safetensors"), "--log", str(folder / f"{name}.jsonl")]
+
+
+def _steps(log: Path) -> list[dict[str, Any]]:
+    steps: list[dict[str, Any]] = [json.loads(line) for line in log.read_text().splitlines()]
+    return steps
 
 
 def test_redirected_output_gets_no_progress_bar_codes(capsys: pytest.CaptureFixture[str]) -> None:
