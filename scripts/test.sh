@@ -2,8 +2,18 @@
 # Runs the whole test suite on a fresh machine: creates the virtual environment if needed,
 # installs the project with its test dependencies, checks style and types, runs every test (slow ones
 # included). Extra arguments go to pytest.
+#
+#   ./scripts/test.sh            everything (what CI runs, through .ci/run)
+#   ./scripts/test.sh --fast     the same checks, but the tests marked slow are left out
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+selection=()
+if [ "${1:-}" = "--fast" ]; then
+  shift
+  # Processes, brokers, benchmarks and training runs: each takes more than ~5 s (pyproject.toml).
+  selection=(-m "not slow")
+fi
 
 venv="${IOTGW_VENV:-.venv}"
 python="${PYTHON:-python3.11}"
@@ -38,4 +48,4 @@ fi
 "$venv/bin/mypy" gateway rrl models device_sim benchmarks tests
 # The images' Dockerfiles (no container engine here): hadolint from the test extra's wheel.
 "$venv/bin/hadolint" --config .hadolint.yaml Dockerfile Dockerfile.gpu
-exec "$venv/bin/python" -m pytest -q -ra "$@"
+exec "$venv/bin/python" -m pytest -q -ra "${selection[@]}" "$@"

@@ -329,6 +329,7 @@ MEMORY_SPEC = ModelSpec(
 )
 
 
+@pytest.mark.slow  # one fresh process per memory job: ~30 s in all
 def test_weights_stay_quantized_in_process_memory(tmp_path: Path) -> None:
     """Resident memory a fresh process gains by loading a 6.3M-weight model and running it once
     (the benchmark's method): int4 holds a fraction of fp32 on both runtimes."""
