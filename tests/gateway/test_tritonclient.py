@@ -21,6 +21,10 @@ from tritonclient.utils import InferenceServerException
 
 from tests.gateway.helpers import Reference, random_inputs
 
+# One `iotgw serve` process loading all six demo models (TensorFlow too): ~8 s before the first
+# test, which is what the index and metadata tests are about.
+pytestmark = pytest.mark.slow
+
 DEMO_MODELS = [
     "sensor_fusion",
     "sensor_fusion_tf",
