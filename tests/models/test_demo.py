@@ -101,8 +101,12 @@ def _file_identities(root: Path) -> dict[str, tuple[int, int, int]]:
 def test_ensure_is_idempotent(demo_repo: Path) -> None:
     before = _file_identities(demo_repo)
     assert MANIFEST in before
+    # A build happens in a sibling folder, created and then renamed or removed: either changes
+    # the parent folder's mtime. (The fixture's folder: nothing else writes there.)
+    parent_before = demo_repo.parent.stat().st_mtime_ns
     assert ensure_demo_repository(demo_repo, FLOAT_DEMO_MODELS) == demo_repo
-    assert _file_identities(demo_repo) == before  # verified, not rebuilt
+    assert _file_identities(demo_repo) == before  # verified, not rebuilt...
+    assert demo_repo.parent.stat().st_mtime_ns == parent_before  # ...not even beside it
     assert [p.name for p in demo_repo.parent.iterdir() if p.name.startswith(".")] == []
 
 
