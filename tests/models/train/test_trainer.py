@@ -95,12 +95,13 @@ def test_tiny_training_command(flags: list[str], tmp_path: Path) -> None:
     quantized = [isinstance(t, QuantizedTensor) for t in kernels]
     assert all(quantized) if flags[1] != "none" else not any(quantized)
     assert (tmp_path / "first" / "state.json").is_file()
-    resumed = ["train", "--resume", "--state", str(tmp_path / "first"), "--max-steps", "4"]
+    resumed = ["train", "--resume", "--state", str(tmp_path / "first"), "--max-steps", "5"]
     assert iotgw([*resumed, "--no-progress", *_outputs(tmp_path, "resumed")]) == 0
-    # The resumed run went on from step 3 (one step, numbered 4) and ends exactly where a run
-    # of 4 steps never interrupted does: same step log, same exported bytes.
-    assert iotgw(train("whole", 4)) == 0
-    assert [s["step"] for s in _steps(tmp_path / "resumed.jsonl")] == [4]
+    # The resumed run went on from step 3 (steps 4 and 5: the second computes with what the
+    # first's update made of the restored state) and ends exactly where a run of 5 steps never
+    # interrupted does: same step log, same exported bytes.
+    assert iotgw(train("whole", 5)) == 0
+    assert [s["step"] for s in _steps(tmp_path / "resumed.jsonl")] == [4, 5]
     assert _steps(tmp_path / "first.jsonl") + _steps(tmp_path / "resumed.jsonl") == _steps(
         tmp_path / "whole.jsonl"
     )
