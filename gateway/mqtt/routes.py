@@ -73,7 +73,9 @@ class Router:
         if not topic.startswith(self._head):
             return None
         parts = topic[len(self._head) :].split("/")
-        if len(parts) != 3 or parts[1] != "req" or not parts[0] or not parts[2]:
+        # No device: nobody to answer. No model (".../infer//req/<device>"): the device still
+        # gets its 404, on ".../infer//res/<device>" (which its "+" subscription matches).
+        if len(parts) != 3 or parts[1] != "req" or not parts[2]:
             return None
         if any("+" in p or "#" in p for p in parts):
             return None  # not a topic name (a broker never delivers one): no device to answer

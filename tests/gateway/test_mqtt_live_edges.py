@@ -99,11 +99,6 @@ async def test_a_topic_without_a_device_is_acknowledged_and_the_gateway_keeps_se
     assert [key for key, _ in dev.replies] == [f"marker-{tag}"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: gateway/mqtt/routes.py drops a request on iotgw/infer//req/<device> in "
-    "silence, though the device is known and could get 404 on its reply topic",
-)
 @pytest.mark.parametrize("device_v5", [True, False], ids=["dev-mqtt5", "dev-mqtt311"])
 async def test_a_topic_without_a_model_gets_404(
     gw: Gateway, broker: Broker, inputs: dict[str, np.ndarray], device_v5: bool
