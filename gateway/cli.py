@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 from pathlib import Path
 
@@ -28,6 +27,7 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _run_serve(args: argparse.Namespace) -> int:
+    from gateway.logs import configure_logging
     from gateway.main import serve
     from gateway.settings import GatewaySettings
     from gateway.settings_cli import settings_overrides
@@ -37,9 +37,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     except (ValidationError, FileNotFoundError) as exc:
         print(f"iotgw serve: invalid settings: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(settings.log_level, settings.log_format)
     return asyncio.run(serve(settings))
 
 

@@ -342,8 +342,14 @@ async def _until_loaded(gw: Gateway, stop: asyncio.Event) -> None:
     # loaded, a pause every device would feel).
     gc.collect()
     gc.freeze()
-    for s in gw.service.statuses():
-        log.info("  %s v%d: %s%s", s.name, s.version, s.state, f" ({s.reason})" if s.reason else "")
+    statuses = gw.service.statuses()
+    for s in statuses:  # each ready model logged its own line as it loaded
+        if s.state != "READY":
+            log.warning(
+                "  %s v%d: %s%s", s.name, s.version, s.state, f" ({s.reason})" * bool(s.reason)
+            )
+    ready = sum(s.state == "READY" for s in statuses)
+    log.info("%d of %d model versions ready", ready, len(statuses))
     scheme = "https" if gw.settings.http.tls_cert_file else "http"
     log.info("ready: %s://%s:%d/v2", scheme, gw.settings.http.host, gw.http_port)
 

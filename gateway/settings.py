@@ -354,7 +354,12 @@ class GatewaySettings(BaseSettings):
     mqtt: MqttSettings = MqttSettings()
     tuner: TunerSettings = TunerSettings()
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
-        "INFO", description="Logging level."
+        "INFO",
+        description="Logging level; below DEBUG, per-instance and per-decision detail and "
+        "third-party libraries log warnings only.",
+    )
+    log_format: Literal["text", "json"] = Field(
+        "text", description="Log lines as text, or one JSON object per line for log shippers."
     )
 
     @classmethod

@@ -64,14 +64,15 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
         group = parser.add_argument_group(title, _escape(description) if description else None)
         for name, field in _section_model(section).model_fields.items():
             _add(group, f"{section}{_SEP}{name}", flag_of(section, name), field)
-    log_level = GatewaySettings.model_fields["log_level"]
-    parser.add_argument(
-        "--log-level",
-        dest=f"log_level{_SEP}",
-        choices=list(get_args(log_level.annotation)),
-        default=None,
-        help=_help(log_level),
-    )
+    for name in ("log_level", "log_format"):  # the top-level settings
+        field = GatewaySettings.model_fields[name]
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            dest=f"{name}{_SEP}",
+            choices=list(get_args(field.annotation)),
+            default=None,
+            help=_help(field),
+        )
 
 
 def settings_overrides(args: argparse.Namespace) -> dict[str, Any]:

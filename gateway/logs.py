@@ -1,0 +1,57 @@
+"""Logging for ``iotgw serve``: at INFO the gateway's own lifecycle and one line per model;
+the per-instance, per-backend and per-decision detail of our own modules and the chatter of the
+libraries underneath (TensorFlow, amqtt's state machine, matplotlib, ...) only at DEBUG. Text for
+people, or one JSON object per line for log shippers."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Literal
+
+# Below WARNING these speak only at DEBUG: their INFO lines repeat per model, per instance or per
+# tuning interval (the tuner's decisions are on /admin/tuner and the dashboard), or come from
+# libraries whose INFO is their own business.
+DETAIL_LOGGERS = (
+    "gateway.instances",
+    "models.onnx",
+    "models.tf",
+    "rrl.online",
+    "rrl.priors",
+    "absl",
+    "aiohttp.access",
+    "amqtt",
+    "h5py",
+    "keras",
+    "matplotlib",
+    "tensorflow",
+    "transitions",
+)
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        doc = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            doc["exception"] = self.formatException(record.exc_info)
+        return json.dumps(doc)
+
+
+def configure_logging(level: str, fmt: Literal["text", "json"] = "text") -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        JsonFormatter()
+        if fmt == "json"
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    quiet = logging.DEBUG if level == "DEBUG" else max(logging.WARNING, logging.getLevelName(level))
+    for name in DETAIL_LOGGERS:
+        logging.getLogger(name).setLevel(quiet)
