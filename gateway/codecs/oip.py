@@ -87,13 +87,27 @@ def _decode_header(
     limits: DecodeLimits,
 ) -> tuple[InferenceRequest, OutputFormat]:
     binary = b"" if header_length is None else body[header_length:]
-    request_id = header.get("id")
     params = _parameters(header.get("parameters"), what="request")
+    # Parameters first: a request whose deadline has passed is refused before its tensors are
+    # built (the cheapest refusal is what overload needs most).
     timeout_s = _timeout(params)
     priority = _int_param(params, "priority", 0, _MAX_PRIORITY)
     binary_all = _bool_param(params, "binary_data_output") or _bool_param(params, "binary_data")
+    inputs = _decode_inputs(header.get("inputs"), binary, limits)
+    outputs, binary_outputs, json_outputs = _requested_outputs(header.get("outputs"), limits)
+    request = InferenceRequest(
+        model=model,
+        version=_version_param(params) if version is None else version,
+        inputs=inputs,
+        id=header.get("id"),
+        outputs=outputs,
+        timeout_s=timeout_s,
+        priority=priority,
+    )
+    return request, OutputFormat(binary_all, binary_outputs, json_outputs)
 
-    raw_inputs = header.get("inputs")
+
+def _decode_inputs(raw_inputs: Any, binary: bytes, limits: DecodeLimits) -> dict[str, np.ndarray]:
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise BadRequest("'inputs' must be a non-empty list")
     limits.check_input_count(len(raw_inputs))
@@ -109,39 +123,39 @@ def _decode_header(
         limits.check_elements(elements)
     if offset != len(binary):
         raise BadRequest(f"binary section has {len(binary)} bytes but the inputs declare {offset}")
+    return inputs
 
-    outputs: list[str] | None = None
+
+def _requested_outputs(
+    raw_outputs: Any, limits: DecodeLimits
+) -> tuple[list[str] | None, frozenset[str], frozenset[str]]:
+    """The outputs asked for (None: all), and which of them asked for binary or for JSON."""
+    if raw_outputs is None:
+        return None, frozenset(), frozenset()
+    if not isinstance(raw_outputs, list):
+        raise BadRequest("'outputs' must be a list")
+    limits.check_input_count(len(raw_outputs))
+    outputs: list[str] = []
     binary_outputs: set[str] = set()
     json_outputs: set[str] = set()
-    raw_outputs = header.get("outputs")
-    if raw_outputs is not None:
-        if not isinstance(raw_outputs, list):
-            raise BadRequest("'outputs' must be a list")
-        limits.check_input_count(len(raw_outputs))
-        outputs = []
-        for entry in raw_outputs:
-            if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-                raise BadRequest("each requested output needs a string 'name'")
-            out_params = _parameters(entry.get("parameters"), what=f"output {entry['name']!r}")
-            if "binary_data" in out_params:
-                chosen = binary_outputs if _bool_param(out_params, "binary_data") else json_outputs
-                chosen.add(entry["name"])
-            outputs.append(entry["name"])
-    if version is None and "model_version" in params:
-        raw_version = params["model_version"]
-        if not isinstance(raw_version, str | int) or not str(raw_version).isdigit():
-            raise BadRequest("parameter 'model_version' must be a positive integer")
-        version = int(raw_version)
-    request = InferenceRequest(
-        model=model,
-        version=version,
-        inputs=inputs,
-        id=request_id,
-        outputs=outputs,
-        timeout_s=timeout_s,
-        priority=priority,
-    )
-    return request, OutputFormat(binary_all, frozenset(binary_outputs), frozenset(json_outputs))
+    for entry in raw_outputs:
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise BadRequest("each requested output needs a string 'name'")
+        out_params = _parameters(entry.get("parameters"), what=f"output {entry['name']!r}")
+        if "binary_data" in out_params:
+            chosen = binary_outputs if _bool_param(out_params, "binary_data") else json_outputs
+            chosen.add(entry["name"])
+        outputs.append(entry["name"])
+    return outputs, frozenset(binary_outputs), frozenset(json_outputs)
+
+
+def _version_param(params: dict[str, Any]) -> int | None:
+    if "model_version" not in params:
+        return None
+    raw_version = params["model_version"]
+    if not isinstance(raw_version, str | int) or not str(raw_version).isdigit():
+        raise BadRequest("parameter 'model_version' must be a positive integer")
+    return int(raw_version)
 
 
 def encode_response(response: InferenceResponse, fmt: OutputFormat) -> tuple[bytes, int | None]:
