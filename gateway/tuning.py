@@ -30,7 +30,7 @@ from models.machine import usable_cores as _usable_cores
 from rrl.objective import Objective
 from rrl.online import AgentSettings, Decision, ModelAgent
 from rrl.priors import Priors, load_profile_priors
-from rrl.profile import PROFILES_DIR
+from rrl.profiling import PROFILES_DIR
 from rrl.space import ConfigSpace, expert_default
 from rrl.workload import MonitorSettings
 

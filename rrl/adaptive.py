@@ -37,10 +37,10 @@ from typing import Any
 
 import numpy as np
 
+from rrl.ask_tell import PerWorkload, TuningProblem, exploit
 from rrl.gp import LogGP, expected_improvement
 from rrl.measurement import Measurement
-from rrl.rrl import RRL, RRLSettings
-from rrl.tuner import PerWorkload, TuningProblem, exploit
+from rrl.region_rl import RRL, RRLSettings
 
 
 @dataclass(frozen=True)

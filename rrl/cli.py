@@ -9,14 +9,14 @@ from collections.abc import Sequence
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="iotgw", description="RRL tuner: offline commands")
     sub = parser.add_subparsers(dest="command", required=True)
-    from rrl import evaluate, profile
+    from rrl import evaluate, profiling
 
     p = sub.add_parser(
         "profile",
         help="measure the runtime for every configuration at several loads",
-        description=(profile.__doc__ or "").split("\n\n")[0],
+        description=(profiling.__doc__ or "").split("\n\n")[0],
     )
-    profile.add_arguments(p)
+    profiling.add_arguments(p)
     t = sub.add_parser(
         "tune",
         help="evaluate every tuner on the offline testbed (--evaluate)",
@@ -25,5 +25,5 @@ def main(argv: Sequence[str]) -> int:
     evaluate.add_arguments(t)
     args = parser.parse_args(list(argv))
     if args.command == "profile":
-        return profile.run(args)
+        return profiling.run(args)
     return evaluate.run(args)

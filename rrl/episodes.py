@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from rrl.ask_tell import Tuner
 from rrl.testbed import Testbed
-from rrl.tuner import Tuner
 from rrl.workload import MonitorSettings, WorkloadMonitor
 
 WITHIN = 0.05  # "within 5% of the oracle's objective"

@@ -33,34 +33,16 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from models.machine import usable_cores as _usable_cores
+from rrl.ask_tell import TuningProblem
 from rrl.episodes import WITHIN, Trace, measurements_to_within, run_shifting, run_static
+from rrl.eval_plan import EvalPlan
 from rrl.objective import make_objective
-from rrl.profile import PROFILES_DIR
+from rrl.profiling import PROFILES_DIR
+from rrl.registry import DESCRIPTIONS, TUNERS, build_tuner
 from rrl.testbed import ProfileTable, Testbed
-from rrl.tuner import TuningProblem
-from rrl.tuners import DESCRIPTIONS, TUNERS, build_tuner
 
 NAME = "tuner_eval"
 FIRST = 100  # "while tuning": violations over the first this many measurements too
-
-
-@dataclass(frozen=True)
-class EvalPlan:
-    models: tuple[str, ...]
-    tuners: tuple[str, ...]
-    seeds: int
-    budget: int
-    phase_length: int
-    radii: tuple[float, ...]
-    tradeoff_seeds: int
-    interval_s: float = 5.0
-    objective: str = "latency"
-    static_loads: tuple[int, ...] | None = None
-    """Load indices of the static workloads, negative from the highest (None: every load)."""
-
-    def loads_of(self, table: ProfileTable) -> list[int]:
-        every = range(len(table.loads))
-        return list(every) if self.static_loads is None else [every[i] for i in self.static_loads]
 
 
 FULL_PLAN = EvalPlan(

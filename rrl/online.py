@@ -58,12 +58,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rrl.ask_tell import PerWorkload, TuningProblem
 from rrl.control import ModelControl, apply_config, current_config, measure
 from rrl.measurement import Measurement
 from rrl.objective import Objective, make_objective
 from rrl.priors import Priors
 from rrl.space import Config, ConfigSpace
-from rrl.tuner import PerWorkload, TuningProblem
 from rrl.workload import MonitorSettings, WorkloadMonitor, WorkloadState
 
 log = logging.getLogger("rrl.online")
@@ -180,7 +180,7 @@ class ModelAgent:
         self.objective = make_objective(s.objective, slo_ms=slo_ms, cores=cores)
         # Deferred: the GP tuners import scikit-learn (iotgw[tune]), which the gateway only
         # needs once it starts an agent.
-        from rrl.tuners import build_tuner
+        from rrl.registry import build_tuner
 
         self.tuner: PerWorkload = build_tuner(
             s.algorithm, TuningProblem(space, self.objective, cores=cores, seed=seed)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from rrl.evaluate import EvalPlan
+    from rrl.eval_plan import EvalPlan
     from rrl.testbed import ProfileTable
 
 HEADLINE_TUNERS = ("rrl", "adaptive-rrl", "bo", "qlearning")

@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
+from rrl.ask_tell import Observations, TuningProblem, exploit
 from rrl.gp import LogGP, expected_improvement
 from rrl.measurement import Measurement
-from rrl.tuner import Observations, TuningProblem, exploit
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from rrl.ask_tell import Observations, TuningProblem, exploit
 from rrl.measurement import Measurement
-from rrl.tuner import Observations, TuningProblem, exploit
 
 
 class Exhaustive:

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from rrl.ask_tell import Observations, TuningProblem, exploit
 from rrl.measurement import Measurement
-from rrl.tuner import Observations, TuningProblem, exploit
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from rrl.ask_tell import Observations, TuningProblem
 from rrl.measurement import Measurement
-from rrl.tuner import Observations, TuningProblem
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from rrl.ask_tell import TuningProblem
 from rrl.measurement import Measurement
-from rrl.tuner import TuningProblem
 
 
 class StaticDefault:

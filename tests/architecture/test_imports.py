@@ -41,11 +41,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
 GROUND_FLOOR = ("models.machine", "models.reporting", "models.tf_env", "models.checkpoint_kinds")
 
 # Deferred edges (importer, imported) that close a circle -> the fix that would remove it.
-KNOWN_DEFERRED_CIRCLES: dict[tuple[str, str], str] = {
-    # rrl.evaluate imports rrl.report lazily to write its report; rrl.report names
-    # rrl.evaluate.EvalPlan in annotations.
-    ("rrl.report", "rrl.evaluate"): "EvalPlan (and the tuner kinds it lists) in a leaf of rrl",
-}
+KNOWN_DEFERRED_CIRCLES: dict[tuple[str, str], str] = {}
 
 EDGES = all_edges()
 # What the import statements name (the packages they run on the way are the same package).

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from rrl.ask_tell import Tuner, TuningProblem
 from rrl.objective import LatencyObjective
 from rrl.space import Config, ConfigSpace
 from rrl.synthetic import Landscape
-from rrl.tuner import Tuner, TuningProblem
 
 SPACE = ConfigSpace.for_machine(2)
 

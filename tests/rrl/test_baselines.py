@@ -10,10 +10,10 @@ import pytest
 
 from rrl.adaptive import AdaptiveSettings, make_adaptive_rrl
 from rrl.measurement import Measurement
-from rrl.rrl import RRLSettings, make_rrl
+from rrl.region_rl import RRLSettings, make_rrl
+from rrl.registry import TUNERS, build_tuner
 from rrl.space import Config
 from rrl.synthetic import Landscape, bowl, random_lipschitz
-from rrl.tuners import TUNERS, build_tuner
 from tests.rrl.helpers import SPACE, drive, problem
 
 EASY = bowl(np.array([4, 2, 2, 1, 0.0]), scale=1.0, floor=20.0)

@@ -13,9 +13,9 @@ import pytest
 
 from rrl.objective import LatencyObjective
 from rrl.priors import load_profile_priors, profile_priors
+from rrl.registry import build_tuner
 from rrl.space import ConfigSpace
 from rrl.testbed import ProfileTable, Testbed
-from rrl.tuners import build_tuner
 from rrl.workload import MonitorSettings, WorkloadState
 from tests.rrl.helpers import problem
 from tests.rrl.test_online import BATCHES, _agent, gateway, measurement
@@ -109,7 +109,7 @@ def test_greedy_exploitation_follows_the_calibrated_prior() -> None:
     # Once the regions are covered, an unmeasured configuration is expected as its calibrated
     # prior says: one the profile rates better than the incumbent is measured; the incumbent's
     # neighbours the profile rates worse are not (without a prior they would be).
-    from rrl.rrl import RRL, RRLSettings
+    from rrl.region_rl import RRL, RRLSettings
 
     rrl = RRL(problem(space=SPACE), RRLSettings(radius=10.0), np.random.default_rng(0))
     prior = np.full(SPACE.size, 40.0)

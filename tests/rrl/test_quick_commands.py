@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from rrl.objective import LatencyObjective
-from rrl.profile import WINDOW_FIELDS
+from rrl.profiling import WINDOW_FIELDS
+from rrl.registry import TUNERS
 from rrl.testbed import ProfileTable, Testbed
-from rrl.tuners import TUNERS
 
 pytestmark = pytest.mark.slow
 REPO_ROOT = Path(__file__).resolve().parents[2]

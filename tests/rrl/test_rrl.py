@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from rrl.adaptive import AdaptiveSettings, make_adaptive_rrl
-from rrl.rrl import RRL, RRLSettings, make_rrl
+from rrl.ask_tell import PerWorkload
+from rrl.region_rl import RRL, RRLSettings, make_rrl
 from rrl.synthetic import Landscape, bowl, cone, random_lipschitz, rugged
-from rrl.tuner import PerWorkload
 from rrl.workload import WorkloadState
 from tests.rrl.helpers import SPACE, drive, problem
 

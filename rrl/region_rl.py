@@ -41,8 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from rrl.ask_tell import Observations, PerWorkload, TuningProblem, exploit
 from rrl.measurement import Measurement
-from rrl.tuner import Observations, PerWorkload, TuningProblem, exploit
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ from models.machine import usable_cores as _usable_cores
 from rrl.harness import ServingHarness, WindowResult, poisson_arrivals
 from rrl.space import ConfigSpace
 
-log = logging.getLogger("rrl.profile")
+log = logging.getLogger("rrl.profiling")
 
 FORMAT = 1
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"

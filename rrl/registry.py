@@ -1,8 +1,9 @@
-"""Every tuner by name, all behind the same ask/tell interface (``rrl.tuner.Tuner``)."""
+"""Every tuner by name, all behind the same ask/tell interface (``rrl.ask_tell.Tuner``)."""
 
 from __future__ import annotations
 
 from rrl.adaptive import AdaptiveSettings, make_adaptive_rrl
+from rrl.ask_tell import PerWorkload, StateTunerFactory, TuningProblem
 from rrl.baselines.aimd import AIMD
 from rrl.baselines.bayesopt import BayesOpt
 from rrl.baselines.exhaustive import Exhaustive
@@ -11,8 +12,7 @@ from rrl.baselines.inflight import InFlightHillClimb
 from rrl.baselines.qlearning import QLearning
 from rrl.baselines.random_search import RandomSearch
 from rrl.baselines.static import StaticDefault
-from rrl.rrl import RRLSettings, make_rrl
-from rrl.tuner import PerWorkload, StateTunerFactory, TuningProblem
+from rrl.region_rl import RRLSettings, make_rrl
 
 _BASELINES: dict[str, StateTunerFactory] = {
     "static": StaticDefault,
