@@ -10,6 +10,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import os
 
 from amqtt.plugins.authentication import FileAuthPlugin
 from pwdlib import PasswordHash
@@ -26,7 +27,13 @@ class MosquittoPbkdf2Hasher:
         return ensure_str(hash).startswith(_PBKDF2_PREFIX)
 
     def hash(self, password: str | bytes, *, salt: bytes | None = None) -> str:
-        raise NotImplementedError("create mosquitto password files with mosquitto_passwd")
+        """A hash as ``mosquitto_passwd`` writes it (101 iterations, 12-byte salt)."""
+        salt = os.urandom(12) if salt is None else salt
+        digest = hashlib.pbkdf2_hmac(
+            "sha512", password.encode() if isinstance(password, str) else password, salt, 101
+        )
+        b64 = base64.b64encode
+        return f"{_PBKDF2_PREFIX}101${b64(salt).decode()}${b64(digest).decode()}"
 
     def verify(self, password: str | bytes, hash: str | bytes) -> bool:
         try:
