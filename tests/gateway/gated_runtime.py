@@ -7,12 +7,13 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from gateway.metrics import GatewayMetrics
 from gateway.service import InferenceService
@@ -138,3 +139,19 @@ async def gated_service(
 def features(rows: int, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     return {"features": rng.standard_normal((rows, 32)).astype(np.float32)}
+
+
+# Fixtures shared by the modules that test the batcher against a gated backend: they import
+# these (pytest registers them under their ``name``, which the tests' arguments use).
+@pytest.fixture(scope="module", name="source")
+def source_fixture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo sensor_mlp ONNX model, written once per module."""
+    return write_sensor_mlp(tmp_path_factory.mktemp("mlp-source"))
+
+
+@pytest.fixture(scope="module", name="reference")
+def reference_fixture(source: Path) -> Iterator[Runtime]:
+    """A plain ONNX Runtime session of ``source``: what the gateway's answers must equal."""
+    runtime = open_reference(source)
+    yield runtime
+    runtime.close()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -16,15 +15,15 @@ from gateway.errors import MemoryBudgetExceeded, PayloadTooLarge
 from gateway.service import tensor_bytes
 from gateway.types import InferenceRequest
 from models.runtime import Runtime
-from tests.gateway.gated_runtime import (
+from tests.gateway.gated_runtime import (  # noqa: F401 (*_fixture: pytest fixtures)
     EVENT_DEADLINE_S,
     MODEL,
     Gate,
     features,
     gated_service,
     mlp_repo,
-    open_reference,
-    write_sensor_mlp,
+    reference_fixture,
+    source_fixture,
 )
 from tests.gateway.helpers import metric_samples
 
@@ -34,18 +33,6 @@ ROWS = 4
 REQUEST_BYTES = ROWS * 32 * 4  # float32 features
 # Room for two requests, not three.
 BUDGET = 2 * REQUEST_BYTES + REQUEST_BYTES // 2
-
-
-@pytest.fixture(scope="module")
-def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_sensor_mlp(tmp_path_factory.mktemp("mlp-source"))
-
-
-@pytest.fixture(scope="module")
-def reference(source: Path) -> Iterator[Runtime]:
-    runtime = open_reference(source)
-    yield runtime
-    runtime.close()
 
 
 def _request(seed: int, rows: int = ROWS) -> InferenceRequest:

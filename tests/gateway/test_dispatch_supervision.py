@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,29 +14,17 @@ import pytest
 
 from gateway.types import InferenceRequest
 from models.runtime import Runtime
-from tests.gateway.gated_runtime import (
+from tests.gateway.gated_runtime import (  # noqa: F401 (*_fixture: pytest fixtures)
     MODEL,
     Gate,
     features,
     gated_service,
     mlp_repo,
-    open_reference,
-    write_sensor_mlp,
+    reference_fixture,
+    source_fixture,
 )
 
 BATCHING = {"concurrency": 1, "max_batch_size": 4, "batch_timeout_ms": 0.0}
-
-
-@pytest.fixture(scope="module")
-def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_sensor_mlp(tmp_path_factory.mktemp("mlp-source"))
-
-
-@pytest.fixture(scope="module")
-def reference(source: Path) -> Iterator[Runtime]:
-    runtime = open_reference(source)
-    yield runtime
-    runtime.close()
 
 
 def _fail_once(method: Callable[..., Any]) -> Callable[..., Any]:

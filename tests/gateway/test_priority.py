@@ -7,24 +7,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from gateway.codecs import oip
 from gateway.types import InferenceRequest
 from models.runtime import Runtime
-from tests.gateway.gated_runtime import (
+from tests.gateway.gated_runtime import (  # noqa: F401 (*_fixture: pytest fixtures)
     EVENT_DEADLINE_S,
     MODEL,
     Gate,
     features,
     gated_service,
     mlp_repo,
-    open_reference,
-    write_sensor_mlp,
+    reference_fixture,
+    source_fixture,
 )
 
 # One request per batch, one batch at a time: the order of completion is the order served.
@@ -40,18 +38,6 @@ QUEUED = [
     ("level-3", 3),
 ]
 SERVED = ["urgent-1", "urgent-2", "level-3", "default-1", "level-5", "low-1", "low-2"]
-
-
-@pytest.fixture(scope="module")
-def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_sensor_mlp(tmp_path_factory.mktemp("mlp-source"))
-
-
-@pytest.fixture(scope="module")
-def reference(source: Path) -> Iterator[Runtime]:
-    runtime = open_reference(source)
-    yield runtime
-    runtime.close()
 
 
 def test_the_wire_parameter_sets_the_priority() -> None:

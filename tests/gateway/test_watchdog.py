@@ -5,7 +5,6 @@ again and is closed once its call returns; too many stuck calls mark the model u
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -16,15 +15,15 @@ from gateway.model_host import ModelState
 from gateway.service import InferenceService
 from gateway.types import InferenceRequest, InferenceResponse
 from models.runtime import Runtime
-from tests.gateway.gated_runtime import (
+from tests.gateway.gated_runtime import (  # noqa: F401 (*_fixture: pytest fixtures)
     EVENT_DEADLINE_S,
     MODEL,
     Gate,
     features,
     gated_service,
     mlp_repo,
-    open_reference,
-    write_sensor_mlp,
+    reference_fixture,
+    source_fixture,
 )
 from tests.gateway.helpers import metric_samples
 
@@ -32,18 +31,6 @@ from tests.gateway.helpers import metric_samples
 WATCHDOG_S = 1.5
 # One instance, one request per batch: the second request waits behind the stuck one.
 BATCHING = {"concurrency": 1, "max_batch_size": 1, "batch_timeout_ms": 0.0}
-
-
-@pytest.fixture(scope="module")
-def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_sensor_mlp(tmp_path_factory.mktemp("mlp-source"))
-
-
-@pytest.fixture(scope="module")
-def reference(source: Path) -> Iterator[Runtime]:
-    runtime = open_reference(source)
-    yield runtime
-    runtime.close()
 
 
 def _request(seed: int) -> InferenceRequest:
