@@ -7,10 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import ssl
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -32,6 +30,7 @@ from tests.gateway.helpers import (
     metric_samples,
     running_gateway,
 )
+from tests.gateway.serve_process import serve, serve_command
 
 # Only the async tests run on the session's loop (that of the shared ``http`` session).
 on_session_loop = pytest.mark.asyncio(loop_scope="session")
@@ -274,51 +273,14 @@ def test_every_secret_reads_from_a_file(
         GatewaySettings.load()
 
 
-def _serve_command(repo: Path, folder: Path, port: int, *flags: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "gateway.cli",
-        "serve",
-        "--model-repo",
-        str(repo),
-        "--cache-dir",
-        str(folder),
-        "--http-port",
-        str(port),
-        "--no-mqtt",
-        *flags,
-    ]
-
-
 @contextlib.contextmanager
 def serve_process(
     repo: Path, folder: Path, *flags: str, env: dict[str, str] | None = None
 ) -> Iterator[str]:
-    """``iotgw serve`` (HTTP only) until ready; yields its URL, stops it afterwards."""
-    port = free_port()
-    log = folder / f"serve-{port}.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            _serve_command(repo, folder, port, *flags),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-        )
-    try:
-        deadline = time.monotonic() + 120
-        while "ready: http" not in log.read_text(errors="replace"):
-            assert proc.poll() is None, f"exited with {proc.returncode}:\n{log.read_text()}"
-            assert time.monotonic() < deadline, f"not ready in 120 s:\n{log.read_text()}"
-            time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    """``iotgw serve`` (HTTP only) until ready; yields its URL."""
+    with serve(repo, folder, "--no-mqtt", *flags, env=env) as gateway:
+        gateway.wait_ready()
+        yield gateway.url
 
 
 @pytest.mark.slow
@@ -377,7 +339,7 @@ def test_an_open_admin_beyond_loopback_needs_a_token_or_an_explicit_allowance(
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IOTGW_HTTP__")}
     refused = subprocess.run(
-        _serve_command(repo, tmp_path, free_port(), "--host", "0.0.0.0"),
+        serve_command(repo, tmp_path, free_port(), "--no-mqtt", "--host", "0.0.0.0"),
         capture_output=True,
         text=True,
         timeout=120,
