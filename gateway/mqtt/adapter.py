@@ -259,9 +259,11 @@ class MqttAdapter:
             try:
                 request, fmt = await self._decode(message, route)
                 delivery.key = dedupe_key(route, request.id)
-                earlier = self._seen.earlier(delivery.key, digest(bytes(message.payload)))
+                # Hashed once, and only for a request that can be matched at all.
+                payload = digest(bytes(message.payload)) if delivery.key is not None else b""
+                earlier = self._seen.earlier(delivery.key, payload)
                 if earlier is not None:
-                    self._answer_repeat(delivery, earlier, request.id, message)
+                    self._answer_repeat(delivery, earlier, request.id, payload)
                     return
                 if self._reply_lost_too_often(delivery):
                     return
@@ -352,7 +354,7 @@ class MqttAdapter:
             connection.awaiting_puback[info.mid] = delivery
 
     def _answer_repeat(
-        self, delivery: _Delivery, earlier: Earlier, request_id: str | None, message: Message
+        self, delivery: _Delivery, earlier: Earlier, request_id: str | None, payload: bytes
     ) -> None:
         """A request whose key was seen within the dedupe window: a redelivery (same payload)
         gets the first one's reply again, or none while that is still being answered; another
@@ -360,7 +362,7 @@ class MqttAdapter:
         delivery.key = None  # the first delivery's key: not this one's to forget or remember
         self._service.metrics.mqtt_duplicates.inc()
         route = delivery.route
-        if earlier.digest != digest(bytes(message.payload)):
+        if earlier.digest != payload:
             log.info(
                 "MQTT: %s reused request id %r within %g s; refused",
                 route.device,
