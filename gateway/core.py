@@ -1,0 +1,22 @@
+"""What the transports need from the serving side: refuse unknown models early, describe a
+model's inputs, run an inference, count. ``InferenceService`` is it in one process; an ingest
+process talks to the serving process through ``gateway.ingest.remote.RemoteService``."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from gateway.metrics import GatewayMetrics
+from gateway.types import InferenceRequest, InferenceResponse
+from models.runtime import ModelMetadata
+
+
+class ServingCore(Protocol):
+    @property
+    def metrics(self) -> GatewayMetrics: ...
+
+    def check_model(self, model: str, version: int | str | None = None) -> None: ...
+
+    def metadata(self, model: str, version: int | str | None = None) -> ModelMetadata: ...
+
+    async def infer(self, request: InferenceRequest, *, transport: str) -> InferenceResponse: ...
