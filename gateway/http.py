@@ -19,7 +19,7 @@ import numpy as np
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from gateway import __version__, dashboard, http_security
+from gateway import __version__, dashboard, http_security, repository_api
 from gateway.codecs import oip, tfserving
 from gateway.codecs.datatypes import dtype_label
 from gateway.codecs.limits import DEFAULT_LIMITS, DecodeLimits
@@ -449,6 +449,7 @@ def build_app(
     r.add_get("/v2/health/live", live)
     r.add_get("/v2/health/ready", ready)
     r.add_post("/v2/repository/index", repository_index)
+    repository_api.add_routes(app, service, executor)  # load, unload
     for base in (mv, mvv):
         r.add_get(base, model_metadata)
         r.add_get(f"{base}/ready", model_ready)

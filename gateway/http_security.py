@@ -50,7 +50,8 @@ class _TokenGuard:
 
 def _guards(settings: HttpSettings) -> tuple[_TokenGuard, ...]:
     return (
-        _TokenGuard("admin", ("/admin/",), settings.admin_token),
+        # Loading and unloading models are operator actions (the inference token does not do).
+        _TokenGuard("admin", ("/admin/", "/v2/repository/models/"), settings.admin_token),
         _TokenGuard(
             "inference", ("/v2/models/", "/v2/repository/", "/v1/"), settings.inference_token
         ),

@@ -108,6 +108,7 @@ class Gateway:
         repo = await loop.run_in_executor(self.executor, resolve_model_repo, self.settings)
         try:
             self.service.add_versions(scan_repository(repo))
+            self.service.repository = repo  # reloads read the same folder
         except RepositoryError as exc:
             raise StartupError(f"{exc} (set --model-repo)") from exc
         stack.push_async_callback(self.service.close)

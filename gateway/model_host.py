@@ -6,16 +6,18 @@ import asyncio
 import enum
 import itertools
 import logging
+import stat
 import time
 from collections import deque
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from gateway.batcher import Batcher, BatchRecord
-from gateway.errors import InternalError, ModelUnavailable
+from gateway.errors import GatewayError, InternalError, ModelUnavailable
 from gateway.instances import InstancePool, RuntimeFactory, StuckCalls
 from gateway.knobs import KnobLimits, Knobs, apply_changes
 from gateway.metrics import GatewayMetrics
@@ -25,6 +27,23 @@ from models.runtime import ModelMetadata, Threads
 log = logging.getLogger("gateway.model")
 
 _STATS_WINDOW = 20_000  # completed requests remembered for the tuner's snapshots
+
+# (relative path, size, mtime in ns) of every file of a version folder: a reload rebuilds a
+# version only when this changed.
+Fingerprint = tuple[tuple[str, int, int], ...]
+
+
+def folder_fingerprint(directory: Path) -> Fingerprint:
+    """What a version folder holds, file by file (links followed: the demo's are links)."""
+    out = []
+    for path in sorted(directory.rglob("*")):
+        try:
+            st = path.stat()
+        except OSError:  # a dangling link or a file removed while the folder is read
+            continue
+        if stat.S_ISREG(st.st_mode):
+            out.append((str(path.relative_to(directory)), st.st_size, st.st_mtime_ns))
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +95,11 @@ class ModelHost:
         metrics: GatewayMetrics,
         limits: KnobLimits | None = None,
         watchdog: Watchdog | None = None,
+        knobs: Knobs | None = None,
+        fingerprint: Fingerprint = (),
     ) -> None:
         self.name = name
+        self.fingerprint = fingerprint  # of the version folder it was built from
         self.version = version
         self.config = config
         self.state = ModelState.LOADING
@@ -93,6 +115,8 @@ class ModelHost:
             inter_op_threads=b.inter_op_threads,
         )
         self.limits = limits or KnobLimits(max_batch_size=config.max_batch_size)
+        if knobs is not None:  # a reload keeps the knobs the tuner or an operator chose
+            self._knobs = _carried(self._knobs, knobs, self.limits)
         warm_rows = tuple(sorted({1, b.max_batch_size}))
         self._watchdog = watchdog or Watchdog()
         self._stuck_calls = self._watchdog.stuck_calls or StuckCalls(self._watchdog.max_stuck)
@@ -123,6 +147,10 @@ class ModelHost:
         self._done: deque[tuple[float, float, int, bool]] = deque(maxlen=_STATS_WINDOW)
         self._rejected: deque[float] = deque(maxlen=_STATS_WINDOW)
         self._arrived: deque[tuple[float, int]] = deque(maxlen=_STATS_WINDOW)  # (time, rows)
+        # Requests inside ``infer``: a version swapped out is closed only once they are answered.
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     @property
     def metadata(self) -> ModelMetadata:
@@ -161,14 +189,32 @@ class ModelHost:
         self._publish_knobs()
         log.info("model %s version %d ready (%s)", self.name, self.version, self._describe())
 
-    async def unload(self) -> None:
+    async def unload(self, *, publish: bool = True) -> None:
+        """Stop serving and close the runtime instances; ``publish=False`` leaves the ready
+        gauge to the host that replaces this one under the same labels."""
         self.state = ModelState.UNLOADING
-        self._metrics.model_ready.labels(*self._labels).set(0)
+        if publish:
+            self._metrics.model_ready.labels(*self._labels).set(0)
         for task in self._replacing:
             task.cancel()
         await asyncio.gather(*self._replacing, return_exceptions=True)
         await self._batcher.stop()
         await self._pool.close()
+
+    async def retire(self, drain_s: float, *, replaced: bool) -> None:
+        """Unload once the requests already inside are answered (at most ``drain_s``). The
+        caller has taken this host out of the lookup first, so no new request reaches it."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), max(drain_s, 0.0))
+        except TimeoutError:
+            log.warning(
+                "model %s version %d: %d request(s) still running after %.0f s are refused",
+                self.name,
+                self.version,
+                self._in_flight,
+                drain_s,
+            )
+        await self.unload(publish=not replaced)
 
     async def infer(
         self, inputs: dict[str, np.ndarray], *, rows: int, timeout_s: float | None, priority: int
@@ -181,6 +227,8 @@ class ModelHost:
         started = time.monotonic()
         self._arrived.append((started, rows))
         budget = timeout_s if timeout_s is not None else self.config.slo_ms / 1000.0
+        self._in_flight += 1
+        self._idle.clear()
         try:
             result = await self._batcher.submit(
                 inputs, rows=rows, deadline=started + budget, priority=priority
@@ -192,6 +240,10 @@ class ModelHost:
             if reason in ("queue_full", "deadline"):
                 self.record_rejection(reason)
             raise
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
         finished = time.monotonic()
         latency = finished - started
         self._done.append((finished, latency, rows, latency > self.config.slo_ms / 1000.0))
@@ -328,12 +380,25 @@ class ModelHost:
             ModelUnavailable(f"model {self.name} version {self.version} is unavailable: {reason}")
         )
 
+    def publish_state(self) -> None:
+        """Set the ready gauge from the state (after another host with the same labels set it)."""
+        self._metrics.model_ready.labels(*self._labels).set(1 if self.ready else 0)
+
     def _publish_knobs(self) -> None:
         for knob, value in self._knobs.as_dict().items():
             self._metrics.knob.labels(*self._labels, knob).set(value)
 
     def _describe(self) -> str:
         return ", ".join(f"{k}={v:g}" for k, v in self._knobs.as_dict().items())
+
+
+def _carried(configured: Knobs, previous: Knobs, limits: KnobLimits) -> Knobs:
+    """The previous version's knobs where they fit this version's limits, else the configured
+    ones: a knob that no longer fits is dropped, not an error that would fail the reload."""
+    try:
+        return apply_changes(configured, previous.as_dict(), limits)
+    except GatewayError:
+        return configured
 
 
 def _newest(records: deque[Any], since: float) -> list[Any]:

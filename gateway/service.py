@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -32,7 +33,14 @@ from gateway.errors import (
 from gateway.instances import StuckCalls
 from gateway.knobs import KnobLimits, Knobs
 from gateway.metrics import GatewayMetrics
-from gateway.model_host import ModelHost, ModelState, Watchdog, WindowStats
+from gateway.model_host import (
+    Fingerprint,
+    ModelHost,
+    ModelState,
+    Watchdog,
+    WindowStats,
+    folder_fingerprint,
+)
 from gateway.settings import ServingSettings
 from gateway.types import InferenceRequest, InferenceResponse
 from models.repository import BrokenVersion, ModelVersion
@@ -108,6 +116,11 @@ class InferenceService:
         self.metrics = metrics
         self._hosts: dict[str, dict[int, ModelHost]] = {}
         self._broken: dict[str, dict[int, BrokenVersion]] = {}
+        self._unloaded: dict[str, tuple[int, ...]] = {}  # model -> its versions when unloaded
+        # Repository control (load, reload, unload) runs one operation at a time.
+        self.control_lock = asyncio.Lock()
+        self.drain_s = serving.shutdown_grace_s  # a retired version's requests get this long
+        self.repository: Path | None = None  # the folder models are (re)loaded from
         # Python cannot stop a stuck thread: half the executor may be lost to stuck calls, the
         # other half stays for the batches of healthy instances, loads and rebuilds.
         self._stuck_calls = StuckCalls(limit=max(1, serving.executor_threads // 2))
@@ -123,9 +136,6 @@ class InferenceService:
     # -- lifecycle -------------------------------------------------------------------------
 
     def add_versions(self, found: Iterable[ModelVersion | BrokenVersion]) -> list[ModelHost]:
-        from models.backends import load_runtime  # backends import TF lazily
-
-        load = self._load_runtime or load_runtime
         added: list[ModelHost] = []
         for entry in found:
             if isinstance(entry, BrokenVersion):
@@ -134,22 +144,35 @@ class InferenceService:
                     "model %s version %d unavailable: %s", entry.name, entry.version, entry.reason
                 )
                 continue
-            host = ModelHost(
-                name=entry.name,
-                version=entry.version,
-                config=entry.config,
-                factory=functools.partial(load, entry),
-                executor=self._executor,
-                metrics=self.metrics,
-                limits=KnobLimits(
-                    max_batch_size=entry.config.max_batch_size,
-                    max_concurrency=self._max_concurrency,
-                ),
-                watchdog=self._watchdog,
-            )
+            host = self.new_host(entry)
             self._hosts.setdefault(entry.name, {})[entry.version] = host
             added.append(host)
         return added
+
+    def new_host(
+        self,
+        entry: ModelVersion,
+        knobs: Knobs | None = None,
+        fingerprint: Fingerprint | None = None,
+    ) -> ModelHost:
+        """A host for ``entry``, not yet loaded nor served (``knobs``: start from these)."""
+        from models.backends import load_runtime  # backends import TF lazily
+
+        return ModelHost(
+            name=entry.name,
+            version=entry.version,
+            config=entry.config,
+            factory=functools.partial(self._load_runtime or load_runtime, entry),
+            executor=self._executor,
+            metrics=self.metrics,
+            limits=KnobLimits(
+                max_batch_size=entry.config.max_batch_size,
+                max_concurrency=self._max_concurrency,
+            ),
+            watchdog=self._watchdog,
+            knobs=knobs,
+            fingerprint=folder_fingerprint(entry.directory) if fingerprint is None else fingerprint,
+        )
 
     async def load_all(self) -> None:
         """Load every version; one that fails is marked unavailable, the rest serve."""
@@ -163,6 +186,38 @@ class InferenceService:
     async def close(self) -> None:
         hosts = [h for versions in self._hosts.values() for h in versions.values()]
         await asyncio.gather(*(h.unload() for h in hosts), return_exceptions=True)
+
+    # -- repository control: one model's versions replaced or unloaded while others serve ---
+
+    def versions(self, model: str) -> dict[int, ModelHost]:
+        return dict(self._hosts.get(model, {}))
+
+    def install(
+        self, model: str, hosts: dict[int, ModelHost], broken: dict[int, BrokenVersion]
+    ) -> list[ModelHost]:
+        """Make ``hosts`` and ``broken`` the versions of ``model`` in one step, so no request
+        sees a mix; returns the hosts no longer listed, for the caller to ``retire``."""
+        old = self._hosts.pop(model, {})
+        self._broken.pop(model, None)
+        self._unloaded.pop(model, None)
+        if hosts:
+            self._hosts[model] = dict(hosts)
+        if broken:
+            self._broken[model] = dict(broken)
+        return [h for h in old.values() if hosts.get(h.version) is not h]
+
+    async def unload_model(self, model: str) -> None:
+        """Stop serving every version of ``model``: requests already taken are answered (within
+        ``drain_s``), later ones are refused as unloaded. Unloading twice is no error."""
+        if model not in self._hosts and model not in self._broken:
+            if model in self._unloaded:
+                return
+            raise NotFound(f"unknown model {model!r}")
+        hosts = self._hosts.pop(model, {})
+        versions = set(hosts) | set(self._broken.pop(model, {}))
+        self._unloaded[model] = tuple(sorted(versions))
+        log.info("model %s unloading (versions %s)", model, sorted(versions))
+        await asyncio.gather(*(h.retire(self.drain_s, replaced=False) for h in hosts.values()))
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -194,13 +249,23 @@ class InferenceService:
             for versions in self._broken.values()
             for b in versions.values()
         ]
+        out += [
+            VersionStatus(name, v, ModelState.UNAVAILABLE.value, "unloaded")
+            for name, versions in self._unloaded.items()
+            for v in versions
+        ]
         return sorted(out, key=lambda s: (s.name, s.version))
 
     def model_names(self) -> list[str]:
-        return sorted(set(self._hosts) | set(self._broken))
+        return sorted(set(self._hosts) | set(self._broken) | set(self._unloaded))
 
     def host(self, model: str, version: int | str | None = None) -> ModelHost:
         """The host of ``model`` at ``version`` (default: highest ready, else highest)."""
+        if model in self._unloaded:
+            raise ModelUnavailable(
+                f"model {model!r} is unloaded; it serves again once loaded "
+                f"(POST /v2/repository/models/{model}/load)"
+            )
         versions = self._hosts.get(model)
         if version is not None and version != "":
             v = _parse_version(model, version)
