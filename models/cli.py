@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from models.checkpoint import CheckpointError, CheckpointSummary, save_checkpoint, summarize
+from models.checkpoint import CheckpointError, save_checkpoint
+from models.checkpoint_summary import CheckpointSummary, summarize
 from models.importers.report import ImportFailed, ImportReport, QuantOptions
 from models.quant import SUPPORTED_BITS, QuantizationError
 

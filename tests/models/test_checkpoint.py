@@ -23,8 +23,8 @@ from models.checkpoint import (
     load_checkpoint,
     save_checkpoint,
     sha256_of,
-    summarize,
 )
+from models.checkpoint_summary import summarize
 from models.quant import BlockQuantized, quantize_blocks
 from models.zoo import SENSOR_MLP, VISION_CNN, init_weights
 from models.zoo_checkpoint import (
