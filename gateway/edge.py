@@ -26,9 +26,9 @@ from typing import Any, Literal, TypeVar
 
 from gateway.codecs import oip, tfserving
 from gateway.codecs.limits import DecodeLimits
+from gateway.core import ServingCore
 from gateway.errors import BadRequest, GatewayError, InsufficientMemory, InternalError
 from gateway.metrics import GatewayMetrics
-from gateway.service import InferenceService
 from gateway.types import InferenceRequest
 
 log = logging.getLogger("gateway.edge")
@@ -77,7 +77,7 @@ class Edge:
     def __init__(
         self,
         *,
-        service: InferenceService,
+        service: ServingCore,
         executor: Executor,
         limits: DecodeLimits,
         transport: str,

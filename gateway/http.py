@@ -23,6 +23,7 @@ from gateway import __version__, dashboard, http_security, repository_api
 from gateway.codecs import oip, tfserving
 from gateway.codecs.datatypes import dtype_label
 from gateway.codecs.limits import DEFAULT_LIMITS, DecodeLimits
+from gateway.core import ServingCore
 from gateway.edge import Edge
 from gateway.errors import (
     BadRequest,
@@ -39,6 +40,8 @@ from gateway.tuning import TuningService
 log = logging.getLogger("gateway.http")
 
 SERVICE_KEY = web.AppKey("service", InferenceService)
+# What the inference handlers call: the service itself, or in an ingest process its stand-in.
+CORE_KEY = web.AppKey("core", ServingCore)
 SETTINGS_KEY = web.AppKey("settings", HttpSettings)
 EXECUTOR_KEY = web.AppKey("executor", Executor)
 TUNING_KEY = web.AppKey("tuning", TuningService)
@@ -204,7 +207,7 @@ async def repository_index(request: web.Request) -> web.Response:
 
 
 async def infer(request: web.Request) -> web.Response:
-    service = request.app[SERVICE_KEY]
+    service = request.app[CORE_KEY]
     name, version = request.match_info["model"], _version(request)
     request.app[EDGE_KEY].check_model(name, version)  # 404 before the body is even read
     body = await _read_body(request)
@@ -304,7 +307,7 @@ _TF_DTYPES = {
 
 
 async def tfs_predict(request: web.Request) -> web.Response:
-    service = request.app[SERVICE_KEY]
+    service = request.app[CORE_KEY]
     name, version = request.match_info["model"], _version(request)
     edge = request.app[EDGE_KEY]
     edge.check_model(name, version)  # 404 before the body is even read
@@ -420,6 +423,20 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
+_MODEL = "{model:[A-Za-z0-9][A-Za-z0-9_.-]*}"
+_VERSION = "/versions/{version:[0-9]+}"
+_OIP_MODEL_PATHS = (f"/v2/models/{_MODEL}", f"/v2/models/{_MODEL}{_VERSION}")
+_TFS_MODEL_PATHS = (f"/v1/models/{_MODEL}", f"/v1/models/{_MODEL}{_VERSION}")
+
+
+def add_inference_routes(router: web.UrlDispatcher) -> None:
+    """The routes that carry tensors: all an ingest process serves itself."""
+    for base in _OIP_MODEL_PATHS:
+        router.add_post(f"{base}/infer", infer)
+    for base in _TFS_MODEL_PATHS:
+        router.add_post(f"{base}:predict", tfs_predict)
+
+
 def build_app(
     service: InferenceService,
     settings: HttpSettings,
@@ -441,26 +458,21 @@ def build_app(
     http_security.install(app, settings, service.metrics)  # tokens, connection cap, body deadline
     if tuning is not None:
         app[TUNING_KEY] = tuning
-    model = "{model:[A-Za-z0-9][A-Za-z0-9_.-]*}"
-    mv = f"/v2/models/{model}"
-    mvv = f"{mv}/versions/{{version:[0-9]+}}"
+    app[CORE_KEY] = service
     r = app.router
+    add_inference_routes(r)
     r.add_get("/v2", server_metadata)
     r.add_get("/v2/health/live", live)
     r.add_get("/v2/health/ready", ready)
     r.add_post("/v2/repository/index", repository_index)
     repository_api.add_routes(app, service, executor)  # load, unload
-    for base in (mv, mvv):
+    for base in _OIP_MODEL_PATHS:
         r.add_get(base, model_metadata)
         r.add_get(f"{base}/ready", model_ready)
         r.add_get(f"{base}/config", model_config)
-        r.add_post(f"{base}/infer", infer)
-    tfm = "/v1/models/{model:[A-Za-z0-9][A-Za-z0-9_.-]*}"
-    tfv = f"{tfm}/versions/{{version:[0-9]+}}"
-    for base in (tfm, tfv):
+    for base in _TFS_MODEL_PATHS:
         r.add_get(base, tfs_status)
         r.add_get(f"{base}/metadata", tfs_metadata)
-        r.add_post(f"{base}:predict", tfs_predict)
     r.add_get("/admin/models", admin_models)
     for base in ("/admin/models/{model}", "/admin/models/{model}/versions/{version:[0-9]+}"):
         r.add_route("GET", f"{base}/knobs", admin_knobs)

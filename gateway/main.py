@@ -11,6 +11,7 @@ import gc
 import logging
 import os
 import signal
+import socket
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,6 +23,8 @@ from gateway.broker import EmbeddedBroker, embedded_broker
 from gateway.edge import Edge
 from gateway.http import build_app
 from gateway.http_security import http_runner, server_ssl_context
+from gateway.ingest.hub import IngestHub
+from gateway.ingest.supervisor import IngestSupervisor
 from gateway.lifecycle import InFlight, Readiness, StartupError, models_check
 from gateway.metrics import GatewayMetrics
 from gateway.mqtt import BrokerAddress, MqttAdapter
@@ -79,6 +82,9 @@ class Gateway:
         self.mqtt: MqttAdapter | None = None
         self.http_port: int = settings.http.port
         self._http_in_flight = InFlight()
+        self.hub: IngestHub | None = None
+        self.ingest: IngestSupervisor | None = None
+        self._reserved: socket.socket | None = None
         self._http_listening = False
         self._mqtt_task: asyncio.Task[None] | None = None
         self._loading: asyncio.Task[None] | None = None
@@ -114,12 +120,20 @@ class Gateway:
         stack.push_async_callback(self.service.close)
         if self.settings.mqtt.enabled and external is None:
             await self._start_embedded_broker(stack)
+        processes = self.settings.serving.ingest_processes
+        if processes:
+            self.hub = IngestHub(self.service, self.settings)
+            await self.hub.start()
+            stack.push_async_callback(self.hub.close)
         await self._start_http(stack)
         self.readiness.require(models_check(self.service))
         self._loading = asyncio.create_task(self._load(), name="load-models")
         stack.push_async_callback(self._stop_loading)
-        if self.settings.mqtt.enabled:
-            self._start_mqtt(stack, external)
+        broker = self._broker_address(external) if self.settings.mqtt.enabled else None
+        if processes:
+            self._start_ingest(stack, broker)
+        if broker is not None and not (processes and _shares(self.settings, broker[1])):
+            self._start_mqtt(stack, *broker)
 
     async def _start_http(self, stack: contextlib.AsyncExitStack) -> None:
         http = self.settings.http
@@ -137,6 +151,14 @@ class Gateway:
         )
         await runner.setup()
         stack.push_async_callback(runner.cleanup)
+        if self.hub is not None:
+            # The ingest processes take the public port; this process only answers what they
+            # pass on (metadata, admin, metrics), on loopback.
+            self.http_port = self._reserve_port(stack)
+            await web.TCPSite(runner, "127.0.0.1", 0).start()
+            self.hub.setup["internal_url"] = f"http://127.0.0.1:{runner.addresses[0][1]}"
+            self._http_listening = True
+            return
         try:
             await web.TCPSite(
                 runner, http.host, http.port, ssl_context=server_ssl_context(http)
@@ -163,15 +185,65 @@ class Gateway:
             broker.protocol,
         )
 
-    def _start_mqtt(self, stack: contextlib.AsyncExitStack, external: BrokerAddress | None) -> None:
-        mqtt = self.settings.mqtt
-        protocol: str = mqtt.protocol
+    def _broker_address(self, external: BrokerAddress | None) -> tuple[BrokerAddress, str]:
         if external is not None:
-            address = external
-        else:
-            assert self.broker is not None
-            address = BrokerAddress(self.broker.host, self.broker.port, False)
-            protocol = self.broker.protocol
+            return external, self.settings.mqtt.protocol
+        assert self.broker is not None
+        return BrokerAddress(self.broker.host, self.broker.port, False), self.broker.protocol
+
+    def _reserve_port(self, stack: contextlib.AsyncExitStack) -> int:
+        """Bind (without listening) the public port with SO_REUSEPORT: the port is taken, a busy
+        one is reported here, port 0 is resolved once, and every ingest process binds the same."""
+        http = self.settings.http
+        family = socket.AF_INET6 if ":" in http.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        stack.callback(sock.close)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            sock.bind((http.host, http.port))
+        except OSError as exc:
+            raise StartupError(_bind_error(http.host, http.port, exc)) from exc
+        self._reserved = sock
+        return int(sock.getsockname()[1])
+
+    def _start_ingest(
+        self, stack: contextlib.AsyncExitStack, broker: tuple[BrokerAddress, str] | None
+    ) -> None:
+        hub, processes = self.hub, self.settings.serving.ingest_processes
+        assert hub is not None
+        hub.setup.update(settings=self.settings, http_port=self.http_port, mqtt=None)
+        mqtt_too = broker is not None and _shares(self.settings, broker[1])
+        if broker is not None and mqtt_too:
+            address, protocol = broker
+            hub.setup["mqtt"] = {
+                "host": address.host,
+                "port": address.port,
+                "tls": address.tls,
+                "protocol": protocol,
+            }
+        supervisor = IngestSupervisor(
+            processes,
+            hub.path,
+            log_level=self.settings.log_level,
+            log_format=self.settings.log_format,
+            on_restart=self.metrics.ingest_restarts.inc,
+        )
+        supervisor.start()
+        self.ingest = supervisor
+        stack.push_async_callback(supervisor.stop, 0.0)  # after a drain: nothing left to wait
+        self.readiness.require(lambda: _ingest_waits(hub, processes, mqtt_too))
+        log.info(
+            "%d ingest processes take HTTP%s on port %d",
+            processes,
+            " and MQTT" if mqtt_too else "",
+            self.http_port,
+        )
+
+    def _start_mqtt(
+        self, stack: contextlib.AsyncExitStack, address: BrokerAddress, protocol: str
+    ) -> None:
+        mqtt = self.settings.mqtt
         edge = Edge(
             service=self.service,
             executor=self.executor,
@@ -214,9 +286,13 @@ class Gateway:
         self.readiness.shutting_down()
         if self.tuning is not None:
             await self.tuning.stop()  # no knob change may start while the gateway drains
-        mqtt_done, http_done = await asyncio.gather(
-            self._stop_mqtt(grace_s), self._http_in_flight.wait_idle(grace_s)
+        mqtt_done, http_done, ingest_done = await asyncio.gather(
+            self._stop_mqtt(grace_s),
+            self._http_in_flight.wait_idle(grace_s),
+            self.ingest.stop(grace_s) if self.ingest is not None else _true(),
         )
+        if not ingest_done:
+            log.warning("ingest processes did not all finish their requests within %.0f s", grace_s)
         if not http_done:
             log.warning(
                 "%d HTTP requests still running after the %.0f s grace period",
@@ -277,6 +353,28 @@ class Gateway:
         tb: TracebackType | None,
     ) -> None:
         await self.stop()
+
+
+async def _true() -> bool:
+    return True
+
+
+def _shares(settings: GatewaySettings, protocol: str) -> bool:
+    """Whether ingest processes can take MQTT: only as members of one shared subscription
+    (MQTT 5), or every process would get every request."""
+    return protocol == "5" and settings.mqtt.shared_subscription != "off"
+
+
+def _ingest_waits(hub: IngestHub, processes: int, mqtt: bool) -> str | None:
+    live = hub.live()
+    waiting = [
+        i
+        for i in range(processes)
+        if not live.get(i, {}).get("http") or (mqtt and not live.get(i, {}).get("mqtt"))
+    ]
+    if not waiting:
+        return None
+    return f"ingest: process(es) {', '.join(map(str, waiting))} not taking requests yet"
 
 
 def _external_broker(settings: GatewaySettings) -> BrokerAddress | None:

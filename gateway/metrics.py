@@ -189,6 +189,17 @@ class GatewayMetrics:
             "Redelivered MQTT requests recognised as already answered (acknowledged, not run).",
             registry=r,
         )
+        self.ingest_requests = Counter(
+            "iotgw_ingest_requests",
+            "Inference requests the serving process took from each ingest process.",
+            ["process"],
+            registry=r,
+        )
+        self.ingest_restarts = Counter(
+            "iotgw_ingest_restarts",
+            "Ingest processes restarted after they exited on their own.",
+            registry=r,
+        )
 
     def watch_mqtt(
         self,

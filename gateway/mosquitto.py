@@ -43,7 +43,7 @@ def find_mosquitto() -> str | None:
     return None
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Runs in the child between fork and exec. Without it a SIGKILLed gateway would leave its
     broker running and holding the port, so the next start fails. The kernel sends the signal
     when the *thread* that forked exits; the event loop's thread forks here, and it lives as
@@ -140,7 +140,7 @@ class MosquittoBroker:
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=out,
                 stderr=asyncio.subprocess.STDOUT,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         try:
             await self._wait_listening()

@@ -43,6 +43,7 @@ from gateway.model_host import (
 )
 from gateway.settings import ServingSettings
 from gateway.types import InferenceRequest, InferenceResponse
+from gateway.versions import Catalog, CatalogEntry, pick_version
 from models.repository import BrokenVersion, ModelVersion
 from models.runtime import BackendError, ModelMetadata, Runtime, Threads
 
@@ -266,24 +267,13 @@ class InferenceService:
                 f"model {model!r} is unloaded; it serves again once loaded "
                 f"(POST /v2/repository/models/{model}/load)"
             )
-        versions = self._hosts.get(model)
-        if version is not None and version != "":
-            v = _parse_version(model, version)
-            if versions is not None and v in versions:
-                return versions[v]
-            broken = self._broken.get(model, {}).get(v)
-            if broken is not None:
-                raise ModelUnavailable(f"model {model} version {v} is unavailable: {broken.reason}")
-            if versions is None and model not in self._broken:
-                raise NotFound(f"unknown model {model!r}")
-            raise NotFound(f"model {model!r} has no version {v}")
-        if not versions:
-            if model in self._broken:
-                reasons = "; ".join(b.reason for b in self._broken[model].values())
-                raise ModelUnavailable(f"model {model} is unavailable: {reasons}")
-            raise NotFound(f"unknown model {model!r}")
-        ready = [v for v, h in versions.items() if h.ready]
-        return versions[max(ready) if ready else max(versions)]
+        return pick_version(
+            model,
+            version,
+            self._hosts.get(model),
+            _reasons(self._broken.get(model)),
+            lambda h: h.ready,
+        )
 
     def check_model(self, model: str, version: int | str | None = None) -> None:
         """Raise ``NotFound``/``ModelUnavailable`` for a model (or version) that cannot serve:
@@ -314,6 +304,14 @@ class InferenceService:
             knobs=host.knobs,
             metadata=metadata,
         )
+
+    def catalog(self) -> Catalog:
+        """Every model version as plain data, for the ingest processes."""
+        versions: dict[str, dict[int, CatalogEntry]] = {}
+        for name, hosts in self._hosts.items():
+            versions[name] = {v: _catalog_entry(h) for v, h in hosts.items()}
+        broken = {name: _reasons(b) or {} for name, b in self._broken.items()}
+        return Catalog(versions=versions, broken=broken)
 
     def metadata(self, model: str, version: int | str | None = None) -> ModelMetadata:
         return self.host(model, version).metadata
@@ -404,12 +402,15 @@ class InferenceService:
         return self.host(model, version).stats(window_s)
 
 
-def _parse_version(model: str, version: int | str) -> int:
+def _catalog_entry(host: ModelHost) -> CatalogEntry:
     try:
-        v = int(version)
-    except ValueError:
-        raise NotFound(f"model {model!r} has no version {version!r}") from None
-    return v
+        return CatalogEntry(ready=host.ready, metadata=host.metadata, unavailable="")
+    except ModelUnavailable as exc:
+        return CatalogEntry(ready=host.ready, metadata=None, unavailable=exc.message)
+
+
+def _reasons(broken: Mapping[int, BrokenVersion] | None) -> dict[int, str] | None:
+    return None if broken is None else {v: b.reason for v, b in broken.items()}
 
 
 def tensor_bytes(inputs: Mapping[str, np.ndarray]) -> int:

@@ -118,6 +118,14 @@ class ServingSettings(BaseModel):
     max_concurrency: int = Field(
         16, ge=1, le=64, description="Upper bound of the concurrency knob (instances per model)."
     )
+    ingest_processes: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="Processes that take HTTP connections (one shared port) and, with a broker "
+        "that has shared subscriptions, MQTT requests, and decode them for the serving process; "
+        "0: the serving process does all protocol work itself.",
+    )
     shutdown_grace_s: float = Field(
         25.0,
         ge=0,

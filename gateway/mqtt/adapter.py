@@ -26,6 +26,7 @@ import paho.mqtt.client as paho
 from paho.mqtt.properties import Properties
 
 from gateway.codecs import oip
+from gateway.core import ServingCore
 from gateway.edge import OFFLOAD_BYTES, Edge, Phase, error_document
 from gateway.errors import (
     BadRequest,
@@ -40,7 +41,6 @@ from gateway.mqtt.routes import Route, Router, dedupe_key
 from gateway.mqtt.seen import MAX_REPLY_ATTEMPTS, Earlier, SeenRequests, digest
 from gateway.mqtt.session import BrokerAddress, BrokerSession
 from gateway.mqtt.wire import reply_properties, with_status
-from gateway.service import InferenceService
 from gateway.settings import MqttSettings
 from gateway.types import InferenceRequest
 
@@ -79,7 +79,7 @@ class MqttAdapter:
     def __init__(
         self,
         *,
-        service: InferenceService,
+        service: ServingCore,
         settings: MqttSettings,
         address: BrokerAddress,
         protocol: str,
