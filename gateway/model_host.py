@@ -306,6 +306,10 @@ class ModelHost:
             arrived_rows=sum(a[1] for a in arrived),
         )
 
+    def service_samples(self) -> dict[int, tuple[float, ...]]:
+        """Recent batch service times (seconds) by batch-size bucket: the tuner's queueing model."""
+        return self._batcher.service_time.samples()
+
     def drain_time(self) -> float:
         """Seconds until this model's queue is worked off (at least 1): a retry hint."""
         return self._batcher.drain_time()

@@ -32,6 +32,10 @@ class ServiceTimeEstimate:
         recent.append(seconds)
         self._by_bucket[b] = min(recent)
 
+    def samples(self) -> dict[int, tuple[float, ...]]:
+        """The recent batch times of each bucket, keyed by the bucket's largest batch size."""
+        return {2**b: tuple(recent) for b, recent in sorted(self._recent.items())}
+
     def predict(self, rows: int) -> float | None:
         """Seconds for one batch of ``rows``; None before anything was measured."""
         if not self._by_bucket:
