@@ -6,8 +6,9 @@ nests. Each check raises ``BadRequest`` naming the limit, so a device learns wha
 
 JSON depth: the protocol's own structure is shallow (request -> inputs -> tensor -> data), tensor
 ``data`` may nest at most one level per dimension, and parameter values are scalars. Anything
-deeper is refused; the standard parser's own recursion guard (about 1,000 levels) is mapped to
-the same error, so a nested payload can never surface as a ``RecursionError``.
+deeper is refused; the parsers' own recursion guards (orjson's 1,024 levels, then the standard
+parser's, about 1,000: ``json_codec``) are mapped to the same error, so a nested payload can
+never surface as a ``RecursionError``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.codecs import json_codec
 from gateway.errors import BadRequest
 
 
@@ -74,7 +76,7 @@ def load_json(raw: bytes | str) -> Any:
     if not raw:
         raise BadRequest("empty body: expected a JSON object")
     try:
-        return json.loads(raw)
+        return json_codec.loads(raw)
     except RecursionError:
         raise BadRequest("malformed JSON: nested too deeply") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

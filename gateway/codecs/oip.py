@@ -7,7 +7,6 @@ One implementation for every transport: HTTP and MQTT both call these functions.
 
 from __future__ import annotations
 
-import json
 import math
 import struct
 import time
@@ -16,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from gateway.codecs import json_codec
 from gateway.codecs.datatypes import dtype_label, numpy_dtype
 from gateway.codecs.limits import DEFAULT_LIMITS, DecodeLimits, check_scalar_parameters, load_json
 from gateway.errors import BadRequest, DeadlineUnmeetable, GatewayError
@@ -160,6 +160,8 @@ def _version_param(params: dict[str, Any]) -> int | None:
 
 def encode_response(response: InferenceResponse, fmt: OutputFormat) -> tuple[bytes, int | None]:
     """The reply body and, when it has a binary section, the JSON header's length."""
+    as_json = [a for n, a in response.outputs.items() if not fmt.is_binary(n)]
+    writer = json_codec.writer_for(as_json)
     outputs: list[dict[str, Any]] = []
     chunks: list[bytes] = []
     for name, arr in response.outputs.items():
@@ -173,20 +175,20 @@ def encode_response(response: InferenceResponse, fmt: OutputFormat) -> tuple[byt
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
         else:
-            entry["data"] = _to_json_data(arr)
+            entry["data"] = _to_json_data(arr, writer)
         outputs.append(entry)
     body: dict[str, Any] = {"model_name": response.model, "model_version": str(response.version)}
     if response.id is not None:
         body["id"] = response.id
     body["outputs"] = outputs
-    header = json.dumps(body, separators=(",", ":")).encode()
+    header = writer.dumps(body)
     if not chunks:
         return header, None
     return header + b"".join(chunks), len(header)
 
 
 def encode_error(message: str) -> bytes:
-    return json.dumps({"error": message}).encode()
+    return json_codec.dumps({"error": message})
 
 
 def unframe(payload: bytes) -> tuple[bytes, int | None]:
@@ -352,11 +354,11 @@ def _to_bytes(arr: np.ndarray) -> bytes:
     return np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
 
 
-def _to_json_data(arr: np.ndarray) -> list[Any]:
+def _to_json_data(arr: np.ndarray, writer: json_codec.Writer) -> Any:
     flat = arr.reshape(-1)
     if arr.dtype == np.dtype(object):
         return [x.decode(errors="replace") if isinstance(x, bytes) else str(x) for x in flat]
-    return flat.tolist()
+    return writer.value(flat)
 
 
 # -- parameters ------------------------------------------------------------------------------

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from typing import Any
 
 import numpy as np
 
+from gateway.codecs import json_codec
 from gateway.codecs.limits import DEFAULT_LIMITS, DecodeLimits, load_json
 from gateway.codecs.oip import convert_values
 from gateway.errors import BadRequest
@@ -58,7 +58,8 @@ def decode_predict(
 
 
 def encode_predict(response: InferenceResponse, *, rows: bool) -> bytes:
-    outputs = {name: _json_value(arr) for name, arr in response.outputs.items()}
+    writer = json_codec.writer_for(response.outputs.values())
+    outputs = {name: _json_value(arr, writer) for name, arr in response.outputs.items()}
     if rows:
         if len(outputs) == 1:
             (value,) = outputs.values()
@@ -68,11 +69,11 @@ def encode_predict(response: InferenceResponse, *, rows: bool) -> bytes:
             body = {"predictions": [{n: v[i] for n, v in outputs.items()} for i in range(count)]}
     else:
         body = {"outputs": next(iter(outputs.values())) if len(outputs) == 1 else outputs}
-    return json.dumps(body, separators=(",", ":")).encode()
+    return writer.dumps(body)
 
 
 def encode_error(message: str) -> bytes:
-    return json.dumps({"error": message}).encode()
+    return json_codec.dumps({"error": message})
 
 
 def _rows_to_columns(instances: Any, specs: dict[str, TensorSpec]) -> dict[str, list[Any]]:
@@ -174,10 +175,10 @@ def _contains_b64(value: Any) -> bool:
     return False
 
 
-def _json_value(arr: np.ndarray) -> Any:
+def _json_value(arr: np.ndarray, writer: json_codec.Writer) -> Any:
     if arr.dtype == np.dtype(object):
         return _b64_nested(arr.tolist())
-    return arr.tolist()
+    return writer.value(arr)
 
 
 def _b64_nested(value: Any) -> Any:

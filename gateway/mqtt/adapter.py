@@ -25,7 +25,7 @@ import aiomqtt
 import paho.mqtt.client as paho
 from paho.mqtt.properties import Properties
 
-from gateway.codecs import oip
+from gateway.codecs import json_codec, oip
 from gateway.core import ServingCore
 from gateway.edge import OFFLOAD_BYTES, Edge, Phase, error_document
 from gateway.errors import (
@@ -315,7 +315,7 @@ class MqttAdapter:
 
     def _reply_error(self, delivery: _Delivery, err: GatewayError, request_id: str | None) -> None:
         doc = error_document(err, request_id)
-        self._reply(delivery, json.dumps(doc).encode(), False, err.status)
+        self._reply(delivery, json_codec.dumps(doc), False, err.status)
 
     def _reply(self, delivery: _Delivery, body: bytes, binary: bool, status: int) -> None:
         """Hand the reply to paho; the request is acknowledged once the broker has the reply
