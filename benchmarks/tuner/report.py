@@ -11,6 +11,10 @@
   agent's p95 (median of 3 consecutive 1 s bins) is within 10% of the oracle's steady p95 of
   that phase and stays there to the phase's end; the worst step (a step that never settles counts
   as its whole phase, and ``settle_censored`` says so).
+
+With several models (``streams`` in a run) an arm is a per-gateway configuration: its objective
+is the sum of each model's objective in SLOs, violations are summed, and each ratio is the
+worst over the models (the highest steady ratio, gap and settle time; the lowest reduction).
 """
 
 from __future__ import annotations
@@ -37,9 +41,21 @@ def objective(f: dict[str, Any], slo_ms: float) -> float:
     return float(p95 + 2.0 * slo_ms * (f["violation_fraction"] or 0.0))
 
 
-def best_static(arms: dict[str, dict[str, Any]], slo_ms: float) -> str | None:
+def streams_of(run: dict[str, Any], slos: dict[str, float]) -> list[tuple[dict[str, Any], float]]:
+    """(each model's figures, its SLO) of one arm; a single-model run holds them at the top."""
+    if "streams" in run:
+        return [(run["streams"][m], slo) for m, slo in slos.items()]
+    (slo,) = slos.values()
+    return [(run, slo)]
+
+
+def joint_objective(run: dict[str, Any], slos: dict[str, float]) -> float:
+    return sum(objective(s["overall"], slo) / slo for s, slo in streams_of(run, slos))
+
+
+def best_static(arms: dict[str, dict[str, Any]], slos: dict[str, float]) -> str | None:
     statics = [a for a in STATIC_ARMS if a in arms]
-    return min(statics, key=lambda a: objective(arms[a]["overall"], slo_ms)) if statics else None
+    return min(statics, key=lambda a: joint_objective(arms[a], slos)) if statics else None
 
 
 def phase_bins(arm: dict[str, Any], start_s: float, duration_s: float) -> list[float | None]:
@@ -79,53 +95,87 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 4)
 
 
+def _worst(values: list[float | None], pick: Any = max) -> float | None:
+    known = [v for v in values if v is not None]
+    return pick(known) if known else None
+
+
 def seed_summary(
-    arms: dict[str, dict[str, Any]], phases: list[dict[str, Any]], slo_ms: float
+    arms: dict[str, dict[str, Any]], phases: list[dict[str, Any]], slos: dict[str, float]
 ) -> dict[str, Any]:
-    """The headline figures of one seed (keys absent arms make impossible are None)."""
+    """The headline figures of one seed (keys absent arms make impossible are None);
+    ``phases``: the report windows (``phase_windows``)."""
     agent, oracle, configured = arms.get("agent"), arms.get("oracle"), arms.get("configured")
-    best = best_static(arms, slo_ms)
+    best = best_static(arms, slos)
     out: dict[str, Any] = {"best_static_arm": best, **dict.fromkeys(SUMMARY_KEYS)}
     if agent is None:
         return out
-    a = agent["overall"]
+    mine = streams_of(agent, slos)
     if best is not None:
-        mine, theirs = a["slo_violations"] or 0, arms[best]["overall"]["slo_violations"] or 0
+        theirs = streams_of(arms[best], slos)
+        a_viol = sum(s["overall"]["slo_violations"] or 0 for s, _ in mine)
+        b_viol = sum(s["overall"]["slo_violations"] or 0 for s, _ in theirs)
         # One added to both: a best static arm without violations still gives a figure (56
         # against none reads 57, not "undefined", which a median over seeds would drop).
-        out["violations_vs_best_static"] = round((mine + 1) / (theirs + 1), 4)
-        out["violations"] = {"agent": mine, "best_static": theirs}
-        ratios = [
-            _ratio(steady_p95(agent, p["start_s"], p["duration_s"]), steady)
-            for p in phases
-            if (steady := steady_p95(arms[best], p["start_s"], p["duration_s"])) is not None
-        ]
-        known = [r for r in ratios if r is not None]
-        out["steady_p95_vs_best_static"] = max(known) if known else None
-    if configured is not None and a["p95_ms"] and configured["overall"]["p95_ms"]:
-        out["p95_reduction_vs_default"] = round(
-            1.0 - a["p95_ms"] / configured["overall"]["p95_ms"], 4
+        out["violations_vs_best_static"] = round((a_viol + 1) / (b_viol + 1), 4)
+        out["violations"] = {"agent": a_viol, "best_static": b_viol}
+        out["steady_p95_vs_best_static"] = _worst(
+            [
+                _ratio(steady_p95(a, p["start_s"], p["duration_s"]), steady)
+                for (a, _), (b, _) in zip(mine, theirs, strict=True)
+                for p in phases
+                if (steady := steady_p95(b, p["start_s"], p["duration_s"])) is not None
+            ]
+        )
+    if configured is not None:
+        out["p95_reduction_vs_default"] = _worst(
+            [
+                round(1.0 - a["overall"]["p95_ms"] / c["overall"]["p95_ms"], 4)
+                if a["overall"]["p95_ms"] and c["overall"]["p95_ms"]
+                else None
+                for (a, _), (c, _) in zip(mine, streams_of(configured, slos), strict=True)
+            ],
+            min,
         )
     if oracle is not None:
-        gap = _ratio(a["p95_ms"], oracle["overall"]["p95_ms"])
-        out["gap_to_oracle_p95"] = None if gap is None else round(gap - 1.0, 4)
-        steps = []
-        for p in phases[1:]:
-            target = steady_p95(oracle, p["start_s"], p["duration_s"])
-            settled = (
-                None if target is None else settle_s(agent, target, p["start_s"], p["duration_s"])
-            )
-            steps.append({"phase": p["name"], "settle_s": settled, "oracle_steady_p95_ms": target})
-        out["settle_steps"] = steps
-        # A step never settled counts as the whole phase (censored), so that a median over
-        # seeds does not drop the seeds where the agent did worst.
-        values = [
-            p["duration_s"] if s["settle_s"] is None else s["settle_s"]
-            for s, p in zip(steps, phases[1:], strict=True)
-        ]
-        out["settle_s"] = max(values) if values else None
-        out["settle_censored"] = any(s["settle_s"] is None for s in steps)
+        out.update(_oracle_figures(mine, streams_of(oracle, slos), phases, list(slos)))
     return out
+
+
+def _oracle_figures(
+    mine: list[tuple[dict[str, Any], float]],
+    oracle: list[tuple[dict[str, Any], float]],
+    phases: list[dict[str, Any]],
+    models: list[str],
+) -> dict[str, Any]:
+    gaps = [
+        _ratio(a["overall"]["p95_ms"], o["overall"]["p95_ms"])
+        for (a, _), (o, _) in zip(mine, oracle, strict=True)
+    ]
+    gap = _worst(gaps)
+    steps = []
+    values = []
+    for model, (a, _), (o, _) in zip(models, mine, oracle, strict=True):
+        for p in phases[1:]:
+            target = steady_p95(o, p["start_s"], p["duration_s"])
+            settled = None if target is None else settle_s(a, target, p["start_s"], p["duration_s"])
+            steps.append(
+                {
+                    "model": model,
+                    "phase": p["name"],
+                    "settle_s": settled,
+                    "oracle_steady_p95_ms": target,
+                }
+            )
+            # A step never settled counts as the whole phase (censored), so that a median over
+            # seeds does not drop the seeds where the agent did worst.
+            values.append(p["duration_s"] if settled is None else settled)
+    return {
+        "gap_to_oracle_p95": None if gap is None else round(gap - 1.0, 4),
+        "settle_steps": steps,
+        "settle_s": max(values) if values else None,
+        "settle_censored": any(s["settle_s"] is None for s in steps),
+    }
 
 
 def median_summary(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
@@ -159,41 +209,64 @@ def targets(summary: dict[str, Any]) -> dict[str, bool | None]:
 def table(runs: list[dict[str, Any]]) -> str:
     rows = []
     for r in runs:
-        for name, f in [("overall", r["overall"]), *r["phases"].items()]:
-            rows.append(
-                [
-                    r["scenario"],
-                    r["seed"],
-                    r["arm"],
-                    name,
-                    f["requests"],
-                    f["p50_ms"],
-                    f["p95_ms"],
-                    f["slo_violations"],
-                    f["lost"],
-                ]
-            )
-    headers = ["scenario", "seed", "arm", "phase", "requests", "p50 ms", "p95 ms", "viol", "lost"]
+        streams = r.get("streams") or {"": r}
+        for model, st in streams.items():
+            for name, f in [("overall", st["overall"]), *st["phases"].items()]:
+                rows.append(
+                    [
+                        r["scenario"],
+                        r["seed"],
+                        r["arm"],
+                        model,
+                        name,
+                        f["requests"],
+                        f["p50_ms"],
+                        f["p95_ms"],
+                        f["slo_violations"],
+                        f["lost"],
+                    ]
+                )
+    headers = [
+        "scenario",
+        "seed",
+        "arm",
+        "model",
+        "phase",
+        "requests",
+        "p50 ms",
+        "p95 ms",
+        "viol",
+        "lost",
+    ]
     return format_table(headers, rows)
 
 
 def phase_windows(phases: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each phase's name, start and duration (seconds from the trace's start)."""
-    out, start = [], 0.0
-    for p in phases:
-        out.append({"name": p["name"], "start_s": start, "duration_s": p["duration_s"]})
-        start += p["duration_s"]
+    """The report phases (seconds from the trace's start): consecutive steps that name the same
+    ``window`` (the diurnal day's quarters) merged into one."""
+    out: list[dict[str, Any]] = []
+    start = 0.0
+    for i, p in enumerate(phases):
+        name = p.get("window") or p["name"]
+        if out and out[-1]["name"] == name:
+            out[-1]["duration_s"] = round(out[-1]["duration_s"] + p["duration_s"], 6)
+            out[-1]["steps"].append(i)
+        else:
+            out.append(
+                {"name": name, "start_s": start, "duration_s": p["duration_s"], "steps": [i]}
+            )
+        start = round(start + p["duration_s"], 6)
     return out
 
 
 def scenario_summary(
-    runs: list[dict[str, Any]], phases: list[dict[str, Any]], slo_ms: float
+    runs: list[dict[str, Any]], phases: list[dict[str, Any]], slos: dict[str, float]
 ) -> dict[str, Any]:
     """Medians over the seeds of ``runs`` (one scenario), the targets and each seed's figures."""
     per_seed = []
     for seed in sorted({r["seed"] for r in runs}):
         arms = {r["arm"]: r for r in runs if r["seed"] == seed}
-        figures = seed_summary(arms, phase_windows(phases), slo_ms)
+        figures = seed_summary(arms, phase_windows(phases), slos)
         figures["seed"] = seed
         per_seed.append(figures)
     summary = median_summary(per_seed)
@@ -202,12 +275,23 @@ def scenario_summary(
     return summary
 
 
+def scenario_shape(config: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """(the phases, the SLO per model) of a scenario's config, in either results layout (one
+    model at the top, or ``models``)."""
+    if "models" in config:
+        models = config["models"]
+        first = next(iter(models.values()))
+        return first["phases"], {m: c["slo_ms"] for m, c in models.items()}
+    return config["phases"], {config["model"]: config["slo_ms"]}
+
+
 def resummarize(doc: dict[str, Any]) -> dict[str, Any]:
     """A results document's summary recomputed from its runs (same keys as a fresh run's)."""
     out = {}
     for name, config in doc["config"]["scenarios"].items():
         runs = [r for r in doc["runs"] if r["scenario"] == name]
-        out[name] = scenario_summary(runs, config["phases"], config["slo_ms"])
+        phases, slos = scenario_shape(config)
+        out[name] = scenario_summary(runs, phases, slos)
         # What the run measured about its own replay stays.
         replay = {s["seed"]: s for s in doc["summary"].get(name, {}).get("per_seed", [])}
         for s in out[name]["per_seed"]:

@@ -1,5 +1,6 @@
-"""The run: per scenario, measure capacity and service times, replay the trace to find the best
-static configurations and the per-phase oracle, run every arm for real, summarize."""
+"""The run: per scenario, measure capacity and service times per model, replay the trace to find
+the best static per-gateway configurations and the per-phase oracle, run every arm for real,
+summarize."""
 
 from __future__ import annotations
 
@@ -14,7 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import machine_info, usable_cores, write_results
+from benchmarks.common import (
+    load_average,
+    machine_info,
+    now_iso,
+    results_path,
+    usable_cores,
+    write_results,
+)
 from benchmarks.servers import set_knobs
 from benchmarks.tuner import arms as arm_runs
 from benchmarks.tuner import report
@@ -24,16 +32,16 @@ from benchmarks.tuner.scenarios import (
     Capacity,
     Phase,
     Scenario,
+    Stream,
     capacity_from_ramp,
     ramp_phases,
     resolve,
 )
+from benchmarks.tuner.search import ModelPlan, prediction, replay_seed
 from benchmarks.tuner.servicetimes import calibrate, measure_samples
-from rrl.replay import Scored, ServiceTimes, request_grid, score
 from rrl.space import Config, expert_default
 
 NAME = "tuner_e2e"  # the results file; the command is `iotgw bench tuner`
-TIMEOUTS_MS = (0.0, 1.0, 2.0, 4.0, 8.0)
 CAPACITY_SEED = 1000  # the ramp's arrivals: not one of the scenario's seeds
 
 
@@ -47,9 +55,13 @@ class Options:
     keep: Path | None = None
     replay_arms: int = 1
     """How many of the replay's best static configurations run for real (1 or 2)."""
+    duration_factor: float | None = None
+    """Phase lengths times this (default 1; --quick 0.1)."""
 
     @property
-    def duration_factor(self) -> float:
+    def factor(self) -> float:
+        if self.duration_factor is not None:
+            return self.duration_factor
         return 0.1 if self.quick else 1.0
 
 
@@ -73,42 +85,40 @@ def read_model(repo: Path, name: str) -> Model:
     return Model(name, v.config.slo_ms, v.config.max_batch_size, configured)
 
 
-def build_repo(model: str, root: Path) -> Path:
+def build_repo(models: tuple[str, ...], root: Path) -> Path:
     from models.demo import DEMO_MODELS, VERSION, write_model_version
 
-    (demo,) = [m for m in DEMO_MODELS if m.name == model]
-    write_model_version(demo, root / model / str(VERSION))
+    for model in models:
+        (demo,) = [m for m in DEMO_MODELS if m.name == model]
+        write_model_version(demo, root / model / str(VERSION))
     return root
 
 
 def measure_capacity(
     scenario: Scenario, model: Model, expert: Config, repo: Path, workdir: Path, quick: bool
 ) -> Capacity:
-    """The ramp through one gateway, per reference configuration (see ``scenarios``)."""
-    server, base = arm_runs.start_gateway(
-        repo, workdir, model.name, agent=False, log_name=f"gateway-capacity-{scenario.name}.log"
-    )
+    """The ramp through one gateway, the model alone, per reference configuration (see
+    ``scenarios``)."""
     rps: dict[str, float] = {}
     ramps: dict[str, list[dict[str, Any]]] = {}
     steps, step_s = (9, 1.0) if quick else (13, 1.5)
-    try:
-        for ref in sorted(scenario.references, reverse=True):  # max first, then batch1
+    log_name = f"gateway-capacity-{scenario.name}-{model.name}.log"
+    with arm_runs.gateway(scenario, repo, workdir, agent=False, log_name=log_name) as target:
+        for ref in scenario.references():
             knobs = expert.knob_changes()
             if ref == "batch1":
                 knobs["max_batch_size"] = 1
-            set_knobs(base, model.name, knobs)
-            out = workdir / f"ramp-{scenario.name}-{ref}"
-            run = arm_runs.Run(
-                base,
+            set_knobs(target.base, model.name, knobs)
+            load = arm_runs.Load(
+                model.name,
                 ramp_phases(RAMP_START[model.name], steps, step_s),
                 CAPACITY_SEED,
                 model.slo_ms,
-                out,
+                workdir / f"ramp-{scenario.name}-{model.name}-{ref}",
             )
-            served, ramps[ref] = capacity_from_ramp(arm_runs.run_sim(scenario, run), model.slo_ms)
+            (summary,) = arm_runs.run_sims(scenario, target, [load])
+            served, ramps[ref] = capacity_from_ramp(summary, model.slo_ms)
             rps[ref] = max(served, RAMP_START[model.name])
-    finally:
-        server.stop()
     # Eager batching serves at least what batch 1 does (it runs batch 1 when that keeps up):
     # a lower figure is noise in the max ramp.
     rps["max"] = max(rps.values())
@@ -128,124 +138,98 @@ def thread_settings(cores: int, expert: Config) -> list[tuple[int, int]]:
     return sorted(wanted)
 
 
-def seeded_trace(
-    scenario: Scenario, phases: tuple[Phase, ...], seed: int
-) -> tuple[list[float], list[int]]:
-    """The arrival times ``iotgw sim --seed`` will send (the same scenario, the same seed)."""
-    from device_sim.plan import plan_from_scenario
-    from device_sim.scenario import parse_scenario
-
-    doc = {
-        "phases": [
-            {"name": p.name, "duration_s": p.duration_s, "process": "poisson", "rate": p.rate_per_s}
-            for p in phases
-        ]
-    }
-    schedule_seed, _ = np.random.SeedSequence(seed).spawn(2)
-    devices = [f"d{i}" for i in range(scenario.devices)]
-    plan = plan_from_scenario(
-        parse_scenario(doc),
-        np.random.default_rng(schedule_seed),
-        devices,
-        [scenario.model],
-        max_requests=1_000_000,
-        max_duration_s=3600.0,
+def experts(cores: int, models: list[Model]) -> tuple[list[Config], list[Config]]:
+    """(the expert default of the per-gateway arm: each model sized to an equal share of the
+    cores; what each agent starts from by itself: ``gateway.tuning`` sizes every model to all
+    of them)."""
+    share = max(1, cores // len(models))
+    return (
+        [expert_default(share, m.max_batch_size) for m in models],
+        [expert_default(cores, m.max_batch_size) for m in models],
     )
-    return plan.times.tolist(), plan.phase.tolist()
-
-
-def replay_search(
-    scored: list[Scored], slo_ms: float, exclude: list[Config], k: int
-) -> tuple[list[Scored], list[Scored]]:
-    """(the k best static configurations over the whole trace, not among ``exclude``; each
-    phase's best)."""
-    ranked = sorted(scored, key=lambda s: s.overall.objective(slo_ms))
-    best = [s for s in ranked if s.config not in exclude][:k]
-    n_phases = len(scored[0].phases)
-    oracle = [_best_in_phase(scored, i, slo_ms) for i in range(n_phases)]
-    return best, oracle
-
-
-def _best_in_phase(scored: list[Scored], phase: int, slo_ms: float) -> Scored:
-    return min(scored, key=lambda s: s.phases[phase].objective(slo_ms))
-
-
-def _prediction(s: Scored, slo_ms: float) -> dict[str, Any]:
-    return {
-        "p95_ms": s.overall.p95_ms,
-        "violations": s.overall.violations,
-        "objective": round(s.overall.objective(slo_ms), 3),
-        "phases_p95_ms": [f.p95_ms for f in s.phases],
-    }
 
 
 def run_seed(
     scenario: Scenario,
-    model: Model,
-    expert: Config,
-    phases: tuple[Phase, ...],
-    service: ServiceTimes,
+    plans: list[ModelPlan],
+    agent_start: list[Config],
     seed: int,
     opts: Options,
     repo: Path,
     workdir: Path,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Every arm of one seed for real, after the replay search; (runs, the seed's figures)."""
-    times, phase_of = seeded_trace(scenario, phases, seed)
-    grid = request_grid(service.settings(), service.batch_sizes(service.settings()[0]), TIMEOUTS_MS)
+    cores = usable_cores()
+    windows = report.phase_windows([vars(p) for p in plans[0].phases])
     started = time.monotonic()
-    scored = score(grid, times, phase_of, len(phases), service, slo_s=model.slo_ms / 1e3, seed=seed)
+    scored, best, oracle = replay_seed(scenario, plans, windows, seed, cores, opts.replay_arms)
     replay_s = time.monotonic() - started
-    best, oracle = replay_search(
-        scored, model.slo_ms, [model.configured, expert], k=opts.replay_arms
-    )
-    by_config = {s.config: s for s in scored}
-    plans: dict[str, tuple[Config, list[tuple[float, dict[str, Any]]] | None]] = {
-        "configured": (model.configured, None),
-        "expert": (expert, None),
-        **{f"replay-best-{i + 1}": (s.config, None) for i, s in enumerate(best)},
-        "oracle": (oracle[0].config, _switches(phases, [s.config for s in oracle])),
-        "agent": (expert, None),
+    by_configs = {s.configs: s for s in scored}
+    arm_plans: dict[str, tuple[tuple[Config, ...], arm_runs.Switches | None]] = {
+        "configured": (tuple(m.configured for m in plans), None),
+        "expert": (tuple(m.expert for m in plans), None),
+        **{f"replay-best-{i + 1}": (s.configs, None) for i, s in enumerate(best)},
+        "oracle": (oracle[0].configs, _switches(plans, windows, [s.configs for s in oracle])),
+        "agent": (tuple(agent_start), None),
     }
     runs = []
-    for arm in (a for a in opts.arms if a in plans):
-        config, switches = plans[arm]
+    for arm in (a for a in opts.arms if a in arm_plans):
+        configs, switches = arm_plans[arm]
         out = workdir / f"{scenario.name}-seed{seed}-{arm}"
-        run = arm_runs.Run("", phases, seed, model.slo_ms, out)
+        loads = [
+            arm_runs.Load(
+                m.name,
+                m.phases,
+                arm_runs.stream_seed(seed, k),
+                m.slo_ms,
+                out if len(plans) == 1 else out / m.name,
+            )
+            for k, m in enumerate(plans)
+        ]
+        knobs = {m.name: c.knob_changes() for m, c in zip(plans, configs, strict=True)}
         started = time.monotonic()
         result = arm_runs.run_arm(
-            arm, scenario, run, repo, workdir, knobs=config.knob_changes(), switches=switches
+            arm, scenario, loads, repo, workdir, knobs=knobs, switches=switches
         )
         result.update(scenario=scenario.name, elapsed_s=round(time.monotonic() - started, 1))
         if arm == "oracle":
-            result["predicted"] = [_prediction(s, model.slo_ms) for s in oracle]
-        elif arm != "agent" and config in by_config:
-            result["predicted"] = _prediction(by_config[config], model.slo_ms)
-        o = result["overall"]
-        print(
-            f"{scenario.name} seed {seed} {arm}: p95 {o['p95_ms']} ms, "
-            f"violations {o['slo_violations']}, lost {o['lost']}",
-            file=sys.stderr,
-            flush=True,
-        )
+            result["predicted"] = [prediction(s, plans) for s in oracle]
+        elif arm != "agent" and configs in by_configs:
+            result["predicted"] = prediction(by_configs[configs], plans)
+        _progress(scenario.name, seed, arm, result)
         runs.append(result)
     arms = {r["arm"]: r for r in runs}
-    windows = report.phase_windows([vars(p) for p in phases])
-    figures = report.seed_summary(arms, windows, model.slo_ms)
+    slos = {m.name: m.slo_ms for m in plans}
+    figures = report.seed_summary(arms, windows, slos)
     figures.update(seed=seed, replay_s=round(replay_s, 2), replay_configs=len(scored))
     return runs, figures
 
 
+def _progress(scenario: str, seed: int, arm: str, result: dict[str, Any]) -> None:
+    streams = result.get("streams") or {"": result}
+    for model, st in streams.items():
+        o = st["overall"]
+        print(
+            f"{scenario} seed {seed} {arm} {model}: p95 {o['p95_ms']} ms, "
+            f"violations {o['slo_violations']}, lost {o['lost']}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def _switches(
-    phases: tuple[Phase, ...], configs: list[Config]
-) -> list[tuple[float, dict[str, Any]]]:
-    """Knob changes at the phase boundaries where the oracle's configuration changes."""
-    out = []
-    start = 0.0
-    for i, p in enumerate(phases):
-        if i > 0 and configs[i] != configs[i - 1]:
-            out.append((start, configs[i].knob_changes()))
-        start += p.duration_s
+    plans: list[ModelPlan], windows: list[dict[str, Any]], configs: list[tuple[Config, ...]]
+) -> arm_runs.Switches:
+    """Knob changes at the window boundaries, for the models whose configuration changes."""
+    out: arm_runs.Switches = []
+    for i in range(1, len(windows)):
+        changed = {
+            m.name: configs[i][k].knob_changes()
+            for k, m in enumerate(plans)
+            if configs[i][k] != configs[i - 1][k]
+        }
+        if changed:
+            out.append((windows[i]["start_s"], changed))
     return out
 
 
@@ -253,69 +237,95 @@ def run_scenario(
     scenario: Scenario, opts: Options, workdir: Path
 ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
     """(runs, summary, config) of one scenario."""
-    repo = build_repo(scenario.model, workdir / f"repo-{scenario.name}")
-    model = read_model(repo, scenario.model)
+    repo = build_repo(scenario.models, workdir / f"repo-{scenario.name}")
+    models = [read_model(repo, name) for name in scenario.models]
     cores = usable_cores()
-    expert = expert_default(cores, model.max_batch_size)
-    capacity = measure_capacity(scenario, model, expert, repo, workdir, opts.quick)
-    phases = resolve(scenario, capacity)
-    print(f"{scenario.name}: capacity {capacity.rps}, phases {phases}", file=sys.stderr, flush=True)
-    sizes = [2**i for i in range(int(np.log2(min(model.max_batch_size, 128))) + 1)]
-    samples = measure_samples(
-        repo,
-        model.name,
-        thread_settings(cores, expert),
-        sizes,
-        seconds_per_cell=0.05 if opts.quick else 0.3,
-    )
-    service = calibrate(samples, expert, capacity.rps)
+    expert, agent_start = experts(cores, models)
+    plans: list[ModelPlan] = []
+    config: dict[str, Any] = {"models": {}}
+    for model, stream, solo in zip(models, scenario.streams, agent_start, strict=True):
+        plan, config["models"][model.name] = _model_plan(
+            scenario, stream, model, solo, expert[len(plans)], opts, repo, workdir
+        )
+        plans.append(plan)
     runs: list[dict[str, Any]] = []
     per_seed = []
     for seed in opts.seeds:
-        seed_runs, figures = run_seed(
-            scenario, model, expert, phases, service, seed, opts, repo, workdir
-        )
+        seed_runs, figures = run_seed(scenario, plans, agent_start, seed, opts, repo, workdir)
         runs += seed_runs
         per_seed.append(figures)
     summary = report.median_summary(per_seed)
     summary["targets"] = report.targets(summary)
     summary["per_seed"] = per_seed
+    config.update(
+        devices=scenario.devices,
+        transport=scenario.transport,
+        framing=scenario.framing,
+        agent_start={m.name: c.knob_changes() for m, c in zip(models, agent_start, strict=True)},
+    )
+    return runs, summary, config
+
+
+def _model_plan(
+    scenario: Scenario,
+    stream: Stream,
+    model: Model,
+    solo_expert: Config,
+    expert: Config,
+    opts: Options,
+    repo: Path,
+    workdir: Path,
+) -> tuple[ModelPlan, dict[str, Any]]:
+    """One model's capacity (alone, with the expert default for all the cores), phases and
+    calibrated service times."""
+    cores = usable_cores()
+    capacity = measure_capacity(scenario, model, solo_expert, repo, workdir, opts.quick)
+    phases: tuple[Phase, ...] = resolve(stream, capacity)
+    print(
+        f"{scenario.name} {model.name}: capacity {capacity.rps}, phases {phases}",
+        file=sys.stderr,
+        flush=True,
+    )
+    sizes = [2**i for i in range(int(np.log2(min(model.max_batch_size, 128))) + 1)]
+    settings = sorted(
+        set(thread_settings(cores, solo_expert)) | set(thread_settings(cores, expert))
+    )
+    samples = measure_samples(
+        repo, model.name, settings, sizes, seconds_per_cell=0.05 if opts.quick else 0.3
+    )
+    service = calibrate(samples, solo_expert, capacity.rps, cores)
+    plan = ModelPlan(model.name, model.slo_ms, phases, service, model.configured, expert)
     config = {
-        "model": model.name,
         "slo_ms": model.slo_ms,
         "configured": model.configured.knob_changes(),
         "expert_default": expert.knob_changes(),
         "capacity_rps": capacity.rps,
         "capacity_ramps": capacity.ramps,
         "phases": [vars(p) for p in phases],
-        "steps": [vars(s) for s in scenario.steps],
+        "steps": [vars(s) for s in stream.steps],
         "service_times": service.as_dict(),
-        "devices": scenario.devices,
-        "transport": scenario.transport,
-        "framing": scenario.framing,
     }
-    return runs, summary, config
+    return plan, config
 
 
 def run(opts: Options) -> Path:
     machine = machine_info()  # with the load average at the start
-    runs: list[dict[str, Any]] = []
-    summary: dict[str, Any] = {}
+    runs, summary, scenarios = ([], {}, {}) if opts.quick else _kept(opts)
     config: dict[str, Any] = {
         "seeds": list(opts.seeds),
         "arms": list(opts.arms),
         "agent_algorithm": arm_runs.AGENT_ALGORITHM,
         "method": METHOD,
-        "scenarios": {},
+        "scenarios": scenarios,
     }
     with TemporaryDirectory(prefix="iotgw-bench-tuner-") as tmp:
         workdir = opts.keep or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         for name in opts.scenarios:
-            scenario = SCENARIOS[name].scaled(opts.duration_factor)
-            scenario_runs, summary[name], config["scenarios"][name] = run_scenario(
-                scenario, opts, workdir
-            )
+            scenario = SCENARIOS[name].scaled(opts.factor)
+            started = {"created": now_iso(), "load_average_start": load_average()}
+            scenario_runs, summary[name], scenarios[name] = run_scenario(scenario, opts, workdir)
+            scenarios[name]["measured"] = {**started, "load_average_end": load_average()}
             runs += scenario_runs
             # After each scenario, so a long run that is stopped keeps what it measured.
             path = write_results(
@@ -327,24 +337,46 @@ def run(opts: Options) -> Path:
                 runs=runs,
                 config=config,
             )
-    print(report.table(runs))
-    for name, s in summary.items():
-        print(name, {k: s[k] for k in report.SUMMARY_KEYS})
+    print(report.table([r for r in runs if r["scenario"] in opts.scenarios]))
+    for name in opts.scenarios:
+        print(name, {k: summary[name][k] for k in report.SUMMARY_KEYS})
     return path
 
 
+def _kept(opts: Options) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    """A full run of some scenarios keeps the others' figures from the results file it
+    rewrites (each scenario's config says when it was measured)."""
+    path = results_path(NAME, quick=False, out_dir=opts.out_dir)
+    if not path.exists():
+        return [], {}, {}
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    kept = [n for n in doc["config"]["scenarios"] if n not in opts.scenarios]
+    scenarios = {n: doc["config"]["scenarios"][n] for n in kept}
+    for config in scenarios.values():
+        config.setdefault("measured", {"created": doc["created"]})
+    return (
+        [r for r in doc["runs"] if r["scenario"] in kept],
+        {n: doc["summary"][n] for n in kept},
+        scenarios,
+    )
+
+
 METHOD = (
-    "Per scenario: capacity measured first with iotgw sim's own Poisson ramp through one gateway "
-    "(expert default; and at max batch 1 where a step refers to it); phase rates are fractions of "
-    "it. Service times: c ONNX Runtime sessions of t threads calling back to back at once, per "
-    "batch size, for a few (c, t); the gateway's per-request and per-batch costs calibrated from "
-    "the measured capacities (benchmarks/tuner/servicetimes.py). Replay: the seed's arrival times "
-    "(the very ones iotgw sim sends) through rrl.replay's batcher model for the request-level "
-    "grid under each thread setting; the best two over the whole trace (objective p95 + 2 x SLO x "
-    "violating share, configured and expert excluded) and each phase's best (the oracle) are "
-    "then run for real. Each arm a fresh gateway process over HTTP; figures as the devices saw "
-    "them (violations = late + errors + lost). Best static in hindsight: the static arm with the "
-    "lowest measured objective."
+    "Per scenario: capacity measured first, per model alone, with iotgw sim's own Poisson ramp "
+    "through one gateway (expert default, and at max batch 1); phase rates are fractions of it. "
+    "Service times: c ONNX Runtime sessions of t threads calling back to back at once, per batch "
+    "size, for a few (c, t); the gateway's CPU per request and cost per batch calibrated from the "
+    "measured capacities (benchmarks/tuner/servicetimes.py). Replay: the seed's arrival times "
+    "(the very ones iotgw sim sends) through benchmarks/tuner/replay.py's batcher model, one lane "
+    "per model, the front end's CPU and the instances' threads sharing the cores; one model: the "
+    "request-level grid under each thread setting; several: each model's candidates (per thread "
+    "setting, its best alone over the trace and in each phase) and their product searched "
+    "exhaustively (benchmarks/tuner/search.py). The best per-gateway configurations over the "
+    "whole trace (objective: per model p95 + 2 x SLO x violating share, in SLOs, summed; "
+    "configured and expert excluded) and each phase's best (the oracle) are then run for real. "
+    "Each arm a fresh gateway process (and a fresh Mosquitto over MQTT), one iotgw sim per model "
+    "at once; figures as the devices saw them (violations = late + errors + lost). Best static "
+    "in hindsight: the static arm with the lowest measured objective."
 )
 
 
@@ -369,6 +401,11 @@ def cli(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--replay-arms", type=int, choices=[1, 2], default=1, help="replay candidates run for real"
     )
+    p.add_argument(
+        "--duration-factor",
+        type=float,
+        help="phase lengths times this (default 1; --quick 0.1)",
+    )
     args = p.parse_args(argv)
     if args.resummarize:
         doc = json.loads(args.resummarize.read_text(encoding="utf-8"))
@@ -383,7 +420,18 @@ def cli(argv: list[str] | None = None) -> int:
         if args.seeds
         else ((0,) if args.quick else opts.seeds)
     )
-    run(Options(scenarios, seeds, arms, args.quick, args.out, args.keep, args.replay_arms))
+    run(
+        Options(
+            scenarios,
+            seeds,
+            arms,
+            args.quick,
+            args.out,
+            args.keep,
+            args.replay_arms,
+            args.duration_factor,
+        )
+    )
     return 0
 
 

@@ -3,16 +3,16 @@
 Per thread setting (concurrency c, intra-op threads t), c ONNX Runtime sessions of the model with
 t threads each run batches of every size back to back from c Python threads at once, so the
 contention between instances is in every sample. The gateway's own costs are then calibrated
-from the capacities measured through it on the ramp (``scenarios``), assuming costs add up on
-the shared cores: ``1 / capacity = per_request + per-request inference time``, so
+from the capacities measured through it on the ramp (``scenarios``), seen as CPU on the shared
+cores (``benchmarks.tuner.replay``):
 
-- ``per_request_s`` = 1 / (max capacity) - (seconds per request of the expert default's instances
-  at its largest batch);
-- ``per_batch_s`` (when the batch-1 capacity was measured) = c / (batch-1 capacity) - s_c(1):
-  at batch 1 the instances are the bottleneck, so what one batch costs beyond the runtime's
-  own time is the gateway's per-batch cost.
-
-The replay applies ``per_request_s`` as a delay (``rrl.replay``), ``per_batch_s`` to every batch.
+- ``per_request_s``: CPU-seconds per request of everything but inference (HTTP or MQTT, decoding,
+  the reply, the load generator): at the max capacity the cores are saturated, so
+  ``cores / max = per_request + inference CPU per request`` of the expert default's instances
+  at its largest batch (wall time x the cores its threads occupy, over the rows);
+- ``per_batch_s`` (when the batch-1 capacity was measured): at batch 1 the instances are the
+  bottleneck, each busy for ``c / batch1`` per batch, of which ``s_c(1)`` slowed by the front
+  end's share of the cores is inference; the rest is the gateway's cost per batch.
 """
 
 from __future__ import annotations
@@ -84,16 +84,21 @@ def calibrate(
     samples: dict[ThreadSetting, dict[int, list[float]]],
     expert: Config,
     capacity_rps: dict[str, float],
+    cores: int,
 ) -> ServiceTimes:
-    """The gateway's per-request and per-batch costs from the measured capacities (see the
+    """The gateway's per-request CPU and per-batch costs from the measured capacities (see the
     module docstring)."""
     setting = (expert.concurrency, expert.intra_op_threads)
     raw = ServiceTimes(samples)
     b = expert.max_batch_size
-    inference_per_request = raw.median_s(setting, b) / (b * expert.concurrency)
-    per_request = max(0.0, 1.0 / capacity_rps["max"] - inference_per_request)
+    c, t = setting
+    occupied = min(c * t, cores)  # cores the instances' threads hold while all are busy
+    inference_cpu = raw.median_s(setting, b) * occupied / (b * c)
+    per_request = max(0.0, cores / capacity_rps["max"] - inference_cpu)
     per_batch = 0.0
     if capacity_rps.get("batch1"):
-        s1 = raw.median_s(setting, 1)
-        per_batch = max(0.0, expert.concurrency / capacity_rps["batch1"] - s1)
+        s1 = raw.median_s(setting, 1) / max(1.0, c * t / cores)
+        front_end = capacity_rps["batch1"] * per_request
+        speed = min(1.0, cores / (c * t + front_end))
+        per_batch = max(0.0, c / capacity_rps["batch1"] - s1 / speed)
     return ServiceTimes(samples, per_batch_s=per_batch, per_request_s=per_request)
