@@ -178,7 +178,8 @@ async def test_counter_increments_travel_and_add_up() -> None:
     second = counts.increments(counts.totals(worker), sent_first)
     assert second == {"iotgw_error_replies": {("mqtt", "bad_request"): 2.0}}  # only what grew
     serving_counters = counts.counters_by_name(serving)
-    for message in (first, second, {"iotgw_unknown": {(): 5.0}}):  # an unknown one is ignored
+    unknown: counts.Counts = {"iotgw_unknown": {(): 5.0}}
+    for message in (first, second, unknown):  # an unknown counter is ignored
         counts.add(serving_counters, message)
     text = serving.render().decode()
     assert 'iotgw_error_replies_total{reason="bad_request",transport="mqtt"} 5.0' in text
