@@ -11,8 +11,9 @@ from aiohttp import web
 from gateway.model_host import ModelState
 from gateway.service import InferenceService
 
-# A check answers None when its part is live, else what it waits for ("mqtt: not subscribed").
-Check = Callable[[], str | None]
+# A check answers None when its part is live, else what it waits for ("mqtt: not subscribed"),
+# or a list of such lines when several things are missing (one per model version).
+Check = Callable[[], str | list[str] | None]
 
 
 class StartupError(Exception):
@@ -36,7 +37,13 @@ class Readiness:
         self._shutting_down = True
 
     def waiting_for(self) -> list[str]:
-        waiting = [reason for check in self._checks if (reason := check()) is not None]
+        waiting: list[str] = []
+        for check in self._checks:
+            reason = check()
+            if isinstance(reason, str):
+                waiting.append(reason)
+            elif reason:
+                waiting.extend(reason)
         if self._shutting_down:
             waiting.insert(0, "gateway: shutting down")
         return waiting
@@ -47,15 +54,26 @@ class Readiness:
 
 
 def models_check(service: InferenceService) -> Check:
-    """Today's criterion (``InferenceService.ready``) with the reason it is not met."""
+    """Ready when every required model version (config key ``required``, default true) is
+    loaded and at least one version serves. A version that is not required (say, one whose
+    backend is not installed here) or that an operator unloaded holds nothing back. Each
+    required version that is missing gets a line naming it, its state and why."""
 
-    def check() -> str | None:
-        if service.ready:
-            return None
-        states = {s.state for s in service.statuses()}
-        if not states or ModelState.LOADING.value in states:
-            return "models: loading"
-        return "models: none could be loaded"
+    def check() -> list[str] | None:
+        statuses = service.statuses()
+        missing = [s for s in statuses if s.required and s.state != ModelState.READY.value]
+        waiting = ["models: loading"] if any(s.state == "LOADING" for s in missing) else []
+        waiting += [
+            f"model {s.name} version {s.version}: {s.state.lower()}"
+            + (f": {s.reason}" if s.reason else "")
+            for s in missing
+            if s.state != ModelState.LOADING.value
+        ]
+        if not waiting and not any(s.state == ModelState.READY.value for s in statuses):
+            waiting.append(
+                "models: none could be loaded" if statuses else "models: the repository is empty"
+            )
+        return waiting or None
 
     return check
 

@@ -56,6 +56,7 @@ class VersionStatus:
     version: int
     state: str
     reason: str
+    required: bool = True  # holds readiness back until it is READY (config key ``required``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,7 +242,7 @@ class InferenceService:
 
     def statuses(self) -> list[VersionStatus]:
         out = [
-            VersionStatus(h.name, h.version, h.state.value, h.reason)
+            VersionStatus(h.name, h.version, h.state.value, h.reason, h.config.required)
             for versions in self._hosts.values()
             for h in versions.values()
         ]
@@ -251,7 +252,7 @@ class InferenceService:
             for b in versions.values()
         ]
         out += [
-            VersionStatus(name, v, ModelState.UNAVAILABLE.value, "unloaded")
+            VersionStatus(name, v, ModelState.UNAVAILABLE.value, "unloaded", required=False)
             for name, versions in self._unloaded.items()
             for v in versions
         ]

@@ -58,12 +58,26 @@ class ModelConfig(BaseModel):
         description="ONNX Runtime checkpoints: MatMulNBits accuracy_level (4: int8 activations, "
         "the fast path; 0: fp32 arithmetic).",
     )
+    weight_memory_budget: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="Checkpoints: the weight memory the serving plan may use, as a fraction of "
+        "the fp32 weights; within it each quantized tensor runs the way measured fastest here "
+        "(packed kernel, dequantized in the graph, or dequantized once at load). Unset: the "
+        "serve setting weight_memory_budget.",
+    )
     max_batch_size: int = Field(
         64, ge=1, description="Hard limit on rows per batch; requests with more rows are refused."
     )
     slo_ms: float = Field(100.0, gt=0, description="Default deadline of a request, in ms.")
     allow_nonfinite: bool = Field(
         False, description="Accept NaN and infinities in floating-point inputs."
+    )
+    required: bool = Field(
+        True,
+        description="The gateway reports ready only once this version is loaded; false: it may "
+        "fail to load (say, its backend is not installed here) without holding readiness back.",
     )
     description: str = ""
     batching: BatchingDefaults = BatchingDefaults()
@@ -84,6 +98,8 @@ class ModelVersion:
     version: int
     directory: Path
     config: ModelConfig
+    # Where serving plans cache their measured costs (None: in this process only).
+    plan_cache_dir: Path | None = None
 
     @property
     def model_path(self) -> Path:
