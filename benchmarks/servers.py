@@ -67,25 +67,32 @@ def start_gateway(
     tuner_args: Sequence[str] = ("--no-tuner",),  # the configurations compared are set here
     env: Mapping[str, str] | None = None,
     log_name: str = "gateway.log",
+    args: Sequence[str] = (),
+    prefix: Sequence[str] = (),
 ) -> tuple[ServerProcess, str]:
     """``iotgw serve`` over HTTP only (no broker to compete for the cores), ready to serve:
-    returns the process and its base URL."""
-    argv = python_argv(
-        "gateway.cli",
-        "serve",
-        "--host",
-        HOST,
-        "--http-port",
-        "0",
-        "--model-repo",
-        str(repo),
-        "--cache-dir",
-        str(workdir / "cache"),
-        "--log-level",
-        "INFO",
-        "--no-mqtt",
-        *tuner_args,
-    )
+    returns the process and its base URL. ``args`` are more serve options; ``prefix`` runs it
+    under another command (``taskset -c 0``)."""
+    argv = [
+        *prefix,
+        *python_argv(
+            "gateway.cli",
+            "serve",
+            "--host",
+            HOST,
+            "--http-port",
+            "0",
+            "--model-repo",
+            str(repo),
+            "--cache-dir",
+            str(workdir / "cache"),
+            "--log-level",
+            "INFO",
+            "--no-mqtt",
+            *tuner_args,
+            *args,
+        ),
+    ]
     server = ServerProcess(argv, log_path=workdir / log_name, env={**clean_env(), **(env or {})})
     try:
         port = int(server.wait_for_log(r"HTTP listening on http://[^:]+:(\d+)", timeout_s)[1])

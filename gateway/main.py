@@ -158,6 +158,8 @@ class Gateway:
             await web.TCPSite(runner, "127.0.0.1", 0).start()
             self.hub.setup["internal_url"] = f"http://127.0.0.1:{runner.addresses[0][1]}"
             self._http_listening = True
+            scheme = "https" if http.tls_cert_file else "http"
+            log.info("HTTP listening on %s://%s:%d", scheme, http.host, self.http_port)
             return
         try:
             await web.TCPSite(
