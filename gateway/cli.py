@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from pathlib import Path
 
@@ -27,6 +26,8 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _run_serve(args: argparse.Namespace) -> int:
+    from gateway import event_loop
+    from gateway.codecs import json_codec
     from gateway.logs import configure_logging
     from gateway.main import serve
     from gateway.settings import GatewaySettings
@@ -38,7 +39,12 @@ def _run_serve(args: argparse.Namespace) -> int:
         print(f"iotgw serve: invalid settings: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_format)
-    return asyncio.run(serve(settings))
+    json_codec.select(settings.serving.json_codec)
+    try:
+        return event_loop.run(serve(settings), settings.serving.event_loop)
+    except event_loop.EventLoopUnavailable as exc:
+        print(f"iotgw serve: {exc}", file=sys.stderr)
+        return 2
 
 
 def _bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
