@@ -192,7 +192,8 @@ def model_weights(model: DemoModel) -> Weights:
 def config_toml(config: ModelConfig) -> str:
     """The configuration as TOML (flat keys plus a [batching] table)."""
     top = config.model_dump(exclude={"batching"})
-    lines = [f"{key} = {_toml_value(value)}" for key, value in top.items()]
+    # TOML has no null: a key left unset (None) is written as absent, which reads back the same.
+    lines = [f"{key} = {_toml_value(value)}" for key, value in top.items() if value is not None]
     lines += ["", "[batching]"]
     lines += [f"{k} = {_toml_value(v)}" for k, v in config.batching.model_dump().items()]
     return "\n".join(lines) + "\n"
