@@ -70,7 +70,7 @@ def decode_response(payload: bytes, header_length: int | None) -> dict[str, np.n
 class LoadJob:
     url: str
     body: bytes
-    header_length: int
+    header_length: int  # 0: ``body`` is plain JSON (application/json), not the binary framing
     rows_per_request: int
     concurrency: int
     duration_s: float
@@ -170,16 +170,20 @@ class RawHttpConnection(asyncio.Protocol):
         return True
 
 
+def _content_headers(header_length: int) -> dict[str, str]:
+    """The binary framing's headers, or JSON's when ``header_length`` is 0."""
+    if header_length == 0:
+        return {"Content-Type": "application/json"}
+    return {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(header_length)}
+
+
 def encode_http_request(url: str, body: bytes, header_length: int) -> tuple[str, int, bytes]:
     """(host, port, the whole HTTP/1.1 request as bytes) for ``RawHttpConnection``."""
     rest = url.split("://", 1)[1]
     hostport, _, path = rest.partition("/")
     host, _, port = hostport.partition(":")
-    head = (
-        f"POST /{path} HTTP/1.1\r\nHost: {hostport}\r\n"
-        f"Content-Type: application/octet-stream\r\n"
-        f"{HEADER_LENGTH}: {header_length}\r\nContent-Length: {len(body)}\r\n\r\n"
-    )
+    kind = "".join(f"{k}: {v}\r\n" for k, v in _content_headers(header_length).items())
+    head = f"POST /{path} HTTP/1.1\r\nHost: {hostport}\r\n{kind}Content-Length: {len(body)}\r\n\r\n"
     return host, int(port or 80), head.encode() + body
 
 
@@ -187,7 +191,7 @@ def encode_http_request(url: str, body: bytes, header_length: int) -> tuple[str,
 
 
 async def _aiohttp_senders(stack: contextlib.AsyncExitStack, job: LoadJob) -> list[Send]:
-    headers = {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(job.header_length)}
+    headers = _content_headers(job.header_length)
     body, url = job.body, job.url
     session = await stack.enter_async_context(
         aiohttp.ClientSession(
@@ -246,10 +250,13 @@ class _Tally:
     lost: int = 0
     last: float = 0.0
     reply_len: int = -1
+    # JSON replies carry floats as text, whose length varies with the digits: only binary
+    # replies have one length.
+    fixed_length: bool = True
 
     def judge(self, status: int, reply: bytes) -> int:
         """The status, or -2 for a 200 whose length differs from the first good reply's."""
-        if status != 200:
+        if status != 200 or not self.fixed_length:
             return status
         if self.reply_len < 0:
             self.reply_len = len(reply)
@@ -326,7 +333,7 @@ async def run_load(job: LoadJob) -> dict[str, Any]:
     the reply to its last one arrived), for ``duration_s`` or ``max_requests``, after a warm-up.
     Latency is send -> whole reply read, per request, at the client. A reply that is not a 200,
     or whose length differs from the first good reply's, or that never comes, is lost."""
-    tally = _Tally()
+    tally = _Tally(fixed_length=job.header_length > 0)
     async with contextlib.AsyncExitStack() as stack:
         if job.client == "aiohttp":
             senders = await _aiohttp_senders(stack, job)

@@ -50,7 +50,9 @@ def _run_serve(args: argparse.Namespace) -> int:
 def _bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("bench", help="run a benchmark (writes benchmarks/results/<name>.json)")
     p.add_argument(
-        "name", choices=["chaos", "fuzz", "http", "mqtt", "quant", "tuner"], help="which benchmark"
+        "name",
+        choices=["chaos", "fuzz", "http", "mqtt", "peers", "quant", "tuner"],
+        help="which benchmark",
     )
     p.add_argument("--quick", action="store_true", help="a few seconds, to check it still works")
     p.add_argument("--out", type=Path, help="results directory (default benchmarks/results)")

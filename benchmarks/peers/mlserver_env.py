@@ -1,0 +1,162 @@
+"""MLServer in its own virtual environment under the cache, installed once and reused.
+
+The environment lives in ``$IOTGW_CACHE_DIR/mlserver-<version>-ort-<version>-py<major><minor>``
+(``~/.cache/iotgw/...`` when the variable is unset), next to a wheelhouse of every wheel it was
+built from. Three cases:
+
+1. The environment is complete (its stamp names the same requirements): used as it is; no
+   network, no pip.
+2. It is missing or incomplete, but the wheelhouse is complete: rebuilt from the wheelhouse with
+   ``pip install --no-index`` (offline).
+3. Neither: the wheels are downloaded first (``pip download``, the registry pip is configured
+   with), then case 2. When that fails, ``MLServerUnavailable`` says what is missing and why.
+
+Two benchmark runs (or a run and a test) building at once take turns on a lock file.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+MLSERVER_VERSION = "1.7.1"
+# MLServer 1.7.1 pins no uvloop; uvloop 0.22 made ``get_event_loop`` raise where no loop is set,
+# which MLServer's inference worker calls at start-up, so every worker dies with a newer one.
+# 0.21.0 is the release that was current when MLServer 1.7.1 came out.
+UVLOOP_PIN = "uvloop==0.21.0"
+STAMP = "iotgw-peers.json"
+PIP_TIMEOUT_S = 900.0
+
+
+class MLServerUnavailable(RuntimeError):
+    """MLServer cannot be installed here; the message says what is missing and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class MLServerEnv:
+    root: Path  # the cache folder: venv/ and wheels/
+    requirements: tuple[str, ...]
+
+    @property
+    def venv(self) -> Path:
+        return self.root / "venv"
+
+    @property
+    def wheels(self) -> Path:
+        return self.root / "wheels"
+
+    @property
+    def python(self) -> Path:
+        return self.venv / "bin" / "python"
+
+    @property
+    def mlserver(self) -> Path:
+        return self.venv / "bin" / "mlserver"
+
+
+def default_cache_dir(environ: dict[str, str] | None = None) -> Path:
+    """``$IOTGW_CACHE_DIR``, or ``~/.cache/iotgw`` when it is unset (as ``models.demo``)."""
+    cache = (os.environ if environ is None else environ).get("IOTGW_CACHE_DIR")
+    return Path(cache) if cache else Path.home() / ".cache" / "iotgw"
+
+
+def requirements() -> tuple[str, ...]:
+    """MLServer pinned, and the ONNX Runtime this process serves with, so that both servers
+    run the same runtime."""
+    ort = importlib.metadata.version("onnxruntime")
+    return (f"mlserver=={MLSERVER_VERSION}", f"onnxruntime=={ort}", UVLOOP_PIN)
+
+
+def mlserver_env(cache_dir: Path | None = None) -> MLServerEnv:
+    """Where the environment for this interpreter and ONNX Runtime lives (nothing is built)."""
+    ort = importlib.metadata.version("onnxruntime")
+    py = f"py{sys.version_info.major}{sys.version_info.minor}"
+    name = f"mlserver-{MLSERVER_VERSION}-ort-{ort}-{py}"
+    return MLServerEnv((cache_dir or default_cache_dir()) / name, requirements())
+
+
+def ensure_mlserver(
+    cache_dir: Path | None = None, log: Callable[[str], None] = print
+) -> MLServerEnv:
+    """The environment, built first if it is not complete (see the module's docstring)."""
+    env = mlserver_env(cache_dir)
+    if _stamped(env.venv, env.requirements):
+        return env
+    env.root.mkdir(parents=True, exist_ok=True)
+    with _locked(env.root / ".lock"):
+        if _stamped(env.venv, env.requirements):  # built by whoever held the lock
+            return env
+        if not _stamped(env.wheels, env.requirements):
+            log(f"downloading {' '.join(env.requirements)} into {env.wheels}")
+            _download(env)
+        log(f"building MLServer's environment {env.venv} (offline, from {env.wheels})")
+        _build_venv(env)
+    return env
+
+
+def _stamped(folder: Path, reqs: tuple[str, ...]) -> bool:
+    try:
+        return bool(json.loads((folder / STAMP).read_text())["requirements"] == list(reqs))
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def _stamp(folder: Path, reqs: tuple[str, ...]) -> None:
+    (folder / STAMP).write_text(json.dumps({"requirements": list(reqs)}))
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with path.open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _pip(argv: list[str], what: str, env: MLServerEnv) -> None:
+    """Run pip; on failure raise ``MLServerUnavailable`` naming what is missing and pip's
+    last words."""
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise MLServerUnavailable(f"{what} failed: {exc}") from exc
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
+        raise MLServerUnavailable(
+            f"{what} failed: {' '.join(env.requirements)} are not in the cache "
+            f"({env.root}) and pip could not get them:\n{tail}"
+        )
+
+
+def _download(env: MLServerEnv) -> None:
+    """Every wheel the environment needs, into a fresh wheelhouse (moved into place only when
+    complete, so an interrupted download is never taken for a wheelhouse)."""
+    partial = env.root / "wheels.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    argv = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "-q"]
+    _pip([*argv, "-d", str(partial), *env.requirements], "downloading MLServer", env)
+    _stamp(partial, env.requirements)
+    shutil.rmtree(env.wheels, ignore_errors=True)
+    partial.rename(env.wheels)
+
+
+def _build_venv(env: MLServerEnv) -> None:
+    """A fresh virtual environment installed from the wheelhouse only (no index): offline."""
+    shutil.rmtree(env.venv, ignore_errors=True)
+    base = getattr(sys, "_base_executable", sys.executable)
+    _pip([base, "-m", "venv", str(env.venv)], "creating MLServer's virtual environment", env)
+    argv = [str(env.python), "-m", "pip", "install", "-q", "--no-index", "--no-cache-dir"]
+    argv += ["--find-links", str(env.wheels), *env.requirements]
+    _pip(argv, "installing MLServer from the wheelhouse", env)
+    _stamp(env.venv, env.requirements)
