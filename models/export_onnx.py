@@ -1,9 +1,10 @@
 """Write a ``ModelSpec`` with its weights as an ONNX model, built node by node with onnx.helper.
 
-A layer's parameters may also be quantized (``models.zoo_checkpoint.QuantParams``): fully
-connected layers then run as ``com.microsoft.MatMulNBits`` and the others dequantize their codes
-in the graph or, optionally, run convolutions as im2col and MatMulNBits (``models.quant_onnx``),
-so ONNX Runtime serves a checkpoint's codes directly.
+A layer's parameters may also be quantized (``models.zoo_checkpoint.QuantParams``): each such
+layer then runs the way its serving plan says (``models.serving_plan``): a packed kernel
+(``com.microsoft.MatMulNBits``, convolutions as im2col feeding it) or codes dequantized in the
+graph for a ``Conv``/``Gemm`` (``models.quant_onnx``), so ONNX Runtime serves a checkpoint's
+codes directly; a layer dequantized at load comes in as float parameters.
 
 Inputs keep the model-boundary layout (NHWC images) so that the ONNX and TensorFlow versions of a
 model take identical tensors; the graph transposes to NCHW for ONNX's Conv/MaxPool, keeps NHWC
@@ -14,7 +15,7 @@ deterministic function of (spec, weights): the same inputs always give the same 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from onnx import TensorProto, helper
 
 from models import quant_onnx
 from models.onnx_graph import GraphBuilder
+from models.serving_plan import Way
 from models.zoo import (
     Conv2D,
     Dense,
@@ -51,13 +53,13 @@ def build_onnx(
     weights: Sequence[LayerParams],
     *,
     accuracy_level: int = quant_onnx.DEFAULT_ACCURACY_LEVEL,
-    conv_im2col: quant_onnx.ConvIm2col = quant_onnx.DEFAULT_CONV_IM2COL,
+    ways: Mapping[int, Way] | None = None,
 ) -> onnx.ModelProto:
     """The model as an in-memory ONNX proto (checked). ``accuracy_level`` is MatMulNBits's, for
-    quantized layers (4: int8 activations; 0: fp32). ``conv_im2col``: which quantized
-    convolutions run as im2col and MatMulNBits (``quant_onnx.conv_im2col_chosen``) instead of
-    dequantizing their kernels for a ``Conv``."""
-    b = _LayerWriter(GraphBuilder(), accuracy_level, conv_im2col)
+    quantized layers (4: int8 activations; 0: fp32). ``ways``: how each quantized layer runs
+    (layer index -> ``models.serving_plan.Way``; see ``quant_onnx.default_way`` for a layer it
+    leaves out); a ``load`` layer's parameters must already be float (``plan_zoo.with_ways``)."""
+    b = _LayerWriter(GraphBuilder(), accuracy_level, dict(ways or {}))
     if len(spec.inputs) == 1:
         x = spec.inputs[0].name
     else:
@@ -92,14 +94,21 @@ class _LayerWriter:
 
     g: GraphBuilder
     accuracy_level: int
-    conv_im2col: quant_onnx.ConvIm2col
+    ways: dict[int, Way]
     layout: str = "nhwc"  # of the current tensor when it is a feature map
+
+    def way(self, i: int, layer: Layer, p: LayerParams) -> Way | None:
+        """How layer ``i`` runs when its kernel is quantized (None when it is not)."""
+        if not isinstance(p, QuantParams):
+            return None
+        return self.ways.get(i) or quant_onnx.default_way(layer, p.kernel.data)
 
     def layer(self, step: _Step, layer: Layer, x: str, p: LayerParams) -> str:
         i, out = step.i, step.out
         match layer:
             case Dense():
-                return _dense(self.g, i, x, p, out, layer.activation, self.accuracy_level)
+                way = self.way(i, layer, p)
+                return _dense(self.g, i, x, p, out, layer.activation, self.accuracy_level, way)
             case Conv2D():
                 return self.conv(step, layer, x, p)
             case MaxPool2D(pool=pool):
@@ -124,9 +133,7 @@ class _LayerWriter:
             top, bottom = same_pads(step.shape[0], k, s)
             left, right = same_pads(step.shape[1], k, s)
             pads = (top, left, bottom, right)
-        if isinstance(p, QuantParams) and quant_onnx.conv_im2col_chosen(
-            self.conv_im2col, p.kernel.data, step.out_shape
-        ):
+        if isinstance(p, QuantParams) and self.way(i, layer, p) == "packed":
             x = self.to_layout(i, x, "nhwc")
             return self.conv_as_matmul(step, layer, x, p, pads)
         x = self.to_layout(i, x, "nchw")
@@ -198,6 +205,35 @@ def _model(spec: ModelSpec, weights: Sequence[LayerParams], g: GraphBuilder) -> 
     return model
 
 
+def layer_model(
+    layer: Layer,
+    p: LayerParams,
+    shapes: tuple[tuple[int, ...], tuple[int, ...]],
+    way: Way,
+    accuracy_level: int,
+) -> onnx.ModelProto:
+    """One layer alone at batch 1, its quantized kernel run ``way`` (``p`` already float for
+    ``load``): what the serving plan times. ``shapes`` are its input and output shapes in the
+    model (NHWC). The input comes in the layout that way reads (NCHW for a ``Conv``, NHWC for
+    im2col), so no layout change is charged to either."""
+    in_shape, out_shape = shapes
+    conv = isinstance(layer, Conv2D)
+    layout = "nchw" if conv and way != "packed" else "nhwc"
+    b = _LayerWriter(GraphBuilder(), accuracy_level, {0: way}, layout)
+    b.layer(_Step(0, "y", in_shape, out_shape), layer, "x", p)
+    shape = [in_shape[2], in_shape[0], in_shape[1]] if layout == "nchw" and conv else in_shape
+    graph = helper.make_graph(
+        b.g.nodes,
+        "layer",
+        inputs=[helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, *shape])],
+        outputs=[helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializer=b.g.initializers,
+    )
+    opsets = [helper.make_opsetid("", quant_onnx.QUANT_OPSET)]
+    opsets.append(helper.make_opsetid(quant_onnx.MS_DOMAIN, 1))
+    return helper.make_model(graph, opset_imports=opsets, ir_version=quant_onnx.QUANT_IR_VERSION)
+
+
 def _to_layout(g: GraphBuilder, i: int, x: str, layout: str, wanted: str) -> str:
     if layout == wanted:
         return x
@@ -219,6 +255,7 @@ def _dense(
     out: str,
     activation: str,
     accuracy_level: int,
+    way: Way | None,
 ) -> str:
     if isinstance(p, Params):
         w = g.const(f"l{i}_kernel", p.kernel)
@@ -228,7 +265,7 @@ def _dense(
         raise ValueError(f"layer {i}: a Dense layer needs parameters")
     data = p.kernel.data  # [out, in], blocks along in
     pre = out if activation == "linear" else f"{out}_pre"
-    if quant_onnx.matmul_nbits_fits(data):
+    if way == "packed":
         y = quant_onnx.matmul_nbits(g, f"l{i}", x, data, p.bias, pre, accuracy_level)
     else:
         w = quant_onnx.dequantized(g, f"l{i}", data)  # [out, in]

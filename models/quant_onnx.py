@@ -10,7 +10,7 @@ Two ways, chosen per weight:
   padded with the zero point. ``accuracy_level=4`` lets it quantize activations to int8 per
   block and use integer dot products: the fast path, with about 0.5% relative error from the
   activations (0 computes in fp32).
-- Convolutions, optionally (``conv_im2col_chosen``), as im2col from standard ops (Pad, Slice,
+- Convolutions, where the serving plan says ``packed``, as im2col from standard ops (Pad, Slice,
   Concat, Reshape on NHWC tensors) feeding the same ``MatMulNBits``: the codes stay packed, but
   the patches cost a copy of K values per output position.
 - Blocked dequantization for everything else (convolutions, 3- and 6-bit): INT4 codes when
@@ -25,24 +25,20 @@ Two ways, chosen per weight:
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import numpy as np
 from onnx import TensorProto, helper
 
 from models.onnx_graph import GraphBuilder
 from models.quant import BlockQuantized, pack_codes
+from models.serving_plan import Way
+from models.zoo import Dense, Layer
 
 MS_DOMAIN = "com.microsoft"
 QUANT_OPSET = 21  # blocked DequantizeLinear and INT4 tensors
 QUANT_IR_VERSION = 10  # INT4 needs IR 10
 MATMUL_NBITS = (2, 4, 8)
 DEFAULT_ACCURACY_LEVEL = 4
-# Which quantized convolutions run as im2col + MatMulNBits: none, those with few output positions
-# per filter (where batch 1 gains), or all that fit. See ``conv_im2col_chosen``.
-ConvIm2col = Literal["never", "small", "always"]
-DEFAULT_CONV_IM2COL: ConvIm2col = "never"
-SMALL_POSITIONS_PER_FILTER = 2
 
 
 def matmul_nbits_fits(data: BlockQuantized) -> bool:
@@ -87,27 +83,20 @@ def matmul_nbits(
     )
 
 
-def conv_im2col_chosen(
-    choice: ConvIm2col, data: BlockQuantized, out_shape: tuple[int, ...]
-) -> bool:
-    """Whether a quantized convolution with output ``[Ho, Wo, O]`` runs as im2col and
-    ``MatMulNBits`` (else its kernel is dequantized for a ``Conv``).
+def default_way(layer: Layer, data: BlockQuantized) -> Way:
+    """How a quantized layer runs when no serving plan says: fully connected layers as
+    ``MatMulNBits`` where it fits, everything else dequantized in the graph.
 
-    Measured on ``vision_cnn`` (int4, blocks of 128, one intra-op thread, an AVX2 core without
-    VNNI), per layer against the dequantizing path: im2col costs grow with output positions x K
-    and the dequantization with O x K, and MatMulNBits is about as fast as ONNX Runtime's fp32
-    GEMM here. At batch 1, im2col wins where ``Ho*Wo <= 2 O`` (16x16 and 8x8 maps: 0.9-0.6 of
-    the time) and loses on 32x32 maps (1.2-1.4x); at batch 8 and 32 it loses everywhere. Over
-    the whole model "small" gave int4 1.37x fp32 at batch 1 (dequantizing: 1.6x), but 1.55x and
-    2.3x at batch 8 and 32 (1.35x, 1.4x), and more resident memory (0.265 of fp32 against
-    0.214: ONNX Runtime's packed MatMulNBits weights hold more than the INT4 codes). Hence
-    "never" by default.
+    The serving plan measures instead of guessing. What was measured on ``vision_cnn`` (int4,
+    blocks of 128, one intra-op thread, an AVX2 core without VNNI) shows why it must: per layer
+    against dequantizing, im2col + ``MatMulNBits`` wins at batch 1 where ``Ho*Wo <= 2 O`` (16x16
+    and 8x8 maps: 0.9-0.6 of the time) and loses on 32x32 maps (1.2-1.4x), and at batch 8 and
+    32 it loses everywhere; a kernel dequantized once at load runs ONNX Runtime's pre-packed
+    direct convolution, faster than either, at fp32's memory.
     """
-    if choice == "never" or not matmul_nbits_fits(data):
-        return False
-    return choice == "always" or out_shape[0] * out_shape[1] <= (
-        SMALL_POSITIONS_PER_FILTER * out_shape[2]
-    )
+    if isinstance(layer, Dense) and matmul_nbits_fits(data):
+        return "packed"
+    return "graph"
 
 
 def conv_matmul_nbits(

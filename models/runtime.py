@@ -8,10 +8,12 @@ backends need no locking of their own.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+
+from models.serving_plan import ServingPlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +33,9 @@ class ModelMetadata:
     platform: str  # "onnxruntime_onnx" or "tensorflow_savedmodel" (Triton's platform names)
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    # How a checkpoint's quantized tensors run here (None for other models). Not part of the
+    # model's interface: two runtimes serving the same model compare equal.
+    serving_plan: ServingPlan | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -160,8 +160,10 @@ def dequantized_weights(spec: ModelSpec, params: Sequence[LayerParams]) -> Weigh
     NumPy reference forward (``zoo.reference_forward``) computes with."""
     out: list[Params | None] = []
     for layer, p in zip(spec.layers, params, strict=True):
-        if isinstance(p, QuantParams):
-            out.append(Params(to_input_major(layer, p.kernel.dequantize()), p.bias))
-        else:
-            out.append(p)
+        out.append(dequantized_layer(layer, p) if isinstance(p, QuantParams) else p)
     return tuple(out)
+
+
+def dequantized_layer(layer: Layer, p: QuantParams) -> Params:
+    """A quantized layer's float parameters in zoo layout, ``fp32(q * d)`` exactly."""
+    return Params(to_input_major(layer, p.kernel.dequantize()), p.bias)

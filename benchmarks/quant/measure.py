@@ -11,7 +11,15 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import Repeated
-from benchmarks.quant.plan import ACCURACY_LEVEL, BATCHES, BLOCK_SIZE, PRECISIONS, Config, Plan
+from benchmarks.quant.plan import (
+    ACCURACY_LEVEL,
+    BATCHES,
+    BLOCK_SIZE,
+    PRECISIONS,
+    WEIGHT_MEMORY_BUDGET,
+    Config,
+    Plan,
+)
 from models.checkpoint import QuantizedTensor, load_checkpoint, save_checkpoint
 from models.repository import ModelConfig, ModelVersion
 from models.runtime import Runtime, Threads
@@ -35,16 +43,26 @@ def write_checkpoints(plan: Plan, work: Path) -> dict[str, dict[str, Path]]:
     return out
 
 
-def version_of(path: Path, runtime: str, name: str) -> ModelVersion:
+def version_of(
+    path: Path,
+    runtime: str,
+    name: str,
+    plan_cache: Path | None = None,
+    budget: float = WEIGHT_MEMORY_BUDGET,
+) -> ModelVersion:
+    """A checkpoint version at the benchmark's accuracy level and weight-memory budget, its
+    serving plan's costs cached in ``plan_cache`` (measured once, in this process, so that the
+    memory processes load the plan without measuring)."""
     config = ModelConfig.model_validate(
         {
             "runtime": runtime,
             "path": path.name,
             "format": "checkpoint",
             "accuracy_level": ACCURACY_LEVEL,
+            "weight_memory_budget": budget,
         }
     )
-    return ModelVersion(name, 1, path.parent, config)
+    return ModelVersion(name, 1, path.parent, config, plan_cache_dir=plan_cache)
 
 
 def stored_bytes(path: Path) -> dict[str, int]:
@@ -107,18 +125,22 @@ def measure_latency(
 # -- agreement ------------------------------------------------------------------------------
 
 
-def _outputs(config: Config, spec: ModelSpec, feed: dict[str, np.ndarray], rows: int) -> Any:
-    """The configuration's outputs on ``feed``, 32 rows a call."""
+def _outputs(
+    config: Config, spec: ModelSpec, feed: dict[str, np.ndarray], rows: int
+) -> tuple[np.ndarray, dict[str, Any] | None]:
+    """The configuration's outputs on ``feed``, 32 rows a call, and its serving plan."""
     from models.backends import load_runtime
 
     runtime = load_runtime(config.version, Threads(1, 1))
+    plan = runtime.metadata.serving_plan
     try:
-        return np.concatenate(
+        out = np.concatenate(
             [
                 runtime.infer({k: v[i : i + 32] for k, v in feed.items()})[spec.output]
                 for i in range(0, rows, 32)
             ]
         )
+        return out, None if plan is None else plan.as_doc()
     finally:
         runtime.close()
 
@@ -133,7 +155,8 @@ def agreement(
     for config in configs:
         spec = specs[config.model]
         feed = inputs_for(spec, plan.eval_rows, seed=12345)
-        got = outputs[config.label] = _outputs(config, spec, feed, plan.eval_rows)
+        got, serving_plan = _outputs(config, spec, feed, plan.eval_rows)
+        outputs[config.label] = got
         path = config.version.model_path
         if path not in references:  # both runtimes serve the same file
             _, params = zoo_params(load_checkpoint(path), path)
@@ -146,5 +169,6 @@ def agreement(
             "argmax_agreement_vs_fp32": float((got.argmax(1) == fp32.argmax(1)).mean()),
             "max_abs_diff_vs_numpy_reference": float(np.abs(got - reference).max()),
             "rows": plan.eval_rows,
+            "serving_plan": serving_plan,
         }
     return out

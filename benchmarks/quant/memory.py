@@ -24,7 +24,7 @@ import numpy as np
 
 from benchmarks.common import Repeated, python_argv
 from benchmarks.quant.measure import version_of
-from benchmarks.quant.plan import RUNTIMES, Config, Plan
+from benchmarks.quant.plan import RUNTIMES, WEIGHT_MEMORY_BUDGET, Config, Plan
 from models.runtime import Threads
 from models.zoo import SENSOR_FUSION, ModelSpec
 
@@ -71,7 +71,14 @@ def _warm_runtime(job: dict[str, Any]) -> None:
 def _measure_one(job: dict[str, Any]) -> dict[str, Any]:
     from models.backends import load_runtime
 
-    version = version_of(Path(job["path"]), job["runtime"], job["model"])
+    cache = job.get("plan_cache")
+    version = version_of(
+        Path(job["path"]),
+        job["runtime"],
+        job["model"],
+        None if cache is None else Path(cache),
+        job.get("weight_memory_budget", WEIGHT_MEMORY_BUDGET),
+    )
     feed = {i["name"]: np.zeros((1, *i["shape"]), np.float32) for i in job["inputs"]}
     _warm_runtime(job)
     before = _held_bytes()
@@ -115,6 +122,7 @@ def measure_memory(
             "label": c.label,
             "model": c.model,
             "path": str(c.version.model_path),
+            "plan_cache": str(c.version.plan_cache_dir),
             "runtime": c.runtime,
             "inputs": [{"name": i.name, "shape": list(i.shape)} for i in specs[c.model].inputs],
             "warmup_path": str(warmup),

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from benchmarks.common import MIN_FULL_RUNS
 from models.repository import ModelVersion
+from models.serving_plan import DEFAULT_WEIGHT_MEMORY_BUDGET
 from models.zoo import VISION_CNN, Conv2D, Dense, Flatten, Input, MaxPool2D, ModelSpec
 
 NAME = "quant"
@@ -15,6 +16,8 @@ PRECISIONS: tuple[tuple[str, int | None], ...] = (("fp32", None), ("int8", 8), (
 BATCHES = (1, 8, 32)
 BLOCK_SIZE = 128
 ACCURACY_LEVEL = 4
+# The serving plan's weight-memory budget (a fraction of fp32), the gateway's default.
+WEIGHT_MEMORY_BUDGET = DEFAULT_WEIGHT_MEMORY_BUDGET
 
 FC_LARGE = ModelSpec(
     name="fc_large",

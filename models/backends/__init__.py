@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from models.extras import missing_module_hint
 from models.repository import ModelVersion
 from models.runtime import ModelLoadError, Runtime, Threads
+from models.serving_plan import DEFAULT_WEIGHT_MEMORY_BUDGET, PlanOptions
 
 # config.runtime -> module defining ``load(version, threads) -> Runtime``
 _BACKENDS = {
@@ -61,4 +62,12 @@ def checkpoint_errors(version: ModelVersion) -> Iterator[None]:
         raise ModelLoadError(f"model {version.name!r} version {version.version}: {exc}") from exc
 
 
-__all__ = ["checkpoint_errors", "describe", "load_runtime"]
+def plan_options(version: ModelVersion) -> PlanOptions:
+    """The serving plan's budget (the version's, else the default) and cost cache folder."""
+    budget = version.config.weight_memory_budget
+    return PlanOptions(
+        DEFAULT_WEIGHT_MEMORY_BUDGET if budget is None else budget, version.plan_cache_dir
+    )
+
+
+__all__ = ["checkpoint_errors", "describe", "load_runtime", "plan_options"]

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnxruntime as ort
 
-from models.backends import checkpoint_errors, describe
+from models.backends import checkpoint_errors, describe, plan_options
 from models.backends.devices import (
     CUDA_PROVIDER,
     Placement,
@@ -27,8 +27,10 @@ from models.backends.devices import (
     onnx_expected,
     onnx_providers,
 )
+from models.backends.ort_options import session_options
 from models.repository import ModelVersion
 from models.runtime import InferenceFailed, ModelLoadError, ModelMetadata, TensorSpec, Threads
+from models.serving_plan import ServingPlan, log_once
 
 if TYPE_CHECKING:
     import onnx
@@ -52,36 +54,6 @@ _DTYPES = {
     "tensor(bool)": "bool",
     "tensor(string)": "object",
 }
-
-
-def session_options(threads: Threads, *, checkpoint: bool = False) -> ort.SessionOptions:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads.intra_op
-    opts.inter_op_num_threads = threads.inter_op
-    # The inter-op pool only exists in parallel mode; sequential mode avoids its overhead when
-    # there is a single inter-op thread anyway.
-    opts.execution_mode = (
-        ort.ExecutionMode.ORT_PARALLEL if threads.inter_op > 1 else ort.ExecutionMode.ORT_SEQUENTIAL
-    )
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # No busy-waiting between batches. By default ORT's pool threads spin after each parallel
-    # section, which only pays off when nothing else wants the cores. Measured on the 2-core
-    # target (vision_cnn, 2 intra-op threads, a batch every 2 ms, one busy Python thread standing
-    # in for the event loop; 3 runs): spinning raised median batch-1 latency from 11-14 ms to
-    # 13-24 ms and slowed the other thread by 15-65%; two such sessions at once served batch-1
-    # requests faster without it (318-392 vs 97-272 img/s). A lone session on idle cores does
-    # gain (~1 ms at batch 1), but the gateway always has its event loop and usually more than one
-    # instance. With 1 thread there is no pool and the setting has no effect.
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    if checkpoint:
-        # No memory arena: a checkpoint's graph dequantizes convolution kernels on every run,
-        # and the arena would keep the largest such transient float copy for the session's
-        # lifetime (measured on vision_cnn int4, batch 1: 6.5 MB held after a run with the
-        # arena, 1.0 MB without), undoing what quantization saved. Latency, 7 interleaved
-        # rounds: vision_cnn int4 0.89x with the arena off, a 25M-weight MLP int4 1.01x.
-        opts.enable_cpu_mem_arena = False
-    return opts
 
 
 def choose_providers() -> list[str]:
@@ -129,6 +101,7 @@ class OnnxRuntime:
         checkpoint = version.config.format == "checkpoint"
         if not checkpoint and not path.is_file():
             raise ModelLoadError(f"{describe(version)}: ONNX file {path} does not exist")
+        plan: ServingPlan | None = None
         with contextlib.ExitStack() as stack:
             source = str(path)
             if checkpoint:
@@ -137,7 +110,9 @@ class OnnxRuntime:
                 # hold a second copy of every weight. The file is gone once ORT has read it.
                 folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="iotgw-")))
                 source = str(folder / "model.onnx")
-                Path(source).write_bytes(checkpoint_model(version).SerializeToString())
+                model, plan = checkpoint_model(version)
+                Path(source).write_bytes(model.SerializeToString())
+                del model
             requested = choose_providers()
             try:
                 self._session: ort.InferenceSession | None = ort.InferenceSession(
@@ -162,7 +137,10 @@ class OnnxRuntime:
             platform=PLATFORM,
             inputs=_specs(self._session.get_inputs(), self._what),
             outputs=_specs(self._session.get_outputs(), self._what),
+            serving_plan=plan,
         )
+        if plan is not None:
+            log_once(self._what, plan)
         self._output_names = [o.name for o in self._metadata.outputs]
         log.info(
             "loaded %s on %s (%s, intra_op=%d inter_op=%d)",
@@ -204,15 +182,18 @@ class OnnxRuntime:
         self._session = None
 
 
-def checkpoint_model(version: ModelVersion) -> onnx.ModelProto:
-    """The ONNX graph of a checkpoint version (zoo or imported ONNX architecture)."""
+def checkpoint_model(version: ModelVersion) -> tuple[onnx.ModelProto, ServingPlan | None]:
+    """The ONNX graph of a checkpoint version (zoo or imported ONNX architecture) and the
+    serving plan it follows (None for an imported graph)."""
     # Deferred: only checkpoints need the checkpoint reader and the graph builders.
     from models.checkpoint import load_checkpoint
     from models.checkpoint_graphs import onnx_model
 
     with checkpoint_errors(version):
         checkpoint = load_checkpoint(version.model_path)
-        return onnx_model(checkpoint, version.model_path, version.config.accuracy_level)
+        return onnx_model(
+            checkpoint, version.model_path, version.config.accuracy_level, plan_options(version)
+        )
 
 
 def _specs(args: Sequence[Any], what: str) -> tuple[TensorSpec, ...]:

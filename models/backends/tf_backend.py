@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from models.backends import checkpoint_errors, describe
+from models.backends import checkpoint_errors, describe, plan_options
 from models.backends.devices import Placement, tf_expected
+from models.backends.tf_config import session_config
 from models.repository import ModelVersion
 from models.runtime import (
     InferenceFailed,
@@ -32,6 +33,7 @@ from models.runtime import (
     TensorSpec,
     Threads,
 )
+from models.serving_plan import ServingPlan, log_once
 
 PLATFORM = "tensorflow_savedmodel"
 SIGNATURE = "serving_default"
@@ -72,19 +74,6 @@ def install_info() -> dict[str, Any]:
     }
 
 
-def session_config(threads: Threads) -> tf.compat.v1.ConfigProto:
-    config = tf.compat.v1.ConfigProto(
-        intra_op_parallelism_threads=threads.intra_op,
-        inter_op_parallelism_threads=threads.inter_op,
-        use_per_session_threads=True,
-        allow_soft_placement=True,
-    )
-    # Several runtime instances share one GPU; growing on demand keeps the first from reserving
-    # all of its memory.
-    config.gpu_options.allow_growth = True
-    return config
-
-
 @dataclass(frozen=True, slots=True)
 class _Signature:
     """The graph's serving interface: specs in TF's (sorted) order and their tensors."""
@@ -118,8 +107,9 @@ class TfRuntime:
             ) from exc
         try:
             with graph.as_default():
+                plan: ServingPlan | None = None
                 if checkpoint:
-                    sig = _build_checkpoint(version, session)
+                    sig, plan = _build_checkpoint(version, session)
                 else:
                     sig = _load_savedmodel(session, str(path), self._what)
             # A callable skips the per-call fetch/feed analysis of Session.run.
@@ -141,7 +131,10 @@ class TfRuntime:
             platform=PLATFORM,
             inputs=sig.inputs,
             outputs=sig.outputs,
+            serving_plan=plan,
         )
+        if plan is not None:
+            log_once(self._what, plan)
         self._input_names = [s.name for s in sig.inputs]
         self._output_names = [s.name for s in sig.outputs]
         log.info(
@@ -217,7 +210,9 @@ def _load_savedmodel(session: tf.compat.v1.Session, path: str, what: str) -> _Si
     return _Signature(inputs, outputs, feeds, fetches)
 
 
-def _build_checkpoint(version: ModelVersion, session: tf.compat.v1.Session) -> _Signature:
+def _build_checkpoint(
+    version: ModelVersion, session: tf.compat.v1.Session
+) -> tuple[_Signature, ServingPlan | None]:
     """Build the checkpoint's graph in the session's graph and fill its variables."""
     # Deferred: only checkpoint versions need the reader and the builder.
     from models.checkpoint import load_checkpoint
@@ -225,7 +220,7 @@ def _build_checkpoint(version: ModelVersion, session: tf.compat.v1.Session) -> _
 
     with checkpoint_errors(version):
         checkpoint = load_checkpoint(version.model_path)
-        spec, built = tf_graph(checkpoint, version.model_path)
+        spec, built, plan = tf_graph(checkpoint, version.model_path, plan_options(version))
     del checkpoint  # its arrays now only live in the feed below
     session.run(built.init_op, feed_dict=built.init_feed)
     built.init_feed.clear()  # the variables hold their own copies now
@@ -233,7 +228,8 @@ def _build_checkpoint(version: ModelVersion, session: tf.compat.v1.Session) -> _
     shapes = {i.name: i.shape for i in spec.inputs}
     inputs = tuple(TensorSpec(n, "float32", (-1, *shapes[n])) for n in names)
     outputs = (TensorSpec(spec.output, "float32", (-1, *spec.output_shape)),)
-    return _Signature(inputs, outputs, [built.inputs[n] for n in names], [built.output])
+    signature = _Signature(inputs, outputs, [built.inputs[n] for n in names], [built.output])
+    return signature, plan
 
 
 def load(version: ModelVersion, threads: Threads) -> TfRuntime:

@@ -314,7 +314,7 @@ def _rewrite(
         # Dequantized for the original node, never im2col + MatMulNBits: these graphs are NCHW
         # (patches would need a transpose per layer on top of the zoo's NHWC im2col), and
         # even the zoo's im2col loses to dequantizing beyond batch 1 and holds more memory
-        # (quant_onnx.conv_im2col_chosen).
+        # (quant_onnx.default_way).
         flat = quant_onnx.dequantized(g, prefix, data)  # [O, I*k...]
         shape = g.const(f"{prefix}_shape", np.array(tensor.shape, np.int64))
         kernel = g.node("Reshape", [flat, shape], f"{prefix}_kernel")

@@ -284,18 +284,21 @@ def test_tensorflow_unpacked_forward_matches_the_reference() -> None:
 @pytest.mark.parametrize("bits", [4, 8, 3])
 def test_onnxruntime_session_keeps_conv_codes_quantized(bits: int, tmp_path: Path) -> None:
     """After ONNX Runtime's own graph optimizations (as the backend configures the session),
-    the CNN's convolution kernels are still INT4/INT8 codes dequantized at run time: no float
-    initializer anywhere near a kernel's size (ORT could fold a dequantization into one)."""
+    convolution kernels run the ``graph`` way are still INT4/INT8 codes dequantized at run
+    time: no float initializer anywhere near a kernel's size (ORT could fold a dequantization
+    into one)."""
     import onnx
     import onnxruntime as ort
 
     from models.backends.onnx_backend import session_options
-    from models.checkpoint_graphs import onnx_model
+    from models.export_onnx import build_onnx
 
     spec = VISION_CNN
     checkpoint = zoo_checkpoint(spec, init_weights(spec), uniform_policy(bits, 128))
+    _, params = zoo_params(checkpoint, tmp_path)
     source = tmp_path / "model.onnx"
-    source.write_bytes(onnx_model(checkpoint, tmp_path, 4).SerializeToString())
+    # No ways given: convolutions dequantized in the graph (quant_onnx.default_way).
+    source.write_bytes(build_onnx(spec, params, accuracy_level=4).SerializeToString())
     options = session_options(Threads(1, 1), checkpoint=True)
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
@@ -351,6 +354,9 @@ def test_weights_stay_quantized_in_process_memory(tmp_path: Path) -> None:
             "model": MEMORY_SPEC.name,
             "path": str(path),
             "runtime": runtime,
+            # Budget 0: every tensor its smallest way, what this test is about; no cost cache.
+            "weight_memory_budget": 0.0,
+            "plan_cache": None,
             "inputs": [{"name": "features", "shape": [1024]}],
             "warmup_path": str(warm),
             "warmup_inputs": [["accel", [3]], ["temperature", [1]]],
@@ -410,7 +416,7 @@ IM2COL_SPEC = ModelSpec(
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("spec", [VISION_CNN, IM2COL_SPEC], ids=lambda s: s.name)
 def test_onnxruntime_im2col_convolutions_use_matmul_nbits(spec: ModelSpec, bits: int) -> None:
-    """Convolutions as im2col and MatMulNBits (``conv_im2col="always"``): no DequantizeLinear
+    """Convolutions as im2col and MatMulNBits (every layer ``packed``): no DequantizeLinear
     and no float kernel in the graph; the NumPy reference of the dequantized weights within
     summation order at accuracy level 0 and within the int8-activation error at level 4.
     Strides, odd sizes, valid padding, 1x1 kernels and short last blocks included."""
@@ -431,7 +437,8 @@ def test_onnxruntime_im2col_convolutions_use_matmul_nbits(spec: ModelSpec, bits:
     assert all(isinstance(k, QuantizedTensor) for k in kernels)
     weights = sum(k.data.codes.size for k in kernels if isinstance(k, QuantizedTensor))
     for level, tolerance in ((0, SUMMATION_TOLERANCE), (4, IM2COL_INT8_ACTIVATION_TOLERANCE)):
-        model = build_onnx(spec, params, accuracy_level=level, conv_im2col="always")
+        packed = {i: "packed" for i, p in enumerate(params) if p is not None}
+        model = build_onnx(spec, params, accuracy_level=level, ways=packed)
         ops = [n.op_type for n in model.graph.node]
         assert ops.count("MatMulNBits") == convs + dense
         assert "Conv" not in ops and "DequantizeLinear" not in ops
@@ -451,18 +458,3 @@ def test_onnxruntime_im2col_convolutions_use_matmul_nbits(spec: ModelSpec, bits:
             clear = (top2[:, 1] - top2[:, 0]) > 2 * tolerance
             assert clear.sum() >= len(clear) // 4
             assert np.array_equal(got.argmax(axis=1)[clear], reference.argmax(axis=1)[clear])
-
-
-def test_small_im2col_choice_takes_the_deep_convolutions() -> None:
-    """``conv_im2col="small"``: im2col where a layer has at most two output positions per
-    filter (vision_cnn's 16x16 and 8x8 maps), the dequantizing Conv elsewhere; 3 bits never
-    (MatMulNBits takes 2, 4 and 8)."""
-    from models.export_onnx import build_onnx
-
-    spec = VISION_CNN
-    for bits, nbits_convs in ((4, 4), (3, 0)):
-        checkpoint = zoo_checkpoint(spec, init_weights(spec), uniform_policy(bits, 128))
-        _, params = zoo_params(checkpoint, Path("in-memory"))
-        ops = [n.op_type for n in build_onnx(spec, params, conv_im2col="small").graph.node]
-        assert ops.count("Conv") == 7 - nbits_convs
-        assert ops.count("MatMulNBits") == nbits_convs + (2 if bits != 3 else 0)

@@ -1,0 +1,80 @@
+"""The serving plan of a zoo checkpoint on ONNX Runtime: each quantized layer timed alone, at
+batch 1 on one intra-op thread, every way it can run (``models.serving_plan``).
+
+Ways: ``packed`` (``MatMulNBits``; a convolution as im2col feeding it) where the codes fit it
+(2, 4 or 8 bits, a power-of-two block of at least 16), ``graph`` (``DequantizeLinear`` + the
+float op) and ``load`` (float32 constants). Bytes held per way, as the session keeps them:
+``load`` 4 per weight; ``graph`` the codes (INT4 up to 4 bits, else INT8) and scales;
+``packed`` the codes at their width plus twice the scales (``MatMulNBits`` at accuracy level 4
+keeps a per-block sum beside each scale).
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from models.backends.ort_options import session_options
+from models.export_onnx import layer_model
+from models.plan_zoo import QuantLayer, code_bytes, plan_zoo, scale_bytes, time_calls
+from models.quant_onnx import matmul_nbits_fits
+from models.runtime import Threads
+from models.serving_plan import CostCache, ServingPlan, Way
+from models.zoo import Conv2D, ModelSpec
+from models.zoo_checkpoint import LayerParams, dequantized_layer
+
+RUNTIME = "onnxruntime"
+
+
+def ways(q: QuantLayer) -> dict[Way, int]:
+    data = q.params.kernel.data
+    out: dict[Way, int] = {}
+    if matmul_nbits_fits(data):
+        out["packed"] = code_bytes(data, data.bits) + 2 * scale_bytes(data)
+    out["graph"] = code_bytes(data, 4 if data.bits <= 4 else 8) + scale_bytes(data)
+    out["load"] = 4 * math.prod(q.params.kernel.shape)
+    return out
+
+
+def measure(q: QuantLayer, way: Way, accuracy_level: int) -> float:
+    """Seconds of one batch-1 run of the layer alone, run ``way``."""
+    p = dequantized_layer(q.layer, q.params) if way == "load" else q.params
+    model = layer_model(q.layer, p, (q.in_shape, q.out_shape), way, accuracy_level)
+    shape = q.in_shape
+    if isinstance(q.layer, Conv2D) and way != "packed":
+        shape = (shape[2], shape[0], shape[1])  # NCHW
+    feed = {"x": np.random.default_rng(0).standard_normal((1, *shape)).astype(np.float32)}
+    with tempfile.TemporaryDirectory(prefix="iotgw-plan-") as folder:
+        path = Path(folder) / "layer.onnx"
+        path.write_bytes(model.SerializeToString())
+        session = ort.InferenceSession(
+            str(path),
+            sess_options=session_options(Threads(1, 1), checkpoint=True),
+            providers=["CPUExecutionProvider"],
+        )
+    return time_calls(lambda: session.run(None, feed))
+
+
+def onnx_plan(
+    spec: ModelSpec,
+    params: Sequence[LayerParams],
+    *,
+    budget: float,
+    accuracy_level: int,
+    cache: CostCache,
+) -> ServingPlan:
+    return plan_zoo(
+        (RUNTIME, ort.__version__),
+        spec,
+        params,
+        budget=budget,
+        cache=cache,
+        ways=ways,
+        measure=lambda q, way: measure(q, way, accuracy_level),
+        key_extra={"accuracy_level": accuracy_level},
+    )

@@ -1,0 +1,68 @@
+"""The serving plan of a zoo checkpoint on TensorFlow: each quantized layer timed alone, at batch
+1 in a session of one intra-op thread, both ways it can run (``models.serving_plan``).
+
+Ways: ``graph`` (the codes in variables, unpacked and scaled by the graph on every run,
+``models.quant_tf``) and ``load`` (a float32 variable). TensorFlow has no kernel that reads
+packed codes. Bytes held: ``load`` 4 per weight; ``graph`` the codes (two per byte up to 4 bits,
+else one) and the scales.
+"""
+
+from __future__ import annotations
+
+# Sets the environment TensorFlow reads when it is first imported (thread pools, log level).
+from models import tf_env  # noqa: F401  isort: skip
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from models.backends.tf_config import session_config
+from models.plan_zoo import QuantLayer, code_bytes, plan_zoo, scale_bytes, time_calls
+from models.quant_tf import NIBBLE_BITS, build_graph
+from models.runtime import Threads
+from models.serving_plan import CostCache, ServingPlan, Way
+from models.zoo import Dense, Flatten, Input, ModelSpec
+from models.zoo_checkpoint import LayerParams, dequantized_layer
+
+RUNTIME = "tensorflow"
+
+
+def ways(q: QuantLayer) -> dict[Way, int]:
+    data = q.params.kernel.data
+    bits_held = 4 if data.bits <= NIBBLE_BITS else 8
+    return {
+        "graph": code_bytes(data, bits_held) + scale_bytes(data),
+        "load": 4 * math.prod(q.params.kernel.shape),
+    }
+
+
+def measure(q: QuantLayer, way: Way) -> float:
+    """Seconds of one batch-1 run of the layer alone, run ``way``."""
+    # A convolution is followed by a Flatten (a reshape: no copy), as a model must end in a vector.
+    layers = (q.layer,) if isinstance(q.layer, Dense) else (q.layer, Flatten())
+    spec = ModelSpec("layer", (Input("x", q.in_shape),), layers, "y", softmax=False)
+    p = dequantized_layer(q.layer, q.params) if way == "load" else q.params
+    graph = tf.Graph()
+    with graph.as_default():
+        built = build_graph(spec, [p, None][: len(layers)])
+    with tf.compat.v1.Session(graph=graph, config=session_config(Threads(1, 1))) as session:
+        session.run(built.init_op, feed_dict=built.init_feed)
+        x = np.random.default_rng(0).standard_normal((1, *q.in_shape)).astype(np.float32)
+        call = session.make_callable(built.output, feed_list=[built.inputs["x"]])
+        return time_calls(lambda: call(x))
+
+
+def tf_plan(
+    spec: ModelSpec, params: Sequence[LayerParams], *, budget: float, cache: CostCache
+) -> ServingPlan:
+    return plan_zoo(
+        (RUNTIME, tf.__version__),
+        spec,
+        params,
+        budget=budget,
+        cache=cache,
+        ways=ways,
+        measure=measure,
+    )

@@ -1,0 +1,306 @@
+"""How each quantized tensor of a checkpoint runs, chosen by cost within a weight-memory budget.
+
+A quantized kernel can run three ways, and which is best depends on the layer, the runtime and
+the machine:
+
+- ``packed``: a kernel that reads the packed codes itself (ONNX Runtime's ``MatMulNBits``; a
+  convolution as im2col feeding it). Small in memory, and fast where the kernel is.
+- ``graph``: the codes are dequantized by the graph on every run and feed an ordinary float op
+  (``DequantizeLinear`` + ``Conv``/``Gemm`` on ONNX Runtime, unpack-and-scale ops on TensorFlow).
+  Small in memory; every run pays the dequantization, and a convolution whose kernel is computed
+  at run time misses the runtime's fastest (pre-packed) convolution.
+- ``load``: dequantized once at load to a float32 constant (ONNX Runtime) or variable
+  (TensorFlow): as fast as an fp32 model, as large too.
+
+Every way computes with ``fp32(q * d)``, the trained codes times their scales, so the choice
+changes speed and memory, never what the model computes (beyond float summation order, and
+``MatMulNBits``' int8 activations at ``accuracy_level = 4``).
+
+The costs are measured on this machine when a model loads (``models.plan_onnx``,
+``models.plan_tf``: each layer alone, batch 1, one intra-op thread) and cached by machine, runtime
+version, layer shape and bits (``CostCache``). The choice is a multiple-choice knapsack: the
+least total time whose weight memory (estimated per way) stays within ``budget`` x the fp32
+weights; when even the smallest choice exceeds the budget, every tensor takes its smallest way.
+
+A leaf: imports nothing of the project but ``models.machine``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from models.machine import cpu_model, usable_cores
+
+Way = Literal["packed", "graph", "load"]
+WAYS: dict[Way, str] = {
+    "packed": "packed kernel over the codes",
+    "graph": "dequantized in the graph on every run",
+    "load": "dequantized once at load to fp32",
+}
+DEFAULT_WEIGHT_MEMORY_BUDGET = 0.5
+# Resolution of the knapsack: the budget is cut into this many units, each tensor's bytes
+# rounded up to whole units (so a chosen plan never exceeds the budget).
+BUDGET_UNITS = 4000
+COSTS_FILE = "plan-costs.json"
+log = logging.getLogger("models.plan")
+
+
+@dataclass(frozen=True, slots=True)
+class PlanOptions:
+    """What a plan needs besides the checkpoint: the weight-memory budget (a fraction of the
+    fp32 weights) and where measured costs are cached (None: this process only)."""
+
+    budget: float
+    cache_dir: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One way to run a tensor: its measured batch-1 time and the bytes it holds."""
+
+    way: Way
+    seconds: float
+    held_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class TensorPlan:
+    """A quantized tensor, the ways it can run, and the way chosen."""
+
+    name: str
+    layer: int
+    shape: tuple[int, ...]
+    bits: int
+    block_size: int
+    options: tuple[Option, ...]
+    way: Way
+
+    @property
+    def chosen(self) -> Option:
+        return next(o for o in self.options if o.way == self.way)
+
+    @property
+    def fp32_bytes(self) -> int:
+        return 4 * int(np.prod(self.shape))
+
+
+@dataclass(frozen=True, slots=True)
+class ServingPlan:
+    """The plan of one model version on one runtime: plain data, shown by ``iotgw inspect``,
+    in the model's metadata and once in the log at load."""
+
+    runtime: str
+    budget: float  # fraction of the fp32 weight bytes
+    fp32_bytes: int  # every weight tensor as float32
+    float_bytes: int  # tensors the checkpoint holds in float (biases, float kernels)
+    tensors: tuple[TensorPlan, ...]
+    measured: int  # costs measured for this plan; the others came from the cache
+
+    @property
+    def held_bytes(self) -> int:
+        return self.float_bytes + sum(t.chosen.held_bytes for t in self.tensors)
+
+    @property
+    def memory_ratio(self) -> float:
+        return self.held_bytes / self.fp32_bytes if self.fp32_bytes else 1.0
+
+    @property
+    def within_budget(self) -> bool:
+        return self.held_bytes <= self.budget * self.fp32_bytes
+
+    def ways(self) -> dict[int, Way]:
+        """Layer index -> way, what the graph builders take."""
+        return {t.layer: t.way for t in self.tensors}
+
+    def summary(self) -> str:
+        counts = {w: sum(t.way == w for t in self.tensors) for w in WAYS}
+        ways = ", ".join(f"{n} {w}" for w, n in counts.items() if n)
+        over = "" if self.within_budget else " (over budget: every tensor at its smallest)"
+        return (
+            f"weights {self.held_bytes / 1e6:.2f} MB = {self.memory_ratio:.3f} of fp32 "
+            f"(budget {self.budget:g}){over}; {ways or 'nothing quantized'}; "
+            f"{self.measured} cost(s) measured now"
+        )
+
+    def as_doc(self) -> dict[str, Any]:
+        return {
+            "runtime": self.runtime,
+            "budget": self.budget,
+            "fp32_bytes": self.fp32_bytes,
+            "held_bytes": self.held_bytes,
+            "memory_ratio": round(self.memory_ratio, 4),
+            "within_budget": self.within_budget,
+            "measured_now": self.measured,
+            "tensors": [
+                {
+                    "name": t.name,
+                    "layer": t.layer,
+                    "shape": list(t.shape),
+                    "bits": t.bits,
+                    "block_size": t.block_size,
+                    "way": t.way,
+                    "held_bytes": t.chosen.held_bytes,
+                    "fp32_bytes": t.fp32_bytes,
+                    "options": {
+                        o.way: {"ms": round(o.seconds * 1e3, 4), "held_bytes": o.held_bytes}
+                        for o in t.options
+                    },
+                }
+                for t in self.tensors
+            ],
+        }
+
+    def rows(self) -> list[list[Any]]:
+        """One table row per tensor: name, way, held bytes, and each way's measured time."""
+        out = []
+        for t in self.tensors:
+            times = {o.way: f"{o.seconds * 1e3:.3f}" for o in t.options}
+            out.append(
+                [t.name, t.way, f"{t.chosen.held_bytes:,}", f"{t.fp32_bytes:,}"]
+                + [times.get(w, "-") for w in WAYS]
+            )
+        return out
+
+
+PLAN_HEADERS = ("tensor", "way", "held", "as fp32", *(f"{w} ms" for w in WAYS))
+
+
+def choose(options: Sequence[Sequence[Option]], budget_bytes: float) -> list[Way]:
+    """Per tensor the way that minimises the summed time with the summed bytes within
+    ``budget_bytes`` (a multiple-choice knapsack, solved exactly on ``BUDGET_UNITS`` units);
+    every tensor's smallest way when nothing fits."""
+    smallest = [min(opts, key=lambda o: (o.held_bytes, o.seconds)).way for opts in options]
+    if budget_bytes <= 0 or not options:
+        return smallest
+    unit = budget_bytes / BUDGET_UNITS
+    size = BUDGET_UNITS + 1
+    best = np.zeros(size)  # best[u]: least time of the tensors so far within u units
+    picks: list[np.ndarray] = []
+    for opts in options:
+        new = np.full(size, np.inf)
+        pick = np.full(size, -1, np.int16)
+        for index, option in enumerate(opts):
+            need = int(np.ceil(option.held_bytes / unit - 1e-9))
+            if need >= size:
+                continue
+            shifted = np.full(size, np.inf)
+            shifted[need:] = best[: size - need] + option.seconds
+            better = shifted < new
+            new[better], pick[better] = shifted[better], index
+        best = new
+        picks.append(pick)
+    if not np.isfinite(best[-1]):
+        return smallest
+    ways: list[Way] = []
+    units = BUDGET_UNITS
+    for opts, pick in zip(reversed(options), reversed(picks), strict=True):
+        option = opts[int(pick[units])]
+        ways.append(option.way)
+        units -= int(np.ceil(option.held_bytes / unit - 1e-9))
+    return ways[::-1]
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A quantized tensor before the choice: what ``plan`` needs to know of it."""
+
+    name: str
+    layer: int
+    shape: tuple[int, ...]
+    bits: int
+    block_size: int
+    options: tuple[Option, ...]
+
+
+def make_plan(
+    runtime: str,
+    candidates: Sequence[Candidate],
+    *,
+    budget: float,
+    fp32_bytes: int,
+    float_bytes: int,
+    measured: int,
+) -> ServingPlan:
+    room = budget * fp32_bytes - float_bytes
+    ways = choose([c.options for c in candidates], room)
+    tensors = tuple(
+        TensorPlan(c.name, c.layer, c.shape, c.bits, c.block_size, c.options, way)
+        for c, way in zip(candidates, ways, strict=True)
+    )
+    return ServingPlan(runtime, budget, fp32_bytes, float_bytes, tensors, measured)
+
+
+class CostCache:
+    """Measured seconds by key, in memory and (with a folder) in ``<folder>/plan-costs.json``,
+    shared by every model and process of this machine. Keys name the machine (CPU model and
+    usable cores) and runtime version, so a copied cache folder never serves another machine's
+    figures."""
+
+    _memory: dict[str, float] = {}  # per process: every instance of a model after the first
+
+    def __init__(self, folder: Path | None) -> None:
+        self.path = None if folder is None else folder / COSTS_FILE
+        self.measured = 0
+        self._stored = self._read()
+
+    def _read(self) -> dict[str, float]:
+        if self.path is None:
+            return {}
+        try:
+            doc = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}  # a missing or damaged cache only costs measurements
+        if not isinstance(doc, dict):
+            return {}
+        return {k: float(v) for k, v in doc.items() if isinstance(v, int | float)}
+
+    @staticmethod
+    def key(runtime: str, version: str, what: Mapping[str, Any]) -> str:
+        machine = f"{cpu_model()}/{usable_cores()} cores"
+        return json.dumps([machine, runtime, version, dict(what)], sort_keys=True)
+
+    def seconds(self, key: str, measure: Callable[[], float]) -> float:
+        """The cached figure, or ``measure()`` (then remembered)."""
+        for source in (self._memory, self._stored):
+            if key in source:
+                return source[key]
+        value = measure()
+        self.measured += 1
+        self._memory[key] = value
+        self._stored[key] = value
+        return value
+
+    def save(self) -> None:
+        """Write what this process measured (merged with what others wrote meanwhile)."""
+        if self.path is None or not self.measured:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            merged = {**self._read(), **self._stored}
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(merged, sort_keys=True, indent=0))
+            tmp.replace(self.path)
+        except OSError as exc:  # a read-only cache folder: plans are measured again next time
+            log.warning("cannot write the plan cost cache %s: %s", self.path, exc)
+
+
+_logged: set[tuple[str, str]] = set()
+
+
+def log_once(what: str, plan: ServingPlan) -> None:
+    """The plan at INFO the first time this model version loads in the process (instances and
+    rebuilds after it load the same plan: DEBUG)."""
+    key = (what, json.dumps(plan.ways(), sort_keys=True))
+    level = logging.DEBUG if key in _logged else logging.INFO
+    _logged.add(key)
+    log.log(level, "%s: serving plan: %s", what, plan.summary())
+    for t in plan.tensors:
+        log.debug("%s: %s %s (%s)", what, t.name, t.way, WAYS[t.way])
