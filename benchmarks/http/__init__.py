@@ -26,6 +26,13 @@ For ``sensor_mlp`` and ``vision_cnn`` (ONNX Runtime), side by side in one run:
    (headline) and the raw one. Overhead = gateway - echo, per round. The in-process batch-1
    runtime time is shown beside it: that part is compute, not overhead.
 
+4. **CPU per request, before and after.** Two more gateways, one on the standard library's
+   ``json`` and ``asyncio`` loop, one on orjson and uvloop (``serving.json_codec``,
+   ``serving.event_loop``), same knobs, driven in turns with the same closed loop: the gateway
+   process's user + system CPU (``/proc``) over requests answered, for ``sensor_mlp`` as JSON
+   (the headline, ``cpu_per_request_ratio`` = after / before), as the binary framing, and
+   ``vision_cnn`` as JSON (``codec_cpu``).
+
 Every figure is warmed up and repeated (5 runs, median quoted with min and max; ``--quick``: 1-2
 short runs, the whole pipeline in well under a minute). Results: ``benchmarks/results/http.json``
 (``http.quick.json`` in quick mode, or under ``--out``). Servers and client processes are stopped
@@ -35,7 +42,8 @@ Run with ``iotgw bench http [--quick] [--out DIR]`` or ``python -m benchmarks.ht
 
 The modules: ``plan`` (how much, and the rules), ``workload`` (the models and their request),
 ``runner`` (the in-process limit), ``bench`` (what the experiments share), one module per
-experiment (``limit``, ``saturation``, ``headline``, ``low_load``), ``report`` and ``run``. The
+experiment (``limit``, ``saturation``, ``headline``, ``low_load``, ``codec_cpu``), ``report``
+and ``run``. The
 load generator is ``benchmarks.loadgen``; the servers start through ``benchmarks.servers``.
 """
 

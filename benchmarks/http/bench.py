@@ -27,11 +27,12 @@ class Bench:
         self.runners: dict[tuple[str, int, int], InprocessRunner] = {}
         self.gateway: ServerProcess | None = None
         self.echo: ServerProcess | None = None
+        self.extra_servers: list[ServerProcess] = []  # started by one experiment, closed here
 
     def close(self) -> None:
         for clients in self.clients.values():
             clients.close()
-        for server in (self.gateway, self.echo):
+        for server in (self.gateway, self.echo, *self.extra_servers):
             if server is not None:
                 server.stop()
         for runner in self.runners.values():
@@ -55,14 +56,17 @@ class Bench:
         warmup_s: float,
         max_requests: int | None = None,
         server: ServerProcess | None = None,
+        body: tuple[bytes, int] | None = None,
     ) -> dict[str, Any]:
         """One closed-loop run with ``setup`` = (client kind, processes); 0 processes: the
-        client runs in this process."""
+        client runs in this process. ``body``: (request, JSON header length) instead of the
+        model's binary request."""
         kind, processes = setup
+        payload, header_length = body or (model.body, model.header_length)
         job = LoadJob(
             url=url,
-            body=model.body,
-            header_length=model.header_length,
+            body=payload,
+            header_length=header_length,
             rows_per_request=1,
             concurrency=concurrency,
             duration_s=duration_s,

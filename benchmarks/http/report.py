@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks.common import fmt_repeated, format_table, print_summary
+from benchmarks.http.codec_cpu import CONFIGS, HEADLINE
 from benchmarks.http.plan import BATCH_SLO_FRACTION, CLOSED_LOOP_SLO_FRACTION, MAX_CLOSED_LOOP, Plan
 from benchmarks.http.workload import Model
 
@@ -52,6 +53,7 @@ def summarize(
     plan: Plan,
     heads: dict[str, dict[str, dict[str, Any]]],
     low: dict[str, dict[str, Any]],
+    codec: dict[str, dict[str, Any]],
     runs: list[dict[str, Any]],
 ) -> dict[str, Any]:
     mlp, cnn = heads["sensor_mlp"], heads["vision_cnn"]
@@ -87,7 +89,24 @@ def summarize(
         "runs_per_figure": min(plan.repeats, plan.headline_repeats),
         "meets_cnn_ratio_target_0_85": cnn_head["ratio"] >= 0.85,
         "meets_p50_overhead_target_1ms": lo["p50_overhead_ms"].median <= 1.0,
+        **_cpu_per_request_summary(codec),
     }
+
+
+def _cpu_per_request_summary(codec: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """``cpu_per_request_ratio`` (after / before, the headline workload), the same per
+    workload, and the headline's microseconds of gateway CPU per request before and after."""
+    out: dict[str, Any] = {}
+    for name, entry in codec.items():
+        ratio = entry.get("cpu_per_request_ratio")
+        key = "cpu_per_request_ratio" + ("" if name == HEADLINE else f"_{name}")
+        out[key] = None if ratio is None else round(ratio.median, 4)
+        if name == HEADLINE:
+            for config in ("before", "after"):
+                us = entry[config].get("server_cpu_per_request_us")
+                out[f"cpu_per_request_us_{config}"] = None if us is None else round(us.median, 1)
+    out["cpu_per_request_workload"] = HEADLINE
+    return out
 
 
 def _others_median(part: dict[str, Any]) -> float | None:
@@ -132,6 +151,7 @@ def print_tables(runs: list[dict[str, Any]], summary: dict[str, Any]) -> None:
     _print_ratios(figure("throughput_ratio"))
     for r in figure("low_load_latency"):
         _print_low_load(r)
+    _print_cpu_per_request(figure("cpu_per_request"))
     print_summary(summary)
 
 
@@ -267,3 +287,39 @@ def _print_low_load(r: dict[str, Any]) -> None:
 
 def _p50_p99(part: dict[str, Any]) -> list[str]:
     return [fmt_repeated(part["p50_ms"]), fmt_repeated(part["p99_ms"])]
+
+
+def _print_cpu_per_request(entries: list[dict[str, Any]]) -> None:
+    print(
+        "\nGateway CPU per request, before ("
+        + " ".join(CONFIGS["before"])
+        + ") and after ("
+        + " ".join(CONFIGS["after"])
+        + "), in turns: median [min-max]"
+    )
+    headers = ["workload", "body B", "before us/req", "after us/req", "ratio (rounds)"]
+    headers += ["req/s before", "req/s after", "lost"]
+    rows = [
+        [
+            e["workload"],
+            e["request_body_bytes"],
+            _us(e["before"]),
+            _us(e["after"]),
+            fmt_repeated(e["cpu_per_request_ratio"]) if "cpu_per_request_ratio" in e else "-",
+            fmt_repeated(e["before"]["requests_per_s"]),
+            fmt_repeated(e["after"]["requests_per_s"]),
+            e["before"]["lost"] + e["after"]["lost"],
+        ]
+        for e in entries
+    ]
+    print(format_table(headers, rows))
+    print(
+        "(gateway process user + system CPU over the timed window / requests answered; "
+        f"{entries[0]['closed_loop_concurrency'] if entries else '-'} requests in flight, "
+        "raw client in the benchmark process, one row per request)"
+    )
+
+
+def _us(part: dict[str, Any]) -> str:
+    us = part.get("server_cpu_per_request_us")
+    return "-" if us is None else fmt_repeated(us)

@@ -1,4 +1,4 @@
-"""The HTTP benchmark from start to end: the servers up, the five experiments in order, the
+"""The HTTP benchmark from start to end: the servers up, the six experiments in order, the
 results written and printed, everything stopped whatever happens."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 from benchmarks.common import machine_info, now_iso, write_results
 from benchmarks.http import report
 from benchmarks.http.bench import Bench
+from benchmarks.http.codec_cpu import cpu_per_request
 from benchmarks.http.headline import paired_headline
 from benchmarks.http.limit import inprocess_sweep
 from benchmarks.http.low_load import low_load
@@ -33,8 +34,9 @@ def _logger() -> Callable[[str], None]:
 
 def _experiments(
     bench: Bench, workdir: Path
-) -> tuple[dict[str, Model], dict[str, Any], dict[str, Any]]:
-    """(models, the throughput ratios per model, the low-load entries per client kind)."""
+) -> tuple[dict[str, Model], dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(models, the throughput ratios per model, the low-load entries per client kind, the CPU
+    per request entries per workload)."""
     plan, log = bench.plan, bench.log
     repo = build_repository(workdir / "repo")
     models = load_models(repo)
@@ -54,7 +56,8 @@ def _experiments(
     log("low load")
     bench.echo, echo_base = start_http_echo(workdir, plan.startup_timeout_s)
     low = low_load(bench, base, echo_base, models[LOW_LOAD_MODEL])
-    return models, heads, low
+    codec = cpu_per_request(bench, repo, workdir, models)
+    return models, heads, low, codec
 
 
 def run(plan: Plan, out_dir: Path | None) -> Path:
@@ -64,11 +67,11 @@ def run(plan: Plan, out_dir: Path | None) -> Path:
     workdir = Path(tempfile.mkdtemp(prefix="iotgw-bench-http-"))
     bench = Bench(plan, _logger())
     try:
-        models, heads, low = _experiments(bench, workdir)
+        models, heads, low, codec = _experiments(bench, workdir)
     finally:
         bench.close()
         shutil.rmtree(workdir, ignore_errors=True)
-    summary = report.summarize(plan, heads, low, bench.runs)
+    summary = report.summarize(plan, heads, low, codec, bench.runs)
     bench.config.update(
         {
             "models": report.models_config(models),

@@ -23,6 +23,7 @@ FIGURES = {
     "gateway_saturation_sweep",
     "throughput_ratio",
     "low_load_latency",
+    "cpu_per_request",
 }
 
 
@@ -88,6 +89,9 @@ def test_summary(quick_result: tuple[dict[str, Any], str]) -> None:
     assert summary["cnn_gateway_rows_per_s"] > 0 and summary["cnn_limit_rows_per_s"] > 0
     for key in ("lost_requests_headline", "lost_requests_all_runs"):
         assert isinstance(summary[key], int) and summary[key] >= 0, key
+    # The gateway's CPU per request, json + asyncio against orjson + uvloop, as a ratio.
+    for key in ("cpu_per_request_ratio", "cpu_per_request_us_before", "cpu_per_request_us_after"):
+        assert isinstance(summary[key], float) and summary[key] > 0, key
 
 
 def test_runs(quick_result: tuple[dict[str, Any], str]) -> None:
@@ -119,6 +123,17 @@ def test_runs(quick_result: tuple[dict[str, Any], str]) -> None:
             assert low[part]["answered"] > 0
         assert _is_repeated(low["inprocess_runtime_batch1"]["p50_ms"])
         assert _is_repeated(low["p50_overhead_ms"])
+    cpu = [r for r in runs if r["figure"] == "cpu_per_request"]
+    assert [r["workload"] for r in cpu] == [
+        "sensor_mlp_json",
+        "sensor_mlp_binary",
+        "vision_cnn_json",
+    ]
+    for r in cpu:
+        assert _is_repeated(r["cpu_per_request_ratio"])
+        for config in ("before", "after"):
+            assert _is_repeated(r[config]["server_cpu_per_request_us"])
+            assert r[config]["answered"] > 0 and r[config]["lost"] == 0
 
 
 def test_prints_a_table(quick_result: tuple[dict[str, Any], str]) -> None:
