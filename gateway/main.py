@@ -229,6 +229,8 @@ class Gateway:
             hub.path,
             log_level=self.settings.log_level,
             log_format=self.settings.log_format,
+            event_loop=self.settings.serving.event_loop,
+            json_codec=self.settings.serving.json_codec,
             on_restart=self.metrics.ingest_restarts.inc,
         )
         supervisor.start()

@@ -94,9 +94,11 @@ def _tree_cpu_seconds(root: int) -> float:
 
 def _measure(arm: Arm, plan: Plan, repo: Path, work: Path, clients: ClientProcesses) -> dict:
     prefix = ("taskset", "-c", ",".join(str(c) for c in range(arm.cores)))
+    folder = work / arm.key
+    folder.mkdir(parents=True, exist_ok=True)
     server, base = start_gateway(
         repo,
-        work / arm.key,
+        folder,
         START_TIMEOUT_S,
         args=("--ingest-processes", str(arm.processes)),
         prefix=prefix,

@@ -52,3 +52,33 @@ async def read(reader: asyncio.StreamReader) -> tuple[Any, ...] | None:
     if not isinstance(message, tuple) or not message:
         raise FrameError(f"not a message: {type(message).__name__}")
     return message
+
+
+class FrameWriter:
+    """Sends messages on ``writer``, coalescing those sent in one pass of the event loop into one
+    write: under load each side produces many replies per wake-up, and one system call for all
+    of them (instead of one each) is most of what this hop costs."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self._parts: list[bytes] = []
+        self._scheduled = False
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        self._parts.append(encode(message))
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def buffered(self) -> int:
+        return self.writer.transport.get_write_buffer_size()
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        parts, self._parts = self._parts, []
+        if parts and not self.writer.is_closing():
+            self.writer.write(b"".join(parts))
+
+    def close(self) -> None:
+        self._flush()
+        self.writer.close()

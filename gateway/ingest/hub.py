@@ -32,14 +32,14 @@ class _Link:
 
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self.writer = writer
+        self._out = frames.FrameWriter(writer)
         self.index: int | None = None
         self.pid: int | None = None
         self.live: dict[str, bool | None] = {}
         self.tasks: set[asyncio.Task[None]] = set()
 
     def send(self, message: tuple[Any, ...]) -> None:
-        if not self.writer.is_closing():
-            self.writer.write(frames.encode(message))
+        self._out.send(message)
 
 
 class IngestHub:

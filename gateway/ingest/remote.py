@@ -40,12 +40,13 @@ class RemoteService:
         self.closed = asyncio.Event()
         self._seq = itertools.count()
         self._pending: dict[int, asyncio.Future[InferenceResponse]] = {}
-        self._writer: asyncio.StreamWriter | None = None
+        self._writer: frames.FrameWriter | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._sent: counts.Counts = {}
 
     async def connect(self, path: str) -> None:
-        reader, self._writer = await asyncio.open_unix_connection(path)
+        reader, writer = await asyncio.open_unix_connection(path)
+        self._writer = frames.FrameWriter(writer)
         self._send((frames.HELLO, self.index, os.getpid()))
         first = await frames.read(reader)
         if first is None or first[0] != frames.CATALOG:
@@ -91,12 +92,12 @@ class RemoteService:
         if self._writer is not None:
             self._writer.close()
             with contextlib.suppress(ConnectionError):
-                await self._writer.wait_closed()
+                await self._writer.writer.wait_closed()
         self._fail_pending()
 
     def _send(self, message: tuple[Any, ...]) -> None:
-        if self._writer is not None and not self._writer.is_closing():
-            self._writer.write(frames.encode(message))
+        if self._writer is not None:
+            self._writer.send(message)
 
     def _take_catalog(self, message: tuple[Any, ...]) -> None:
         self.catalog, self.setup = message[1], message[2]

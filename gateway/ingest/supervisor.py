@@ -31,12 +31,15 @@ class IngestSupervisor:
         *,
         log_level: str,
         log_format: str,
+        event_loop: str = "auto",
+        json_codec: str = "orjson",
         on_restart: Callable[[], None] = lambda: None,
     ) -> None:
         self.count = count
         self._on_restart = on_restart
         self._argv = [sys.executable, "-m", "gateway.ingest.worker", "--socket", socket_path]
         self._argv += ["--log-level", log_level, "--log-format", log_format]
+        self._argv += ["--event-loop", event_loop, "--json-codec", json_codec]
         self._procs: dict[int, asyncio.subprocess.Process] = {}
         self._keepers: list[asyncio.Task[None]] = []
         self._stopping = False

@@ -18,7 +18,8 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway import http_security
+from gateway import event_loop, http_security
+from gateway.codecs import json_codec
 from gateway.edge import Edge
 from gateway.http import CORE_KEY, EDGE_KEY, SETTINGS_KEY, add_inference_routes, error_middleware
 from gateway.ingest import proxy
@@ -137,10 +138,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--socket", required=True)
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
+    parser.add_argument("--event-loop", choices=("auto", "uvloop", "asyncio"), default="auto")
+    parser.add_argument("--json-codec", choices=("orjson", "stdlib"), default="orjson")
     args = parser.parse_args(argv)
     configure_logging(args.log_level, args.log_format)
+    json_codec.select(args.json_codec)
     try:
-        return asyncio.run(run(args.index, args.socket))
+        return event_loop.run(run(args.index, args.socket), args.event_loop)
     except (ConnectionError, FileNotFoundError) as exc:
         print(f"iotgw ingest {args.index}: no serving process: {exc}", file=sys.stderr)
         return 1
