@@ -118,11 +118,12 @@ def measure_memory(
     warm_inputs = [[i.name, list(i.shape)] for i in SENSOR_FUSION.inputs]
 
     def job(c: Config) -> dict[str, Any]:
+        cache = c.version.plan_cache_dir
         return {
             "label": c.label,
             "model": c.model,
             "path": str(c.version.model_path),
-            "plan_cache": str(c.version.plan_cache_dir),
+            "plan_cache": None if cache is None else str(cache),
             "runtime": c.runtime,
             "inputs": [{"name": i.name, "shape": list(i.shape)} for i in specs[c.model].inputs],
             "warmup_path": str(warmup),
