@@ -87,13 +87,19 @@ def mlserver_env(cache_dir: Path | None = None) -> MLServerEnv:
 def ensure_mlserver(
     cache_dir: Path | None = None, log: Callable[[str], None] = print
 ) -> MLServerEnv:
-    """The environment, built first if it is not complete (see the module's docstring)."""
-    env = mlserver_env(cache_dir)
-    if _stamped(env.venv, env.requirements):
+    """MLServer's environment, built first if it is not complete (see the module's
+    docstring)."""
+    return ensure_env(mlserver_env(cache_dir), log)
+
+
+def ensure_env(env: MLServerEnv, log: Callable[[str], None] = print) -> MLServerEnv:
+    """``env`` complete: as it is, else rebuilt from its wheelhouse, downloaded first if that
+    is not complete either."""
+    if _complete(env):
         return env
     env.root.mkdir(parents=True, exist_ok=True)
     with _locked(env.root / ".lock"):
-        if _stamped(env.venv, env.requirements):  # built by whoever held the lock
+        if _complete(env):  # built by whoever held the lock
             return env
         if not _stamped(env.wheels, env.requirements):
             log(f"downloading {' '.join(env.requirements)} into {env.wheels}")
@@ -101,6 +107,11 @@ def ensure_mlserver(
         log(f"building MLServer's environment {env.venv} (offline, from {env.wheels})")
         _build_venv(env)
     return env
+
+
+def _complete(env: MLServerEnv) -> bool:
+    """Built for these requirements, and its interpreter still there."""
+    return _stamped(env.venv, env.requirements) and env.python.exists()
 
 
 def _stamped(folder: Path, reqs: tuple[str, ...]) -> bool:
@@ -155,8 +166,10 @@ def _build_venv(env: MLServerEnv) -> None:
     """A fresh virtual environment installed from the wheelhouse only (no index): offline."""
     shutil.rmtree(env.venv, ignore_errors=True)
     base = getattr(sys, "_base_executable", sys.executable)
-    _pip([base, "-m", "venv", str(env.venv)], "creating MLServer's virtual environment", env)
-    argv = [str(env.python), "-m", "pip", "install", "-q", "--no-index", "--no-cache-dir"]
-    argv += ["--find-links", str(env.wheels), *env.requirements]
+    # No pip of its own (ensurepip costs seconds): this process's pip installs into it.
+    venv = [base, "-m", "venv", "--without-pip", str(env.venv)]
+    _pip(venv, "creating MLServer's virtual environment", env)
+    argv = [sys.executable, "-m", "pip", "--python", str(env.python), "install", "-q"]
+    argv += ["--no-index", "--no-cache-dir", "--find-links", str(env.wheels), *env.requirements]
     _pip(argv, "installing MLServer from the wheelhouse", env)
     _stamp(env.venv, env.requirements)
