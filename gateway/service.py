@@ -44,7 +44,7 @@ from gateway.model_host import (
 from gateway.settings import ServingSettings
 from gateway.types import InferenceRequest, InferenceResponse
 from gateway.versions import Catalog, CatalogEntry, pick_version
-from models.repository import BrokenVersion, ModelVersion
+from models.repository import BrokenVersion, ModelVersion, with_plan_defaults
 from models.runtime import BackendError, ModelMetadata, Runtime, Threads
 
 log = logging.getLogger("gateway.service")
@@ -114,6 +114,8 @@ class InferenceService:
         serving = serving or ServingSettings()
         self._executor = executor
         self._max_concurrency = serving.max_concurrency
+        self._plan_budget = serving.weight_memory_budget  # for checkpoints' serving plans
+        self._plan_cache = serving.cache_dir / "plans"
         self._load_runtime = load_runtime
         self.metrics = metrics
         self._hosts: dict[str, dict[int, ModelHost]] = {}
@@ -160,6 +162,9 @@ class InferenceService:
         """A host for ``entry``, not yet loaded nor served (``knobs``: start from these)."""
         from models.backends import load_runtime  # backends import TF lazily
 
+        entry = with_plan_defaults(
+            entry, weight_memory_budget=self._plan_budget, plan_cache_dir=self._plan_cache
+        )
         return ModelHost(
             name=entry.name,
             version=entry.version,

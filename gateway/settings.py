@@ -25,6 +25,7 @@ from gateway.settings_security import (
     check_tls_pair,
     resolve_secret_files,
 )
+from models.serving_plan import DEFAULT_WEIGHT_MEMORY_BUDGET
 
 
 class HttpSettings(BaseModel):
@@ -117,6 +118,14 @@ class ServingSettings(BaseModel):
     )
     max_concurrency: int = Field(
         16, ge=1, le=64, description="Upper bound of the concurrency knob (instances per model)."
+    )
+    weight_memory_budget: float = Field(
+        DEFAULT_WEIGHT_MEMORY_BUDGET,
+        ge=0.0,
+        le=1.0,
+        description="Weight memory a quantized checkpoint may use, as a fraction of its fp32 "
+        "weights, where its config.toml sets none: within it each quantized tensor runs the way "
+        "measured fastest on this machine (0: every tensor at its smallest).",
     )
     ingest_processes: int = Field(
         0,

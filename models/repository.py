@@ -7,6 +7,7 @@ broken model never stops the others from being served.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import tomllib
 from dataclasses import dataclass
@@ -104,6 +105,18 @@ class ModelVersion:
     @property
     def model_path(self) -> Path:
         return self.directory / self.config.path
+
+
+def with_plan_defaults(
+    version: ModelVersion, *, weight_memory_budget: float, plan_cache_dir: Path
+) -> ModelVersion:
+    """``version`` with the server's defaults for its serving plan: the weight-memory budget
+    where its ``config.toml`` sets none (the model's own setting wins), and where measured
+    costs are cached."""
+    config = version.config
+    if config.weight_memory_budget is None:
+        config = config.model_copy(update={"weight_memory_budget": weight_memory_budget})
+    return dataclasses.replace(version, config=config, plan_cache_dir=plan_cache_dir)
 
 
 @dataclass(frozen=True, slots=True)
