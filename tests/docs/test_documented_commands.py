@@ -1,0 +1,113 @@
+"""Every shell block of README.md and docs/ runs, as written, against a live ``iotgw serve``
+(the demo models, HTTP and the embedded MQTT broker), so a documented command that breaks fails
+the tests. Blocks that cannot run here (docker, kubectl, a GPU, a whole test run) say so in the
+Markdown (``<!-- doctest: skip (why) -->``) and are reported as skipped; see tests/docs/markdown.py
+for the other clauses.
+
+The one rewrite applied to every block: the documented addresses ``localhost:8080``,
+``127.0.0.1:8080`` and ``127.0.0.1:1883`` become the live gateway's, which listens on free ports
+(8080 and 1883 may be taken on the machine that runs the tests). The blocks of one page run in
+order in one folder, so a page can write a file and use it later.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.brokers import free_port
+from tests.docs.markdown import SHELL, Block, blocks, documents
+from tests.gateway.serve_process import Serve, serve
+
+ALL = [b for doc in documents() for b in blocks(doc)]
+SHELL_BLOCKS = [b for b in ALL if b.lang in SHELL]
+RESULTS: list[tuple[str, str]] = []  # (where, "ran" | "skipped: why"), for the summary line
+
+
+def test_every_fence_names_its_language() -> None:
+    """An unlabelled block could hide a command from the doc test: ``sh`` runs, ``text`` not."""
+    unlabelled = [b.where for b in ALL if not b.lang]
+    assert unlabelled == [], f"label these fences (sh, text, toml, ...): {unlabelled}"
+
+
+def test_directives_are_well_formed() -> None:
+    for block in ALL:
+        block.command()  # every 'replace' must match its block
+        if block.file is not None:
+            assert block.lang not in SHELL, f"{block.where}: 'file' is for non-shell blocks"
+        if block.skip is not None or block.replace or block.expect:
+            assert block.lang in SHELL, f"{block.where}: run clauses on a block that never runs"
+
+
+@pytest.fixture(scope="module", name="live")
+def live_fixture(demo_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
+    folder = tmp_path_factory.mktemp("doc-gateway")
+    with serve(demo_repo, folder, "--mqtt-port", str(free_port())) as gw:
+        gw.wait_ready()
+        yield gw
+
+
+@pytest.fixture(scope="module", name="workdirs")
+def workdirs_fixture() -> dict[Path, Path]:
+    return {}
+
+
+def _workdir(block: Block, workdirs: dict[Path, Path], tmp: pytest.TempPathFactory) -> Path:
+    """One folder per page, holding ``.venv`` (as the docs name it) and the page's files."""
+    if block.path not in workdirs:
+        folder = tmp.mktemp(block.path.stem)
+        (folder / ".venv").symlink_to(Path(sys.prefix))
+        for earlier in blocks(block.path):
+            if earlier.file is not None:
+                (folder / earlier.file).write_text(earlier.text, encoding="utf-8")
+        workdirs[block.path] = folder
+    return workdirs[block.path]
+
+
+def _mqtt_port(gw: Serve) -> int:
+    found = re.search(r"mqtt://127\.0\.0\.1:(\d+)", gw.text())
+    assert found, f"the gateway's log names no MQTT address:\n{gw.text()}"
+    return int(found.group(1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", SHELL_BLOCKS, ids=[b.where for b in SHELL_BLOCKS])
+def test_documented_block_runs(
+    block: Block,
+    live: Serve,
+    workdirs: dict[Path, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    if block.skip is not None:
+        RESULTS.append((block.where, f"skipped: {block.skip}"))
+        pytest.skip(block.skip)
+    command = (
+        block.command()
+        .replace("localhost:8080", f"127.0.0.1:{live.http_port}")
+        .replace("127.0.0.1:8080", f"127.0.0.1:{live.http_port}")
+        .replace("127.0.0.1:1883", f"127.0.0.1:{_mqtt_port(live)}")
+    )
+    bindir = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    try:
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", command],
+            cwd=_workdir(block, workdirs, tmp_path_factory),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=block.timeout_s,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"{block.where} ran past {block.timeout_s:g} s:\n{command}") from exc
+    shown = f"{block.where} exited {done.returncode}:\n{command}\n--- stdout\n{done.stdout}"
+    assert done.returncode == 0, f"{shown}\n--- stderr\n{done.stderr}"
+    for pattern in block.expect:
+        assert re.search(pattern, done.stdout), f"{block.where}: no match for {pattern!r}\n{shown}"
+    RESULTS.append((block.where, "ran"))
