@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 from gateway.edge import as_gateway_error
@@ -37,6 +38,7 @@ class _Link:
         self.pid: int | None = None
         self.live: dict[str, bool | None] = {}
         self.tasks: set[asyncio.Task[None]] = set()
+        self.count: Callable[[], None] = lambda: None  # counts its requests once it said hello
 
     def send(self, message: tuple[Any, ...]) -> None:
         self._out.send(message)
@@ -109,7 +111,7 @@ class IngestHub:
             kind = message[0]
             if kind == frames.INFER:
                 _, seq, request, transport = message
-                self._service.metrics.ingest_requests.labels(str(link.index)).inc()
+                link.count()
                 task = asyncio.create_task(self._infer(link, seq, request, transport))
                 link.tasks.add(task)
                 task.add_done_callback(link.tasks.discard)
@@ -119,6 +121,7 @@ class IngestHub:
                 link.live = dict(message[1])
             elif kind == frames.HELLO:
                 link.index, link.pid = message[1], message[2]
+                link.count = self._service.metrics.ingest_requests.labels(str(link.index)).inc
             else:
                 raise frames.FrameError(f"unknown message kind {kind!r}")
             if link.writer.transport.get_write_buffer_size() > 1 << 20:

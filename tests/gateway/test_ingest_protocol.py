@@ -17,7 +17,7 @@ from gateway.errors import GatewayError, NotFound
 from gateway.ingest import counts, frames
 from gateway.ingest.remote import RemoteService, ServingGone
 from gateway.metrics import GatewayMetrics
-from gateway.types import InferenceRequest
+from gateway.types import InferenceRequest, InferenceResponse
 from gateway.versions import Catalog
 from tests.gateway.helpers import make_repo, running_gateway
 
@@ -184,3 +184,27 @@ async def test_counter_increments_travel_and_add_up() -> None:
     text = serving.render().decode()
     assert 'iotgw_error_replies_total{reason="bad_request",transport="mqtt"} 5.0' in text
     assert "iotgw_mqtt_duplicates_total 1.0" in text
+
+
+async def test_replies_and_byte_tensors_round_trip() -> None:
+    strings = np.array([b"on", b"off"], dtype=object)
+    for message in (
+        (frames.REPLY, 3, InferenceResponse("m", 1, {"y": np.ones((2, 3), np.float16)}, "r")),
+        (frames.INFER, 4, InferenceRequest(model="m", inputs={"s": strings}), "mqtt"),
+    ):
+        back = frames.decode(frames.encode(message)[4:])
+        assert back[:2] == message[:2]
+        sent, got = message[2], back[2]
+        tensors = "outputs" if message[0] == frames.REPLY else "inputs"
+        for name, array in getattr(sent, tensors).items():
+            assert getattr(got, tensors)[name].dtype == array.dtype
+            np.testing.assert_array_equal(getattr(got, tensors)[name], array)
+
+
+async def test_a_frame_of_unknown_form_or_extra_bytes_is_refused() -> None:
+    with pytest.raises(frames.FrameError, match="unknown frame form"):
+        frames.decode(b"Z123")
+    request = InferenceRequest(model="m", inputs={"x": np.zeros((1, 2), np.float32)})
+    body = frames.encode((frames.INFER, 1, request, "http"))[4:]
+    with pytest.raises(frames.FrameError, match="beyond its tensors"):
+        frames.decode(body + b"\0\0\0\0")
