@@ -15,9 +15,14 @@ METHOD = {
     "(flat FP32 data); gateway_binary: the same rows in the binary tensor extension with "
     "binary outputs, which MLServer does not implement",
     "load": "closed loop of N clients (benchmarks.loadgen, raw asyncio HTTP/1.1 client in the "
-    "benchmark process, keep-alive): each sends its next request when its reply is in; a "
-    "warm-up on connections of its own before every timed run; latency per request at the "
-    "client (send -> whole reply read); a request without a 200 reply is lost",
+    "benchmark process, keep-alive): each sends its next request when its reply is in; "
+    "every run starts with no request in flight; a short warm-up on the same connections "
+    "where replies come faster than it lasts; the timed window holds about 4 replies per "
+    "client (1.5 s to 6 s, from the slowest arm's rate at the point before); latency per "
+    "request at the client (send -> whole reply read); a request without a 200 reply is lost",
+    "request_budget": "every request carries the OIP timeout parameter (20 s): the gateway "
+    "would otherwise refuse at once what it predicts would miss the model's SLO, which MLServer "
+    "has no notion of; MLServer ignores the parameter",
     "interleaving": "at every point the arms run one after the other, round after round, the "
     "first arm rotating per round; each ratio is the gateway's figure over MLServer's in the "
     "same round, median over rounds (min and max shown)",
