@@ -14,6 +14,15 @@ from models.checkpoint import CheckpointError, save_checkpoint
 from models.checkpoint_summary import CheckpointSummary, summarize
 from models.importers.report import ImportFailed, ImportReport, QuantOptions
 from models.quant import SUPPORTED_BITS, QuantizationError
+from models.serving_plan import (
+    DEFAULT_WEIGHT_MEMORY_BUDGET,
+    PLAN_HEADERS,
+    PlanOptions,
+    ServingPlan,
+)
+
+# iotgw serve's default cache folder (``serving.cache_dir``), where plans' costs are cached.
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "iotgw"
 
 
 def quantize_parser() -> argparse.ArgumentParser:
@@ -129,6 +138,27 @@ def inspect_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("checkpoint", type=Path)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument(
+        "--plan",
+        choices=["onnxruntime", "tensorflow"],
+        help="also show the serving plan this runtime follows on this machine: how each "
+        "quantized tensor runs, its measured batch-1 time every way, and the bytes it holds "
+        "(costs measured now, or read from the cache iotgw serve shares)",
+    )
+    p.add_argument(
+        "--weight-memory-budget",
+        type=float,
+        default=DEFAULT_WEIGHT_MEMORY_BUDGET,
+        help="the plan's budget, a fraction of the fp32 weights (as iotgw serve's; default "
+        f"{DEFAULT_WEIGHT_MEMORY_BUDGET})",
+    )
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=DEFAULT_CACHE_DIR,
+        help="iotgw serve's cache folder, whose plans/ holds measured costs (default "
+        f"{DEFAULT_CACHE_DIR})",
+    )
     return p
 
 
@@ -139,8 +169,53 @@ def inspect_main(argv: Sequence[str]) -> int:
     except CheckpointError as exc:
         print(f"iotgw inspect: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(summary_doc(summary), indent=1) if args.json else format_summary(summary))
+    plan = None
+    if args.plan and summary.ok:
+        options = PlanOptions(args.weight_memory_budget, args.cache_dir / "plans")
+        plan = serving_plan(args.checkpoint, args.plan, options)
+    if args.json:
+        doc = summary_doc(summary)
+        if args.plan:
+            doc["serving_plan"] = None if plan is None else plan.as_doc()
+        print(json.dumps(doc, indent=1))
+    else:
+        print(format_summary(summary))
+        if args.plan:
+            print("\n" + format_plan(args.plan, plan))
     return 0 if summary.ok else 1
+
+
+def serving_plan(path: Path, runtime: str, options: PlanOptions) -> ServingPlan | None:
+    """The plan ``runtime`` follows for the checkpoint here (None: an imported ONNX graph,
+    whose weights run the way the import rewrote them)."""
+    from models.checkpoint import load_checkpoint
+    from models.checkpoint_kinds import ZOO_KIND
+    from models.serving_plan import CostCache
+    from models.zoo_checkpoint import zoo_params
+
+    checkpoint = load_checkpoint(path)
+    if checkpoint.architecture.get("kind") != ZOO_KIND:
+        return None
+    spec, params = zoo_params(checkpoint, path)
+    cache = CostCache(options.cache_dir)
+    if runtime == "onnxruntime":
+        from models.plan_onnx import onnx_plan
+        from models.quant_onnx import DEFAULT_ACCURACY_LEVEL
+
+        level = DEFAULT_ACCURACY_LEVEL
+        return onnx_plan(spec, params, budget=options.budget, accuracy_level=level, cache=cache)
+    from models.plan_tf import tf_plan
+
+    return tf_plan(spec, params, budget=options.budget, cache=cache)
+
+
+def format_plan(runtime: str, plan: ServingPlan | None) -> str:
+    from models.reporting import format_table
+
+    if plan is None:
+        return f"serving plan on {runtime}: none (an imported graph runs as imported)"
+    head = f"serving plan on {runtime}: {plan.summary()}"
+    return head + "\n" + format_table(list(PLAN_HEADERS), plan.rows())
 
 
 def summary_doc(summary: CheckpointSummary) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +21,7 @@ import onnxruntime as ort
 
 from models.backends.ort_options import session_options
 from models.export_onnx import layer_model
-from models.plan_zoo import QuantLayer, code_bytes, plan_zoo, scale_bytes, time_calls
+from models.plan_zoo import QuantLayer, code_bytes, plan_zoo, scale_bytes
 from models.quant_onnx import matmul_nbits_fits
 from models.runtime import Threads
 from models.serving_plan import CostCache, ServingPlan, Way
@@ -41,8 +41,8 @@ def ways(q: QuantLayer) -> dict[Way, int]:
     return out
 
 
-def measure(q: QuantLayer, way: Way, accuracy_level: int) -> float:
-    """Seconds of one batch-1 run of the layer alone, run ``way``."""
+def prepare(q: QuantLayer, way: Way, accuracy_level: int) -> Callable[[], object]:
+    """A call running the layer alone at batch 1, ``way``, in a session of its own."""
     p = dequantized_layer(q.layer, q.params) if way == "load" else q.params
     model = layer_model(q.layer, p, (q.in_shape, q.out_shape), way, accuracy_level)
     shape = q.in_shape
@@ -57,7 +57,7 @@ def measure(q: QuantLayer, way: Way, accuracy_level: int) -> float:
             sess_options=session_options(Threads(1, 1), checkpoint=True),
             providers=["CPUExecutionProvider"],
         )
-    return time_calls(lambda: session.run(None, feed))
+    return lambda: session.run(None, feed)
 
 
 def onnx_plan(
@@ -75,6 +75,6 @@ def onnx_plan(
         budget=budget,
         cache=cache,
         ways=ways,
-        measure=lambda q, way: measure(q, way, accuracy_level),
+        prepare=lambda q, way: prepare(q, way, accuracy_level),
         key_extra={"accuracy_level": accuracy_level},
     )

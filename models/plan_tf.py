@@ -13,13 +13,13 @@ from __future__ import annotations
 from models import tf_env  # noqa: F401  isort: skip
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from models.backends.tf_config import session_config
-from models.plan_zoo import QuantLayer, code_bytes, plan_zoo, scale_bytes, time_calls
+from models.plan_zoo import QuantLayer, code_bytes, plan_zoo, scale_bytes
 from models.quant_tf import CHUNK_ELEMENTS, NIBBLE_BITS, build_graph
 from models.runtime import Threads
 from models.serving_plan import CostCache, ServingPlan, Way
@@ -43,8 +43,9 @@ def ways(q: QuantLayer) -> dict[Way, int]:
     }
 
 
-def measure(q: QuantLayer, way: Way) -> float:
-    """Seconds of one batch-1 run of the layer alone, run ``way``."""
+def prepare(q: QuantLayer, way: Way) -> Callable[[], object]:
+    """A call running the layer alone at batch 1, ``way``, in a session of its own (closed when
+    the call is dropped)."""
     # A convolution is followed by a Flatten (a reshape: no copy), as a model must end in a vector.
     layers = (q.layer,) if isinstance(q.layer, Dense) else (q.layer, Flatten())
     spec = ModelSpec("layer", (Input("x", q.in_shape),), layers, "y", softmax=False)
@@ -52,11 +53,11 @@ def measure(q: QuantLayer, way: Way) -> float:
     graph = tf.Graph()
     with graph.as_default():
         built = build_graph(spec, [p, None][: len(layers)])
-    with tf.compat.v1.Session(graph=graph, config=session_config(Threads(1, 1))) as session:
-        session.run(built.init_op, feed_dict=built.init_feed)
-        x = np.random.default_rng(0).standard_normal((1, *q.in_shape)).astype(np.float32)
-        call = session.make_callable(built.output, feed_list=[built.inputs["x"]])
-        return time_calls(lambda: call(x))
+    session = tf.compat.v1.Session(graph=graph, config=session_config(Threads(1, 1)))
+    session.run(built.init_op, feed_dict=built.init_feed)
+    x = np.random.default_rng(0).standard_normal((1, *q.in_shape)).astype(np.float32)
+    call = session.make_callable(built.output, feed_list=[built.inputs["x"]])
+    return lambda: call(x)
 
 
 def tf_plan(
@@ -69,5 +70,5 @@ def tf_plan(
         budget=budget,
         cache=cache,
         ways=ways,
-        measure=measure,
+        prepare=prepare,
     )

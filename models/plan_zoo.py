@@ -3,12 +3,11 @@ the quantized layers, the bytes each way holds, the measurements through the cos
 the parameters rewritten for the chosen ways.
 
 The runtime modules (``models.plan_onnx``, ``models.plan_tf``) say which ways they have and how
-to time one layer run one way; everything else is here.
+to run one layer alone one way; everything else is here.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import statistics
 import time
@@ -27,12 +26,14 @@ from models.serving_plan import (
 from models.zoo import Layer, ModelSpec, input_shape, layer_shapes
 from models.zoo_checkpoint import LayerParams, QuantParams, dequantized_layer
 
-# Timing one layer: warm-up calls, then rounds of back-to-back calls (at least CALLS each and
-# at least ROUND_S long); the figure is the median of the rounds' medians.
+# Timing one layer: its ways side by side, so that each sees the same moment of a shared
+# machine: warm-up calls, then ROUNDS rounds in which every way makes back-to-back calls (at
+# least CALLS and at least ROUND_S long); a way's figure is the least of its rounds' medians
+# (other work on the machine only ever adds time).
 WARM_CALLS = 2
-ROUNDS = 3
+ROUNDS = 5
 CALLS = 5
-ROUND_S = 0.01
+ROUND_S = 0.005
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,24 +88,30 @@ def float_bytes(params: Sequence[LayerParams]) -> int:
     return total
 
 
-def time_calls(call: Callable[[], object]) -> float:
-    """Seconds per call (see ``ROUNDS``)."""
-    for _ in range(WARM_CALLS):
+def _round(call: Callable[[], object]) -> float:
+    times: list[float] = []
+    deadline = time.perf_counter() + ROUND_S
+    while len(times) < CALLS or time.perf_counter() < deadline:
+        start = time.perf_counter()
         call()
-    medians = []
-    for _ in range(ROUNDS):
-        times: list[float] = []
-        deadline = time.perf_counter() + ROUND_S
-        while len(times) < CALLS or time.perf_counter() < deadline:
-            start = time.perf_counter()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def time_side_by_side(calls: Mapping[Way, Callable[[], object]]) -> dict[Way, float]:
+    """Seconds per call of each way (see ``ROUNDS``)."""
+    for call in calls.values():
+        for _ in range(WARM_CALLS):
             call()
-            times.append(time.perf_counter() - start)
-        medians.append(statistics.median(times))
-    return statistics.median(medians)
+    rounds: dict[Way, list[float]] = {way: [] for way in calls}
+    for _ in range(ROUNDS):
+        for way, call in calls.items():
+            rounds[way].append(_round(call))
+    return {way: min(values) for way, values in rounds.items()}
 
 
-# (layer, way) -> seconds of one batch-1 run of that layer alone
-Measure = Callable[[QuantLayer, Way], float]
+# (layer, way) -> a call running the layer alone at batch 1 that way
+Prepare = Callable[[QuantLayer, Way], Callable[[], object]]
 # (layer) -> way -> bytes held that way, for the ways this runtime has
 Ways = Callable[[QuantLayer], Mapping[Way, int]]
 
@@ -117,40 +124,26 @@ def plan_zoo(
     budget: float,
     cache: CostCache,
     ways: Ways,
-    measure: Measure,
+    prepare: Prepare,
     key_extra: Mapping[str, object] | None = None,
 ) -> ServingPlan:
     """The plan for ``spec`` on ``runtime`` (name, version): each quantized layer's ways timed
-    (or read from ``cache``), then chosen within ``budget``."""
+    side by side (or read from ``cache``), then chosen within ``budget``."""
     candidates = []
     before = cache.measured
     for q in quantized_layers(spec, params):
+        held = ways(q)
+        keys = {way: cache.key(*runtime, _what(q, way, key_extra)) for way in held}
+        missing = {way: key for way, key in keys.items() if cache.get(key) is None}
+        if missing:
+            timed = time_side_by_side({way: prepare(q, way) for way in missing})
+            for way, key in missing.items():
+                cache.put(key, timed[way])
         data = q.params.kernel.data
-        options = []
-        for way, held in ways(q).items():
-            what = {
-                "layer": type(q.layer).__name__,
-                "in": list(q.in_shape),
-                "kernel": list(q.params.kernel.shape),
-                "stride": getattr(q.layer, "stride", 1),
-                "bits": data.bits,
-                "block": data.block_size,
-                "way": way,
-                **(key_extra or {}),
-            }
-            key = cache.key(*runtime, what)
-            seconds = cache.seconds(key, functools.partial(measure, q, way))
-            options.append(Option(way, seconds, held))
-        candidates.append(
-            Candidate(
-                f"layers.{q.index}.weight",
-                q.index,
-                tuple(q.params.kernel.shape),
-                data.bits,
-                data.block_size,
-                tuple(options),
-            )
-        )
+        options = tuple(Option(way, cache[keys[way]], b) for way, b in held.items())
+        shape = tuple(q.params.kernel.shape)
+        name = f"layers.{q.index}.weight"
+        candidates.append(Candidate(name, q.index, shape, data.bits, data.block_size, options))
     cache.save()
     return make_plan(
         runtime[0],
@@ -160,6 +153,21 @@ def plan_zoo(
         float_bytes=float_bytes(params),
         measured=cache.measured - before,
     )
+
+
+def _what(q: QuantLayer, way: Way, extra: Mapping[str, object] | None) -> dict[str, object]:
+    """What a cost depends on, besides the machine and runtime: the cache key's last part."""
+    data = q.params.kernel.data
+    return {
+        "layer": type(q.layer).__name__,
+        "in": list(q.in_shape),
+        "kernel": list(q.params.kernel.shape),
+        "stride": getattr(q.layer, "stride", 1),
+        "bits": data.bits,
+        "block": data.block_size,
+        "way": way,
+        **(extra or {}),
+    }
 
 
 def with_ways(

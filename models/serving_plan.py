@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -267,16 +267,23 @@ class CostCache:
         machine = f"{cpu_model()}/{usable_cores()} cores"
         return json.dumps([machine, runtime, version, dict(what)], sort_keys=True)
 
-    def seconds(self, key: str, measure: Callable[[], float]) -> float:
-        """The cached figure, or ``measure()`` (then remembered)."""
+    def get(self, key: str) -> float | None:
         for source in (self._memory, self._stored):
             if key in source:
                 return source[key]
-        value = measure()
-        self.measured += 1
-        self._memory[key] = value
-        self._stored[key] = value
+        return None
+
+    def __getitem__(self, key: str) -> float:
+        value = self.get(key)
+        if value is None:
+            raise KeyError(key)
         return value
+
+    def put(self, key: str, seconds: float) -> None:
+        """A figure just measured (written to the folder by ``save``)."""
+        self.measured += 1
+        self._memory[key] = seconds
+        self._stored[key] = seconds
 
     def save(self) -> None:
         """Write what this process measured (merged with what others wrote meanwhile)."""

@@ -1,0 +1,246 @@
+"""The serving plan of quantized checkpoints: the choice within the budget, every way serving
+the trained codes exactly on both runtimes, and the plan where an operator sees it (model
+metadata, the load log, ``iotgw inspect``)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from models.backends import load_runtime
+from models.checkpoint import save_checkpoint
+from models.cli import inspect_main
+from models.plan_zoo import with_ways
+from models.repository import ModelConfig, ModelVersion
+from models.runtime import Threads
+from models.serving_plan import CostCache, Option, Way, choose
+from models.zoo import (
+    VISION_CNN,
+    Conv2D,
+    Dense,
+    Flatten,
+    Input,
+    MaxPool2D,
+    ModelSpec,
+    init_weights,
+    reference_forward,
+)
+from models.zoo_checkpoint import (
+    LayerParams,
+    dequantized_weights,
+    uniform_policy,
+    zoo_checkpoint,
+    zoo_params,
+)
+
+# Float arithmetic in another order than NumPy's float64 reference (fp32 accumulation, im2col,
+# dequantized kernels): the last bits of float32 on these outputs; nothing more.
+SUMMATION_TOLERANCE = 1e-5
+
+PLAN_SPEC = ModelSpec(
+    name="plan_shapes",
+    inputs=(Input("image", (13, 11, 5)),),
+    layers=(
+        Conv2D(6, 3, stride=2),  # same padding, odd sizes
+        Conv2D(20, 1),  # 1x1, K = 6: one short block
+        MaxPool2D(2),
+        Conv2D(8, 3, padding="valid", activation="linear"),
+        Flatten(),
+        Dense(12, "relu"),
+        Dense(4),
+    ),
+    seed=4,
+)
+QUANTIZED = (0, 1, 3, 5, 6)  # the layers with kernels
+
+
+def _params(spec: ModelSpec, bits: int, block: int) -> list[LayerParams]:
+    checkpoint = zoo_checkpoint(spec, init_weights(spec), uniform_policy(bits, block))
+    return zoo_params(checkpoint, Path("in-memory"))[1]
+
+
+def _feed(spec: ModelSpec, rows: int = 6) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(3)
+    return {i.name: rng.standard_normal((rows, *i.shape)).astype(np.float32) for i in spec.inputs}
+
+
+def _cycled(*ways: Way) -> dict[int, Way]:
+    return dict(zip(QUANTIZED, itertools.cycle(ways), strict=False))
+
+
+# Every layer one way, and mixtures that change way (and layout) from layer to layer.
+PLANS: dict[str, dict[int, Way]] = {
+    "all packed": dict.fromkeys(QUANTIZED, "packed"),
+    "all graph": dict.fromkeys(QUANTIZED, "graph"),
+    "all load": dict.fromkeys(QUANTIZED, "load"),
+    "mixed": dict(zip(QUANTIZED, itertools.cycle(("packed", "graph", "load")), strict=False)),
+    "mixed shifted": dict(
+        zip(QUANTIZED, itertools.cycle(("load", "packed", "graph")), strict=False)
+    ),
+}
+TF_PLANS = {"all graph": PLANS["all graph"], "all load": PLANS["all load"]}
+TF_PLANS["mixed"] = _cycled("graph", "load")
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("plan", list(PLANS), ids=str)
+def test_every_way_serves_the_trained_codes_on_onnxruntime(plan: str, bits: int) -> None:
+    """Whichever way each tensor runs (at accuracy level 0: float activations), ONNX Runtime
+    computes the NumPy reference forward of the dequantized codes."""
+    import onnxruntime as ort
+
+    from models.export_onnx import build_onnx
+
+    spec, ways = PLAN_SPEC, PLANS[plan]
+    params = _params(spec, bits, 16)
+    model = build_onnx(spec, with_ways(spec, params, ways), accuracy_level=0, ways=ways)
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("MatMulNBits") == sum(w == "packed" for w in ways.values())
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feed = _feed(spec)
+    reference = reference_forward(spec, dequantized_weights(spec, params), feed)
+    got = session.run(None, feed)[0]
+    np.testing.assert_allclose(got, reference, rtol=0, atol=SUMMATION_TOLERANCE)
+
+
+@pytest.mark.parametrize("plan", list(TF_PLANS), ids=str)
+def test_every_way_serves_the_trained_codes_on_tensorflow(plan: str) -> None:
+    from models import tf_env  # noqa: F401  isort: skip
+    import tensorflow as tf
+
+    from models.quant_tf import build_graph
+
+    spec, ways = PLAN_SPEC, TF_PLANS[plan]
+    params = _params(spec, 4, 16)
+    graph = tf.Graph()
+    with graph.as_default():
+        built = build_graph(spec, with_ways(spec, params, ways))
+    feed = _feed(spec)
+    with tf.compat.v1.Session(graph=graph) as session:
+        session.run(built.init_op, feed_dict=built.init_feed)
+        got = session.run(built.output, {built.inputs["image"]: feed["image"]})
+    reference = reference_forward(spec, dequantized_weights(spec, params), feed)
+    np.testing.assert_allclose(got, reference, rtol=0, atol=SUMMATION_TOLERANCE)
+
+
+def _brute_force(options: list[list[Option]], budget: float) -> float:
+    best = float("inf")
+    for pick in itertools.product(*options):
+        if sum(o.held_bytes for o in pick) <= budget:
+            best = min(best, sum(o.seconds for o in pick))
+    return best
+
+
+def test_choice_is_the_fastest_within_the_budget() -> None:
+    """Against every combination of random options: the least total time that fits; every
+    tensor's smallest way when nothing fits. (Budgets here are whole multiples of the
+    knapsack's unit, budget / 4000, so its rounding cannot cost it the optimum.)"""
+    rng = np.random.default_rng(0)
+    ways: tuple[Way, ...] = ("packed", "graph", "load")
+    for _ in range(200):
+        options = [
+            [Option(w, float(rng.uniform(0.1, 2)), int(rng.integers(1, 1000))) for w in ways]
+            for _ in range(int(rng.integers(1, 6)))
+        ]
+        budget = float(400 * rng.integers(0, 8))
+        chosen = choose(options, budget)
+        picked = [
+            next(o for o in opts if o.way == w) for opts, w in zip(options, chosen, strict=True)
+        ]
+        best = _brute_force(options, budget)
+        if best == float("inf"):
+            smallest = [min(opts, key=lambda o: (o.held_bytes, o.seconds)) for opts in options]
+            assert picked == smallest
+        else:
+            assert sum(o.held_bytes for o in picked) <= budget
+            assert sum(o.seconds for o in picked) == pytest.approx(best)
+
+
+def _version(path: Path, runtime: str, budget: float, cache: Path) -> ModelVersion:
+    config = ModelConfig.model_validate(
+        {
+            "runtime": runtime,
+            "path": path.name,
+            "format": "checkpoint",
+            "weight_memory_budget": budget,
+        }
+    )
+    return ModelVersion("cnn", 1, path.parent, config, plan_cache_dir=cache)
+
+
+@pytest.fixture(name="cnn_int4", scope="module")
+def _cnn_int4(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    checkpoint = zoo_checkpoint(VISION_CNN, init_weights(VISION_CNN), uniform_policy(4, 128))
+    return save_checkpoint(checkpoint, tmp_path_factory.mktemp("cnn") / "model.safetensors")
+
+
+@pytest.mark.parametrize("runtime", ["onnxruntime", "tensorflow"])
+def test_plan_in_metadata_logged_once_and_cached(
+    runtime: str, cnn_int4: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The plan is in the loaded model's metadata, within its budget, logged at INFO at the
+    first load only; its costs are cached in the folder, so a new cache over the same folder
+    measures nothing."""
+    cache = tmp_path / "plans"
+    # TensorFlow's graph way holds a float chunk beside the codes (models.plan_tf), more than
+    # the whole of vision_cnn's small kernels: at 0.5 nothing fits there.
+    budget = 0.5 if runtime == "onnxruntime" else 1.0
+    caplog.set_level(logging.DEBUG, logger="models.plan")
+    first = load_runtime(_version(cnn_int4, runtime, budget, cache), Threads(1, 1))
+    plan = first.metadata.serving_plan
+    first.close()
+    assert plan is not None and plan.within_budget and plan.budget == budget
+    assert plan.measured > 0 and (cache / "plan-costs.json").is_file()
+    assert {t.layer for t in plan.tensors} == {0, 1, 2, 4, 5, 7, 8, 11, 12}
+    infos = [r for r in caplog.records if r.levelno == logging.INFO and "serving plan" in r.msg]
+    assert len(infos) == 1
+    caplog.clear()
+    again = load_runtime(_version(cnn_int4, runtime, budget, cache), Threads(1, 1))
+    assert again.metadata.serving_plan is not None
+    assert again.metadata.serving_plan.ways() == plan.ways()
+    again.close()
+    assert not [r for r in caplog.records if r.levelno == logging.INFO and "serving plan" in r.msg]
+    cached = CostCache(cache)
+    assert all(
+        cached.get(k) is not None for k in json.loads((cache / "plan-costs.json").read_text())
+    )
+
+
+def test_budget_zero_keeps_every_tensor_quantized(cnn_int4: Path, tmp_path: Path) -> None:
+    rt = load_runtime(_version(cnn_int4, "onnxruntime", 0.0, tmp_path), Threads(1, 1))
+    plan = rt.metadata.serving_plan
+    rt.close()
+    assert plan is not None
+    assert all(t.way in ("packed", "graph") for t in plan.tensors)
+    assert plan.memory_ratio < 0.2
+
+
+def test_cost_cache_is_keyed_by_runtime_version_and_survives_damage(tmp_path: Path) -> None:
+    what: Mapping[str, object] = {"layer": "Dense", "way": "load"}
+    assert CostCache.key("onnxruntime", "1.1", what) != CostCache.key("onnxruntime", "1.2", what)
+    (tmp_path / "plan-costs.json").write_text("{not json")
+    cache = CostCache(tmp_path)
+    assert cache.get(CostCache.key("onnxruntime", "1.1", what)) is None
+    cache.put("k", 0.5)
+    cache.save()
+    assert CostCache(tmp_path).get("k") == 0.5
+
+
+def test_inspect_shows_the_plan(
+    cnn_int4: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [str(cnn_int4), "--plan", "onnxruntime", "--cache-dir", str(tmp_path)]
+    assert inspect_main(args) == 0
+    out = capsys.readouterr().out
+    assert "serving plan on onnxruntime" in out and "layers.11.weight" in out
+    assert inspect_main([*args, "--json", "--weight-memory-budget", "0"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    plan = doc["serving_plan"]
+    assert plan["budget"] == 0 and len(plan["tensors"]) == 9
+    assert {t["way"] for t in plan["tensors"]} <= {"packed", "graph"}
