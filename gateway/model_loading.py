@@ -75,11 +75,11 @@ async def _load_version(
     """The host to serve ``entry``: ``old`` while its folder is unchanged and it is usable, else
     a new one loaded beside it (which replaces it only if it loaded, or if ``old`` was broken);
     and why the new one failed to load, if it did."""
+    # The fingerprint covers config.toml too (the host's config may hold defaults filled in).
     if (
         old is not None
         and old.state is not ModelState.UNAVAILABLE
         and old.fingerprint == fingerprint
-        and old.config == entry.config
     ):
         return old, ""
     # The knobs chosen at run time (tuner, operator) carry over to the new build.
