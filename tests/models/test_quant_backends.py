@@ -348,15 +348,23 @@ def test_weights_stay_quantized_in_process_memory(tmp_path: Path) -> None:
         zoo_checkpoint(SENSOR_FUSION, init_weights(SENSOR_FUSION), uniform_policy(None, 16)),
         tmp_path / "warm" / "model.safetensors",
     )
+    # The serving plans' costs measured here first: measured in a memory process, the layer
+    # sessions' allocations would count as the model's.
+    from models.cli import serving_plan
+    from models.serving_plan import PlanOptions
+
+    plans = tmp_path / "plans"
+    for runtime in ("onnxruntime", "tensorflow"):
+        serving_plan(paths["int4"], runtime, PlanOptions(0.0, plans))
     jobs = [
         {
             "label": f"{runtime}/{precision}",
             "model": MEMORY_SPEC.name,
             "path": str(path),
             "runtime": runtime,
-            # Budget 0: every tensor its smallest way, what this test is about; no cost cache.
+            # Budget 0: every tensor its smallest way, what this test is about.
             "weight_memory_budget": 0.0,
-            "plan_cache": None,
+            "plan_cache": str(plans),
             "inputs": [{"name": "features", "shape": [1024]}],
             "warmup_path": str(warm),
             "warmup_inputs": [["accel", [3]], ["temperature", [1]]],
