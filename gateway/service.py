@@ -43,7 +43,7 @@ from gateway.model_host import (
 )
 from gateway.settings import ServingSettings
 from gateway.types import InferenceRequest, InferenceResponse
-from gateway.versions import Catalog, CatalogEntry, pick_version
+from gateway.versions import Catalog, CatalogEntry, pick_version, unloaded
 from models.repository import BrokenVersion, ModelVersion, with_plan_defaults
 from models.runtime import BackendError, ModelMetadata, Runtime, Threads
 
@@ -269,10 +269,7 @@ class InferenceService:
     def host(self, model: str, version: int | str | None = None) -> ModelHost:
         """The host of ``model`` at ``version`` (default: highest ready, else highest)."""
         if model in self._unloaded:
-            raise ModelUnavailable(
-                f"model {model!r} is unloaded; it serves again once loaded "
-                f"(POST /v2/repository/models/{model}/load)"
-            )
+            raise unloaded(model)
         return pick_version(
             model,
             version,
@@ -317,7 +314,7 @@ class InferenceService:
         for name, hosts in self._hosts.items():
             versions[name] = {v: _catalog_entry(h) for v, h in hosts.items()}
         broken = {name: _reasons(b) or {} for name, b in self._broken.items()}
-        return Catalog(versions=versions, broken=broken)
+        return Catalog(versions=versions, broken=broken, unloaded=frozenset(self._unloaded))
 
     def metadata(self, model: str, version: int | str | None = None) -> ModelMetadata:
         return self.host(model, version).metadata

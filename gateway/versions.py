@@ -20,6 +20,14 @@ def parse_version(model: str, version: int | str) -> int:
         raise NotFound(f"model {model!r} has no version {version!r}") from None
 
 
+def unloaded(model: str) -> ModelUnavailable:
+    """The refusal for a model an operator unloaded."""
+    return ModelUnavailable(
+        f"model {model!r} is unloaded; it serves again once loaded "
+        f"(POST /v2/repository/models/{model}/load)"
+    )
+
+
 def pick_version(
     model: str,
     version: int | str | None,
@@ -65,8 +73,11 @@ class Catalog:
 
     versions: dict[str, dict[int, CatalogEntry]] = field(default_factory=dict)
     broken: dict[str, dict[int, str]] = field(default_factory=dict)
+    unloaded: frozenset[str] = frozenset()
 
     def entry(self, model: str, version: int | str | None = None) -> CatalogEntry:
+        if model in self.unloaded:
+            raise unloaded(model)
         return pick_version(
             model, version, self.versions.get(model), self.broken.get(model), lambda e: e.ready
         )

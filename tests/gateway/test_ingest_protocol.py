@@ -112,6 +112,12 @@ async def test_catalog_refuses_exactly_as_the_service(demo_repo: Path, tmp_path:
             assert got == want, (model, version)
             outcomes += isinstance(want, tuple)
         assert outcomes == 6  # the refusals compared are real ones
+        await service.unload_model("sensor_fusion")  # an operator unloads it
+        catalog = service.catalog()
+        for version in (None, "1"):
+            want = _outcome(lambda v=version: service.metadata("sensor_fusion", v))
+            assert isinstance(want, tuple) and "unloaded" in want[2]
+            assert _outcome(lambda v=version: catalog.metadata("sensor_fusion", v)) == want
 
 
 def _outcome(call: object) -> object:
