@@ -22,7 +22,9 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.errors import NotFound
+from gateway.knobs import Knobs
 from gateway.metrics import GatewayMetrics
+from gateway.model_host import WindowStats
 from gateway.service import InferenceService
 from gateway.settings import TunerSettings
 from models.extras import TUNER_MODULES, install_hint, missing
@@ -35,6 +37,32 @@ from rrl.space import ConfigSpace, expert_default
 from rrl.workload import MonitorSettings
 
 log = logging.getLogger("gateway.tuning")
+
+
+class TunedService:
+    """The service as the agent's control (``rrl.control``): its knobs and window stats, plus
+    the batch service times its queueing model reads (``rrl.control.ServiceTimesSource``)."""
+
+    def __init__(self, service: InferenceService) -> None:
+        self._service = service
+
+    def knobs(self, model: str, version: int | str | None = None) -> Knobs:
+        return self._service.knobs(model, version)
+
+    async def set_knobs(
+        self, model: str, version: int | str | None, changes: dict[str, object]
+    ) -> Knobs:
+        return await self._service.set_knobs(model, version, changes)
+
+    def stats(
+        self, model: str, version: int | str | None = None, window_s: float = 10.0
+    ) -> WindowStats:
+        return self._service.stats(model, version, window_s)
+
+    def service_samples(
+        self, model: str, version: int | str | None = None
+    ) -> dict[int, tuple[float, ...]]:
+        return self._service.host(model, version).service_samples()
 
 
 class TuningService:
@@ -72,7 +100,7 @@ class TuningService:
                 min(2 * cores, host.limits.max_concurrency),
             )
             agent = ModelAgent(
-                self.service,
+                TunedService(self.service),
                 name,
                 space=space,
                 slo_ms=host.config.slo_ms,
@@ -171,7 +199,7 @@ class TuningService:
         m.tuner_decisions.labels(*labels, decision.kind).inc()
         if decision.objective is not None:
             m.tuner_objective.labels(*labels, "last").set(decision.objective)
-        best_estimate = agent.tuner.predict(agent.tuner.recommend())
+        best_estimate = agent.tuner.predict(agent.incumbent or agent.tuner.recommend())
         if best_estimate is not None:
             m.tuner_objective.labels(*labels, "best").set(best_estimate)
         if agent.workload is not None:
@@ -185,7 +213,7 @@ class TuningService:
 
     def _publish_config(self, agent: ModelAgent) -> None:
         labels = (agent.model, self._versions[agent.model])
-        configs = {"best": agent.tuner.recommend(), "current": agent.current}
+        configs = {"best": agent.incumbent or agent.tuner.recommend(), "current": agent.current}
         for which, config in configs.items():
             if config is None:
                 continue

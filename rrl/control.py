@@ -15,7 +15,8 @@ One decision interval of an online loop, for one model::
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
 
 from rrl.measurement import Measurement, WindowStatsView
 from rrl.space import Config, ConfigSpace, KnobsView
@@ -33,6 +34,24 @@ class ModelControl(Protocol):
     def stats(
         self, model: str, version: int | str | None = None, window_s: float = 10.0
     ) -> WindowStatsView: ...
+
+
+@runtime_checkable
+class ServiceTimesSource(Protocol):
+    """A gateway that also reports its recent batch service times (seconds per batch, by batch
+    size bucket: the key is the bucket's largest batch), which the agent's queueing model needs.
+    Optional: without it the agent predicts nothing and keeps its incumbent."""
+
+    def service_samples(
+        self, model: str, version: int | str | None = None
+    ) -> Mapping[int, Sequence[float]]: ...
+
+
+def service_samples(control: ModelControl, model: str) -> Mapping[int, Sequence[float]]:
+    """The model's recent batch service times, or nothing when the gateway does not say."""
+    if isinstance(control, ServiceTimesSource):
+        return control.service_samples(model)
+    return {}
 
 
 def current_config(control: ModelControl, model: str, space: ConfigSpace) -> Config:

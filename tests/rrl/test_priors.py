@@ -3,7 +3,6 @@ only when the profile matches what is served; exploration stays within a bounded
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from rrl.decisions import Step
 from rrl.objective import LatencyObjective
 from rrl.priors import load_profile_priors, profile_priors
 from rrl.registry import build_tuner
@@ -18,7 +18,7 @@ from rrl.space import ConfigSpace
 from rrl.testbed import ProfileTable, Testbed
 from rrl.workload import MonitorSettings, WorkloadState
 from tests.rrl.helpers import problem
-from tests.rrl.test_online import BATCHES, _agent, gateway, measurement
+from tests.rrl.live import BATCHES, gateway, hand_built_agent, measurement, started
 from tests.rrl.test_testbed import RATES, SPACE, _doc
 
 OBJECTIVE = LatencyObjective(slo_ms=100.0)
@@ -138,29 +138,31 @@ def test_greedy_exploitation_follows_the_calibrated_prior() -> None:
     assert SPACE.distances[0, bare.propose()] == pytest.approx(1.0)
 
 
-async def test_exploration_stays_within_the_regret_bound(mlp_repo: Path, tmp_path: Path) -> None:
+async def test_the_profile_vetoes_candidates_it_rates_far_worse(
+    mlp_repo: Path, tmp_path: Path
+) -> None:
     async with gateway(mlp_repo, tmp_path, enabled=False) as gw:
-        agent = _agent(gw, BATCHES, explore_regret=4.0)
-        # The profile: batch 2 best (11 ms), batch 16 a safe but poor 50 ms (the safety limit,
-        # p95 at the SLO with half the requests late, is 200), the rest in between or worse.
+        agent = hand_built_agent(gw, BATCHES, explore_regret=4.0)
+        # The profile: batch 2 best (11 ms), batch 16 a poor 50 ms, the rest in between or worse.
         prior = np.array([12.0, 11.0, 15.0, 20.0, 50.0, 60.0, 80.0, 100.0])
         agent.tuner.set_priors({WorkloadState(6): prior})
         agent.workload = WorkloadState(6)
         agent.tuner.set_workload(agent.workload)
-        config, kind, _ = agent.choose()
-        assert (config, kind) == (BATCHES.at(1), "exploit")  # the prior's best first
-        agent.learn(config, measurement(11.0), kind, "", False)
-        # Batch 16 centres the next region, but 50 > 4 x 11: not worth what it may cost.
-        config, kind, reason = agent.choose()
-        assert (config, kind) == (BATCHES.at(1), "veto")
-        assert "batch=16" in reason
-        # With a looser bound it would be explored.
-        loose = _agent(gw, BATCHES, explore_regret=5.0)
+        agent.current = agent.incumbent = BATCHES.at(1)
+        agent.learn(Step(BATCHES.at(1), "exploit"), measurement(11.0))
+        # RRL's next region centre is batch 16, which the profile puts over 4 x the
+        # incumbent's 11: not a candidate for the gate.
+        assert agent.tuner.propose() == BATCHES.at(4)
+        assert BATCHES.at(4) not in agent._candidates(agent.arrivals())
+        # With a looser bound batch 16 (50 < 5 x 11) may be considered.
+        loose = hand_built_agent(gw, BATCHES, explore_regret=5.0)
         loose.tuner.set_priors({WorkloadState(6): prior})
         loose.workload = WorkloadState(6)
         loose.tuner.set_workload(loose.workload)
-        loose.learn(BATCHES.at(1), measurement(11.0), "exploit", "", False)
-        assert loose.choose()[:2] == (BATCHES.at(4), "explore")
+        loose.current = loose.incumbent = BATCHES.at(1)
+        loose.learn(Step(BATCHES.at(1), "exploit"), measurement(11.0))
+        assert loose.tuner.propose() == BATCHES.at(4)  # RRL's next region centre: batch 16
+        assert BATCHES.at(4) in loose._candidates(loose.arrivals())
 
 
 async def test_the_gateway_warm_starts_its_agents_from_a_matching_profile(
@@ -172,13 +174,8 @@ async def test_the_gateway_warm_starts_its_agents_from_a_matching_profile(
     _write(profiles / "sensor_mlp.json", model="sensor_mlp", runtime="onnxruntime", cores=cores)
     async with gateway(mlp_repo, tmp_path, profiles_dir=profiles) as gw:
         assert gw.tuning is not None
-        agent = gw.tuning.agents["sensor_mlp"]
-        for _ in range(100):
-            if agent.prior_states:
-                break
-            await asyncio.sleep(0.05)
+        agent = await started(gw)  # priors loaded (in a process of their own) before the start
         assert agent.prior_states == len(RATES)
     async with gateway(mlp_repo, tmp_path, profiles_dir=profiles, profiles=False) as gw:
-        assert gw.tuning is not None
-        await asyncio.sleep(0.5)
-        assert gw.tuning.agents["sensor_mlp"].prior_states == 0
+        agent = await started(gw)
+        assert agent.prior_states == 0

@@ -1,0 +1,436 @@
+"""The online agent's rules: what runs next and what a measured interval teaches. No I/O here:
+``rrl.online.ModelAgent`` applies and measures, this decides.
+
+- **Prediction gate** (``rrl.gate``): a candidate is tried only when the queueing model
+  (``rrl.queueing``), fed with the service times the gateway measured per batch size and the
+  arrivals it sees, predicts a gain over the incumbent beyond the prediction's uncertainty.
+  Candidates: the grid screened by the model, and the tuner's own proposal (adaptive RRL by
+  default, with profile priors); the tuner's estimates veto any it puts beyond
+  ``explore_regret`` times the incumbent, and a candidate that lost a trial in a workload state
+  is not tried there again. At most one trial per ``trial_gap`` incumbent windows, unless the
+  incumbent violates the SLO.
+- **Fair comparison and revert** (``rrl.trial``): candidate and incumbent in interleaved (no
+  rebuild) or paired (rebuild) windows, each normalised to a common arrival rate by the model;
+  a candidate worse after its first window (or beyond the safety limit) is reverted at once.
+- **Per-state memory** (``rrl.memory``): the incumbent per (rate level, size level,
+  burstiness), applied at once when the state recurs.
+- **Pacing**: a candidate that rebuilds sessions waits until rebuilding takes at most
+  ``rebuild_duty`` of the time (``min_rebuild_gap_s`` at least), unless the incumbent violates
+  the SLO.
+- **Drain**: an interval that started with a backlog and ended with a shorter queue measured
+  the backlog draining, not its configuration: not learned, and what drains it keeps running.
+
+Every decision records what the model predicted, what was measured, and why
+(``rrl.decisions``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+
+from rrl.ask_tell import PerWorkload, TuningProblem
+from rrl.decisions import Decision, Step
+from rrl.gate import GateSettings, Verdict, decide, needs_rebuild, screen
+from rrl.measurement import Measurement
+from rrl.memory import StateKey, StateMemory
+from rrl.objective import make_objective
+from rrl.queueing import Arrivals, ModelSettings, Prediction, QueueModel
+from rrl.space import Config, ConfigSpace
+from rrl.trial import Outcome, Trial, Window
+from rrl.workload import MonitorSettings, WorkloadMonitor, WorkloadState
+
+log = logging.getLogger("rrl.online")
+
+ONLINE_TUNERS = ("rrl", "adaptive-rrl", "bo", "hill-climb", "aimd", "inflight", "static")
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    algorithm: str = "adaptive-rrl"
+    objective: str = "latency"
+    interval_s: float = 0.5
+    """Shortest decision interval; with ``min_requests`` the interval adapts to the load."""
+    max_interval_s: float = 10.0
+    min_requests: int = 40
+    tick_s: float = 0.5
+    settle_s: float = 0.2
+    min_rebuild_gap_s: float = 1.0
+    rebuild_duty: float = 0.1
+    unsafe_violation_fraction: float = 0.5
+    """A candidate window worse than 'p95 at the SLO with this fraction violating' is reverted
+    whatever the comparison says."""
+    violating_fraction: float = 0.1
+    """An incumbent measured worse than 'p95 at the SLO with this fraction violating' lets a
+    candidate through without waiting for the rebuild pace or the trial gap."""
+    explore_regret: float = 2.0
+    """A candidate the tuner's own estimates (profile prior, region estimate) put beyond this many
+    times the incumbent's estimate is not considered."""
+    backlog_s: float = 0.25
+    min_backlog: int = 8
+    trial_margin: float = 0.05
+    """Smallest relative difference a trial reads as better or worse (see ``rrl.trial``)."""
+    trial_gap: int = 3
+    """Incumbent windows between two trials: at most a quarter of the windows are trials."""
+    screen_every_s: float = 5.0
+    """How often the whole grid is screened by the model (the shortlist is kept in between)."""
+    history: int = 200
+    start: Config | None = None
+    monitor: MonitorSettings = field(default_factory=MonitorSettings)
+    gate: GateSettings = field(default_factory=GateSettings)
+    model: ModelSettings = field(default_factory=ModelSettings)
+
+
+class Policy:
+    """The decision rules of one model's agent (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        space: ConfigSpace,
+        slo_ms: float,
+        cores: int,
+        settings: AgentSettings | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.model = model
+        self.settings = s = settings or AgentSettings()
+        if s.algorithm not in ONLINE_TUNERS:
+            raise ValueError(f"unknown online tuner {s.algorithm!r}; known: {ONLINE_TUNERS}")
+        self.space = space
+        self.cores = cores
+        self.objective = make_objective(s.objective, slo_ms=slo_ms, cores=cores)
+        # Deferred: the GP tuners import scikit-learn (iotgw[tune]).
+        from rrl.registry import build_tuner
+
+        self.tuner: PerWorkload = build_tuner(
+            s.algorithm, TuningProblem(space, self.objective, cores=cores, seed=seed)
+        )
+        self.queue_model = QueueModel(self.objective, cores=cores, settings=s.model)
+        self.memory = StateMemory()
+        self.monitor = WorkloadMonitor(s.monitor)
+        self.history: deque[Decision] = deque(maxlen=s.history)
+        self.counts: dict[str, int] = {}
+        self.current: Config | None = None
+        self.incumbent: Config | None = None
+        self.trial: Trial | None = None
+        self.workload: WorkloadState | None = None
+        self.verdict: Verdict | None = None
+        self.last_rebuild_end = -float("inf")
+        self.last_rebuild_s = 0.0
+        self._after: tuple[str, str] | None = None  # (kind, reason) of the interval after a trial
+        self._recall: Config | None = None
+        self._baseline: Window | None = None  # the incumbent's last window in this state
+        self._since_trial = s.trial_gap
+        self._last_measured: tuple[Config, float] | None = None
+        self._incumbent_values: deque[float] = deque(maxlen=8)
+        self._tick_counts: deque[float] = deque(maxlen=16)
+        self._shortlist: list[Config] = []
+        self._screened: tuple[float, StateKey | None, tuple[int, int]] = (-math.inf, None, (0, 0))
+        self._draining = False
+
+    def choose(self, queued: int = 0) -> Step:
+        """The next interval's configuration and why, with ``queued`` requests waiting now
+        (runs in a worker thread: the model simulates)."""
+        assert self.current is not None and self.incumbent is not None
+        arrivals = self.arrivals()
+        if self._draining and self._is_backlog(queued):
+            # Let what runs drain the backlog: a change (a rebuild above all) slows the drain.
+            return Step(self.current, "drain", f"backlog of {queued} requests draining")
+        if self._recall is not None:
+            self.incumbent, self._recall = self._recall, None
+            self.trial = None
+            return Step(
+                self.incumbent,
+                "recall",
+                f"remembered for {self._key()}",
+                self._predict(self.incumbent, arrivals),
+            )
+        if self._after is not None:
+            (kind, reason), self._after = self._after, None
+            return Step(self.incumbent, kind, reason, self._predict(self.incumbent, arrivals))
+        if self.trial is not None:
+            config = self.trial.next_config()
+            kind = "explore" if config == self.trial.candidate else "compare"
+            n = len(self.trial.windows) + 1
+            reason = f"trial window {n}/{len(self.trial.schedule())} of {self.trial.candidate}"
+            return Step(config, kind, reason, self._predict(config, arrivals))
+        return self._consult_gate(arrivals)
+
+    def _consult_gate(self, arrivals: Arrivals) -> Step:
+        assert self.incumbent is not None
+        urgent = self._incumbent_violates()
+        if self._since_trial < self.settings.trial_gap and not urgent:
+            gap = self.settings.trial_gap - self._since_trial
+            return Step(
+                self.incumbent,
+                "exploit",
+                f"{gap} incumbent window(s) before the next trial",
+                self._predict(self.incumbent, arrivals),
+            )
+        verdict = decide(
+            self.queue_model,
+            arrivals,
+            self.incumbent,
+            self._candidates(arrivals),
+            self.settings.gate,
+        )
+        self.verdict = verdict
+        candidate = verdict.candidate
+        if candidate is None:
+            return Step(self.incumbent, "exploit", verdict.reason, verdict.incumbent, verdict)
+        rebuild = needs_rebuild(self.incumbent, candidate)
+        if rebuild and not urgent and not self._rebuild_allowed():
+            wait = self._next_rebuild_at() - time.monotonic()
+            reason = f"{candidate} waits {wait:.1f}s for the rebuild pace ({verdict.reason})"
+            return Step(self.incumbent, "hold", reason, verdict.incumbent, verdict)
+        self.trial = Trial(
+            self.incumbent,
+            candidate,
+            self._baseline,
+            interleave=not rebuild,
+            margin=self._trial_margin(),
+            predicted_gain=verdict.gain,
+        )
+        return Step(candidate, "explore", verdict.reason, verdict.best, verdict)
+
+    def _candidates(self, arrivals: Arrivals) -> list[Config]:
+        """The model's shortlist of the grid (screened every ``screen_every_s``, or when the
+        state or the arrivals change) and the tuner's proposal, minus what the tuner's estimates
+        put beyond ``explore_regret`` x the incumbent and what lost a trial in this state."""
+        assert self.incumbent is not None
+        key = self._key()
+        now = time.monotonic()
+        at, last_key, bucket = self._screened
+        if (
+            now - at > self.settings.screen_every_s
+            or key != last_key
+            or bucket != arrivals.bucket()
+        ):
+            grid = [c for c in self.space if c.inter_op_threads == self.space.inter_op_threads[0]]
+            gate = self.settings.gate
+            self._shortlist = screen(self.queue_model, arrivals, grid, gate.shortlist, gate.kappa)
+            self._screened = (now, key, arrivals.bucket())
+        candidates = [*self._shortlist, self.tuner.propose()]
+        limit = self.tuner.predict(self.incumbent)
+        return [
+            c
+            for c in candidates
+            if not self.memory.was_rejected(key, c)
+            and not (
+                limit is not None
+                and (p := self.tuner.predict(c)) is not None
+                and p > self.settings.explore_regret * limit
+            )
+        ]
+
+    def _predict(self, config: Config, arrivals: Arrivals | None = None) -> Prediction | None:
+        return self.queue_model.predict(config, arrivals or self.arrivals())
+
+    def arrivals(self) -> Arrivals:
+        """The arrival process now: the monitor's rate, burstiness from the counts per tick
+        (their index of dispersion, which is the gaps' squared CV for a renewal process)."""
+        return Arrivals(self.monitor.rate_per_s, self.dispersion(), self.monitor.rows_per_request)
+
+    def dispersion(self) -> float:
+        counts = list(self._tick_counts)
+        if len(counts) < 8:  # too few ticks to tell: Poisson
+            return 1.0
+        mean = sum(counts) / len(counts)
+        if mean <= 0:
+            return 1.0
+        var = sum((c - mean) ** 2 for c in counts) / (len(counts) - 1)
+        return min(max(var / mean, 0.25), 20.0)
+
+    def _key(self) -> StateKey:
+        return StateKey.of(self.workload or WorkloadState(0), self.dispersion())
+
+    def learn(
+        self,
+        step: Step,
+        measurement: Measurement,
+        rebuilt: bool = False,
+        *,
+        queued: tuple[int, int] = (0, 0),
+    ) -> Decision:
+        """Tell the tuner and the model what ran and what it gave; move the trial on. An
+        interval that drained a backlog (``queued``: the queue at its start and end) is
+        recorded but not learned (the drain rule). Runs on the event loop."""
+        start, end = queued
+        self._draining = self._is_backlog(start) and end < start
+        if self._draining:
+            reason = (
+                f"{step.kind}: queue {start} -> {end} requests, measured the backlog "
+                "draining (not learned)"
+            )
+            return self._record(
+                Decision(
+                    time.time(),
+                    self.model,
+                    "drain",
+                    step.config,
+                    self.workload,
+                    reason,
+                    measurement=measurement,
+                    rebuilt=rebuilt,
+                    predicted=step.predicted,
+                )
+            )
+        config = step.config
+        value = self.objective(config, measurement)
+        self._last_measured = (config, value)
+        self.tuner.observe(config, measurement)
+        seen = Arrivals(measurement.rate_per_s, self.dispersion(), measurement.rows_per_request)
+        predicted = self.queue_model.predict(config, seen, replicas=1)
+        if predicted is not None:
+            self.queue_model.calibrate(predicted, measurement)
+        reason = step.reason
+        outcome = self._trial_window(config, value, measurement, predicted)
+        if outcome is not None:
+            reason = f"{reason}; {outcome.reason}" if reason else outcome.reason
+        elif self.trial is None and config == self.incumbent:
+            self._incumbent_window(config, value, measurement.rate_per_s)
+        return self._record(
+            Decision(
+                time.time(),
+                self.model,
+                step.kind,
+                config,
+                self.workload,
+                reason,
+                value,
+                measurement,
+                rebuilt,
+                step.predicted,
+                step.gate,
+            )
+        )
+
+    def _trial_window(
+        self, config: Config, value: float, m: Measurement, predicted: Prediction | None
+    ) -> Outcome | None:
+        trial = self.trial
+        if trial is None:
+            return None
+        outcome = trial.record(config, value, m.rate_per_s, self._normalise)
+        if outcome is None and config == trial.candidate and value > self._unsafe_value(config):
+            outcome = Outcome(
+                "revert",
+                value,
+                math.nan,
+                m.rate_per_s,
+                f"{config} measured J {value:.2f}: beyond the safety limit, "
+                "reverted after one window",
+            )
+        if outcome is None:
+            return None
+        self.trial = None
+        self._since_trial = 0
+        key = self._key()
+        if outcome.verdict == "accept":
+            self.incumbent = trial.candidate
+            self.memory.remember(key, trial.candidate, outcome.candidate)
+            self._baseline = Window(trial.candidate, value, m.rate_per_s)
+            self._incumbent_values.clear()
+            self._after = ("accept", outcome.reason)
+        else:
+            self.memory.reject(key, trial.candidate)
+            self._after = ("revert", outcome.reason)
+        return outcome
+
+    def _incumbent_window(self, config: Config, value: float, rate: float) -> None:
+        self._baseline = Window(config, value, rate)
+        self._incumbent_values.append(value)
+        self._since_trial += 1
+        self.memory.remember(self._key(), config, value)
+
+    def _normalise(self, config: Config, value: float, seen: float, common: float) -> float:
+        """``value`` measured at ``seen`` requests/s, expressed at ``common`` by the model's
+        ratio between the two rates (the same trace seed on both sides)."""
+        if seen <= 0 or common <= 0 or math.isclose(seen, common):
+            return value
+        a = self.arrivals()
+        at_seen = self.queue_model.predict(config, replace(a, rate_per_s=seen), replicas=1)
+        at_common = self.queue_model.predict(config, replace(a, rate_per_s=common), replicas=1)
+        if at_seen is None or at_common is None or at_seen.objective <= 0:
+            return value
+        return value * at_common.objective / at_seen.objective
+
+    def _trial_margin(self) -> float:
+        """The noise of the incumbent's windows (relative standard deviation), at least
+        ``trial_margin``."""
+        v = list(self._incumbent_values)
+        if len(v) < 3:
+            return self.settings.trial_margin
+        mean = sum(v) / len(v)
+        sd = math.sqrt(sum((x - mean) ** 2 for x in v) / (len(v) - 1))
+        return max(self.settings.trial_margin, sd / mean if mean > 0 else 0.0)
+
+    def _enter_state(self) -> None:
+        """A new workload state: the tuner moves to its table, a trial in progress is dropped
+        (its windows straddle two loads), and the configuration remembered for the state, if
+        any, runs next."""
+        assert self.workload is not None
+        self.tuner.set_workload(self.workload)
+        self._draining = False
+        self._baseline = None
+        self._incumbent_values.clear()
+        if self.trial is not None:
+            self.trial = None
+            self._after = ("revert", "workload changed during the trial: incumbent restored")
+        remembered = self.memory.recall(self._key())
+        if remembered is not None and remembered.config != self.incumbent:
+            self._recall = remembered.config
+            self._after = None
+
+    def _is_backlog(self, queued: int) -> bool:
+        s = self.settings
+        return queued >= max(s.min_backlog, self.monitor.rate_per_s * s.backlog_s)
+
+    def _incumbent_violates(self) -> bool:
+        last = self._last_measured
+        return (
+            last is not None
+            and last[0] == self.incumbent
+            and last[1] > self._slo_value(last[0], self.settings.violating_fraction)
+        )
+
+    def _unsafe_value(self, config: Config) -> float:
+        return self._slo_value(config, self.settings.unsafe_violation_fraction)
+
+    def _slo_value(self, config: Config, v: float) -> float:
+        """The objective of 'p95 at the SLO with a fraction ``v`` of the requests violating'."""
+        slo = self.objective.slo_ms
+        probe = Measurement(1.0, 1000, 1000, slo, slo, slo, round(1000 * v), 0)
+        return self.objective(config, probe)
+
+    def _rebuild_allowed(self) -> bool:
+        return time.monotonic() >= self._next_rebuild_at()
+
+    def _next_rebuild_at(self) -> float:
+        s = self.settings
+        gap = max(s.min_rebuild_gap_s, self.last_rebuild_s / s.rebuild_duty)
+        return self.last_rebuild_end + gap
+
+    def _record(self, decision: Decision) -> Decision:
+        self.history.append(decision)
+        self.counts[decision.kind] = self.counts.get(decision.kind, 0) + 1
+        log.info("tuner %s %s", self.model, _log_line(decision))
+        self._recorded(decision)
+        return decision
+
+    def _recorded(self, decision: Decision) -> None:
+        """Called after each decision is recorded (the agent publishes it)."""
+
+
+def _log_line(d: Decision) -> str:
+    predicted = "" if d.predicted is None else f" predicted p95={d.predicted.p95_ms:.1f}ms"
+    objective = "" if d.objective is None else f" J={d.objective:.2f}"
+    m = d.measurement
+    seen = "" if m is None else f" p95={m.p95_ms:.1f}ms n={m.offered} viol={m.slo_violations}"
+    why = f" ({d.reason})" if d.reason else ""
+    return f"[{d.workload}] {d.kind}: {d.config}{predicted}{objective}{seen}{why}"

@@ -1,0 +1,271 @@
+"""The online agent's prediction: a configuration's latency under the arrivals seen now, without
+running it.
+
+The model is a GI/G/c queue with batch service, the gateway's batcher in a few dozen lines
+(``rrl.replay.simulate``):
+
+- **arrivals**: a renewal process with the rate and the burstiness the gateway sees now.
+  Inter-arrival gaps are gamma distributed with mean ``1 / rate`` and squared coefficient of
+  variation ``cv2`` (1: Poisson; above 1: bursty), i.e. shape ``1 / cv2``, scale ``cv2 / rate``;
+- **batching**: a FIFO queue and ``c`` instances; a free instance leaves at once with what is
+  queued, up to the max batch (timeout 0), or waits for a full batch at most the timeout;
+  requests that already waited out the SLO are refused;
+- **service**: a batch of ``b`` rows takes a time drawn from those the gateway measured for
+  that batch-size bucket under the same instances and threads (``observe_service``). For a
+  thread setting never measured, the times of the nearest measured one are scaled by how the
+  cores are shared (``c x t`` threads on ``cores`` cores time-slice once ``c x t > cores``) and
+  by the intra-op speed-up, and carry a wide relative uncertainty (``unmeasured_rel`` of the
+  predicted p95).
+
+What the model leaves out (the HTTP/MQTT front end, the executor crossing) is the same for every
+configuration at a given load, so it is learned as an additive offset on p95: the median of
+``measured p95 - predicted p95`` over the recent windows (``calibrate``). The spread of those
+residuals is the model's proven error; a candidate's uncertainty is that, plus the simulation's
+own sampling spread (``replicas`` traces), plus the relative uncertainty of derived service
+times. The gate (``rrl.gate``) tries a candidate only when its predicted gain clears it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from rrl.measurement import Measurement
+from rrl.objective import Objective
+from rrl.replay import ServiceTimes, ThreadSetting, simulate
+from rrl.space import Config
+
+
+@dataclass(frozen=True, slots=True)
+class Arrivals:
+    """The arrival process seen now: rate, burstiness (squared CV of the gaps), request rows."""
+
+    rate_per_s: float
+    cv2: float = 1.0
+    rows_per_request: float = 1.0
+
+    def bucket(self) -> tuple[int, int]:
+        """A coarse key (quarter rate levels, burstiness in doublings) for caching predictions."""
+        rate = round(4 * math.log2(max(self.rate_per_s, 1e-3)))
+        return rate, round(math.log2(max(self.cv2, 0.25)))
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """A configuration's expected figures under given arrivals, and how sure the model is."""
+
+    config: Config
+    p95_ms: float
+    violation_fraction: float
+    objective: float
+    sd: float
+    """Standard deviation of ``objective``: sampling spread, proven model error, and the
+    uncertainty of service times not measured under this configuration's threads."""
+    measured_threads: bool
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "p95_ms": round(self.p95_ms, 3),
+            "violation_fraction": round(self.violation_fraction, 4),
+            "objective": round(self.objective, 3),
+            "sd": round(self.sd, 3),
+            "measured_threads": self.measured_threads,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSettings:
+    replicas: int = 3
+    """Independent traces per prediction: their spread is the sampling uncertainty."""
+    arrivals_per_trace: int = 600
+    min_trace_s: float = 2.0
+    """A trace covers at least this long (at a trickle, fewer arrivals than ``arrivals_per_trace``
+    would otherwise span minutes)."""
+    samples_kept: int = 60
+    """Service times kept per (thread setting, batch bucket)."""
+    residuals_kept: int = 12
+    unmeasured_rel: float = 0.5
+    """Relative uncertainty of service times derived for a thread setting never measured."""
+    intra_op_speedup: float = 0.5
+    """Service time scales as ``threads ** -speedup`` with intra-op threads (0.5: sub-linear; the
+    small graphs served at the edge parallelise poorly)."""
+    per_batch_s: float = 0.0005
+    """The gateway's own cost per batch (executor crossing, concatenation, fan-out), which the
+    service times it measures inside the runtime call leave out: a prior, so batch size 1 is
+    not predicted to keep up with any rate a tiny model's call time would allow."""
+    min_error_ms: float = 0.2
+    min_residuals: int = 3
+    """Windows that must have calibrated the model before it is trusted (``calibrated``)."""
+    """Floor of the model's proven error on p95 (a handful of windows under-states it)."""
+
+
+class QueueModel:
+    """Service times per thread setting, the arrivals, and the calibration (see the module)."""
+
+    def __init__(
+        self,
+        objective: Objective,
+        *,
+        cores: int,
+        settings: ModelSettings | None = None,
+    ) -> None:
+        self.objective = objective
+        self.cores = cores
+        self.settings = settings or ModelSettings()
+        self._samples: dict[ThreadSetting, dict[int, deque[float]]] = {}
+        self._residuals: deque[float] = deque(maxlen=self.settings.residuals_kept)
+
+    # -- what the gateway measured ----------------------------------------------------------
+
+    def observe_service(
+        self, setting: ThreadSetting, samples: Mapping[int, Sequence[float]]
+    ) -> None:
+        """Batch service times (seconds, per batch size) measured under ``setting`` (instances,
+        intra-op threads). Replaces what was kept for the sizes given: the gateway reports its
+        most recent batches, which already include what was reported before."""
+        by_size = self._samples.setdefault(setting, {})
+        for size, seconds in samples.items():
+            if len(seconds):
+                by_size[int(size)] = deque(
+                    (float(s) for s in seconds), maxlen=self.settings.samples_kept
+                )
+
+    def measured_settings(self) -> list[ThreadSetting]:
+        return sorted(s for s, by in self._samples.items() if by)
+
+    def calibrate(self, predicted: Prediction, measurement: Measurement) -> float | None:
+        """Record how far a prediction was from what its window measured; returns the residual
+        (ms of p95, measured minus predicted before the offset). Not from a window that was,
+        or was predicted to be, overloaded: its p95 is capped by refusals at the deadline, so
+        it says nothing of what the model leaves out."""
+        if max(measurement.violation_fraction, predicted.violation_fraction) > 0.01:
+            return None
+        residual = measurement.p95_ms - (predicted.p95_ms - self.offset_ms())
+        self._residuals.append(residual)
+        return residual
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether enough windows proved the model's error for the gate to act on it."""
+        return len(self._residuals) >= self.settings.min_residuals
+
+    def offset_ms(self) -> float:
+        """What the model leaves out (front end, crossings): median residual of recent windows."""
+        return float(np.median(self._residuals)) if self._residuals else 0.0
+
+    def error_ms(self) -> float:
+        """The model's proven error on p95: the normal-consistent median absolute deviation of
+        the residuals (robust to a stray window), at least ``min_error_ms``."""
+        floor = self.settings.min_error_ms
+        if len(self._residuals) < 3:
+            return max(floor, abs(self.offset_ms()))  # unproven: as wide as what it misses
+        r = np.asarray(self._residuals)
+        return max(floor, 1.4826 * float(np.median(np.abs(r - np.median(r)))))
+
+    # -- prediction ---------------------------------------------------------------------------
+
+    def predict(
+        self, config: Config, arrivals: Arrivals, *, replicas: int | None = None
+    ) -> Prediction | None:
+        """``config``'s figures under ``arrivals``; None before any service time is known."""
+        derived = self._service_for(config, arrivals.rows_per_request)
+        if derived is None or arrivals.rate_per_s <= 0:
+            return None
+        times, rel, measured = derived
+        slo_s = self.objective.slo_ms / 1000.0
+        per_batch = max(1, int(config.max_batch_size / max(arrivals.rows_per_request, 1.0)))
+        as_requests = Config(
+            per_batch,
+            config.batch_timeout_ms,
+            config.concurrency,
+            config.intra_op_threads,
+            config.inter_op_threads,
+        )
+        figures = []
+        for seed in range(replicas or self.settings.replicas):
+            trace = self._trace(arrivals, seed)
+            lat = np.asarray(simulate(trace, as_requests, times, slo_s=slo_s, seed=seed))
+            figures.append(self._figures(config, lat, slo_s))
+        p95 = float(np.mean([f[0] for f in figures])) + self.offset_ms()
+        violating = float(np.mean([f[1] for f in figures]))
+        objective = self._objective(config, p95, violating)
+        spread = float(np.std([f[2] for f in figures], ddof=1)) if len(figures) > 1 else 0.0
+        model_error = self.error_ms() + rel * p95
+        sd = math.hypot(spread, self._objective_slope(config, p95, violating) * model_error)
+        return Prediction(config, p95, violating, objective, sd, measured)
+
+    def _figures(self, config: Config, lat: np.ndarray, slo_s: float) -> tuple[float, float, float]:
+        served = lat[np.isfinite(lat)]
+        violating = (np.count_nonzero(~np.isfinite(lat)) + np.count_nonzero(served > slo_s)) / max(
+            lat.size, 1
+        )
+        p95 = float(np.percentile(served, 95)) * 1e3 if served.size else self.objective.slo_ms
+        return p95, float(violating), self._objective(config, p95, float(violating))
+
+    def _objective(self, config: Config, p95_ms: float, violating: float) -> float:
+        n = 1000
+        probe = Measurement(
+            duration_s=1.0,
+            offered=n,
+            completed=n,
+            p50_ms=p95_ms,
+            p95_ms=p95_ms,
+            p99_ms=p95_ms,
+            slo_violations=round(n * violating),
+            rejected=0,
+        )
+        return self.objective(config, probe)
+
+    def _objective_slope(self, config: Config, p95_ms: float, violating: float) -> float:
+        """d objective / d p95 (1 for the latency objective): turns an error in ms into one in
+        the objective's units."""
+        return abs(
+            self._objective(config, p95_ms + 1.0, violating)
+            - self._objective(config, p95_ms, violating)
+        )
+
+    def _trace(self, arrivals: Arrivals, seed: int) -> list[float]:
+        s = self.settings
+        n = min(
+            4 * s.arrivals_per_trace,
+            max(s.arrivals_per_trace, int(arrivals.rate_per_s * s.min_trace_s)),
+        )
+        cv2 = min(max(arrivals.cv2, 0.05), 20.0)
+        rng = np.random.default_rng(seed)
+        gaps = rng.gamma(1.0 / cv2, cv2 / arrivals.rate_per_s, size=n)
+        return np.cumsum(gaps).tolist()
+
+    def _service_for(
+        self, config: Config, rows_per_request: float
+    ) -> tuple[ServiceTimes, float, bool] | None:
+        """Service times for ``config``'s threads, in requests per batch: measured when that
+        setting was, else derived from the nearest measured one (with its uncertainty)."""
+        setting = (config.concurrency, config.intra_op_threads)
+        known = self.measured_settings()
+        if not known:
+            return None
+        if setting in known:
+            source, scale, rel = setting, 1.0, 0.0
+        else:
+            source = min(known, key=lambda k: (abs(k[0] - setting[0]) + abs(k[1] - setting[1]), k))
+            scale, rel = self._scale(source, setting), self.settings.unmeasured_rel
+        rows = max(rows_per_request, 1.0)
+        per_request = {
+            max(1, int(size / rows)): [t * scale for t in seconds]
+            for size, seconds in self._samples[source].items()
+        }
+        times = ServiceTimes({setting: per_request}, per_batch_s=self.settings.per_batch_s)
+        return times, rel, rel == 0.0
+
+    def _scale(self, source: ThreadSetting, target: ThreadSetting) -> float:
+        """How much slower one batch runs under ``target`` than under ``source``: the cores'
+        time-slicing between all threads, and the intra-op speed-up."""
+
+        def slowdown(c: int, t: int) -> float:
+            return max(1.0, c * t / self.cores) * t**-self.settings.intra_op_speedup
+
+        return slowdown(*target) / slowdown(*source)

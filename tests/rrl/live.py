@@ -1,0 +1,138 @@
+"""A live gateway for the online agent's tests: the gateway itself, open-loop Poisson load with a
+generous explicit deadline, decision logs, and an agent built by hand on a running service."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from gateway.main import Gateway
+from gateway.settings import GatewaySettings
+from gateway.tuning import TunedService
+from rrl.measurement import Measurement
+from rrl.online import AgentSettings, ModelAgent
+from rrl.space import ConfigSpace
+from rrl.workload import WorkloadState
+
+# Every request carries a 30 s deadline: these tests check what the agent does and that no
+# request fails because of a knob change, not the SLO (the load is generated on the gateway's
+# own event loop, so on a busy machine the model's 100 ms would refuse requests for nothing).
+DEADLINE_US = 30_000_000
+BODY = {
+    "inputs": [{"name": "features", "shape": [1, 32], "datatype": "FP32", "data": [0.25] * 32}],
+    "parameters": {"timeout": DEADLINE_US},
+}
+# Two configurations that differ in the batch size only: no rebuild between them.
+TINY = ConfigSpace(
+    batch_sizes=(1, 2),
+    timeouts_ms=(0.0,),
+    concurrency=(1,),
+    intra_op_threads=(1,),
+    inter_op_threads=(1,),
+)
+# The batch size axis alone, 1..128.
+BATCHES = ConfigSpace(
+    batch_sizes=tuple(2**i for i in range(8)),
+    timeouts_ms=(0.0,),
+    concurrency=(1,),
+    intra_op_threads=(1,),
+    inter_op_threads=(1,),
+)
+
+
+@contextlib.asynccontextmanager
+async def gateway(repo: Path, tmp: Path, **tuner: Any) -> AsyncIterator[Gateway]:
+    settings = GatewaySettings.load(
+        http={"port": 0, "host": "127.0.0.1"},
+        serving={"model_repo": repo, "cache_dir": tmp / "cache"},
+        mqtt={"enabled": False},
+        tuner={"enabled": True, "models": ["sensor_mlp"], **tuner},
+    )
+    gw = Gateway(settings)
+    await gw.start(wait_ready=True)
+    try:
+        yield gw
+    finally:
+        await gw.stop()
+
+
+async def poisson_load(
+    url: str, rate_per_s: float, seconds: float, seed: int = 0
+) -> dict[int, int]:
+    """Open-loop Poisson arrivals of single-row requests; returns the count per HTTP status
+    (and fails with the bodies of the first refusals, if any)."""
+    statuses: dict[int, int] = {}
+    reasons: list[str] = []
+    rng = np.random.default_rng(seed)
+    pending: set[asyncio.Task[None]] = set()
+    async with aiohttp.ClientSession() as http:
+
+        async def one() -> None:
+            async with http.post(f"{url}/v2/models/sensor_mlp/infer", json=BODY) as r:
+                body = await r.read()
+                statuses[r.status] = statuses.get(r.status, 0) + 1
+                if r.status != 200:
+                    reasons.append(body.decode(errors="replace"))
+
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            task = asyncio.create_task(one())
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+            await asyncio.sleep(float(rng.exponential(1.0 / rate_per_s)))
+        await asyncio.gather(*pending)
+    assert not reasons, reasons[:5]
+    return statuses
+
+
+async def tuner_state(url: str, model: str = "sensor_mlp") -> dict[str, Any]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{url}/admin/tuner/{model}?decisions=1000") as r,
+    ):
+        assert r.status == 200
+        return dict(await r.json())
+
+
+async def started(gw: Gateway, model: str = "sensor_mlp") -> ModelAgent:
+    """The gateway's agent once it has loaded its priors and applied its start."""
+    assert gw.tuning is not None
+    agent = gw.tuning.agent(model)
+    await asyncio.wait_for(agent.started.wait(), timeout=120.0)
+    return agent
+
+
+def measurement(p95_ms: float, violations: int = 0, n: int = 100) -> Measurement:
+    return Measurement(
+        duration_s=2.0,
+        offered=n,
+        completed=n,
+        p50_ms=p95_ms / 2,
+        p95_ms=p95_ms,
+        p99_ms=p95_ms,
+        slo_violations=violations,
+        rejected=0,
+    )
+
+
+def hand_built_agent(gw: Gateway, space: ConfigSpace, **settings: Any) -> ModelAgent:
+    """An agent on the gateway's service, not started: its rules driven step by step."""
+    agent = ModelAgent(
+        TunedService(gw.service),
+        "sensor_mlp",
+        space=space,
+        slo_ms=100.0,
+        cores=2,
+        settings=AgentSettings(**{"algorithm": "rrl", **settings}),
+    )
+    agent.current = agent.incumbent = space.at(0)
+    agent.workload = WorkloadState(5)
+    agent.tuner.set_workload(agent.workload)
+    return agent
