@@ -37,9 +37,18 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
 class GatewayMetrics:
+    """Every metric of a gateway, declared by area: requests and batches, the guards that bound
+    them, the online tuner, the transports."""
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
+        self._requests(self.registry)
+        self._batches_and_models(self.registry)
+        self._guards(self.registry)
+        self._tuner(self.registry)
+        self._transports(self.registry)
+
+    def _requests(self, r: CollectorRegistry) -> None:
         self.requests = Counter(
             "iotgw_requests",
             "Inference requests by model, transport and outcome.",
@@ -80,6 +89,8 @@ class GatewayMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+
+    def _batches_and_models(self, r: CollectorRegistry) -> None:
         self.batch_size = Histogram(
             "iotgw_batch_rows",
             "Rows per batch.",
@@ -105,6 +116,8 @@ class GatewayMetrics:
             ["model", "version"],
             registry=r,
         )
+
+    def _guards(self, r: CollectorRegistry) -> None:
         self.batch_watchdog = Counter(
             "iotgw_batch_watchdog",
             "Batches the watchdog gave up on (runtime call past serving.batch_watchdog_s); each "
@@ -125,7 +138,8 @@ class GatewayMetrics:
             registry=r,
         )
 
-        # The online tuner's state (gateway.tuning), per tuned model.
+    def _tuner(self, r: CollectorRegistry) -> None:
+        """The online tuner's state (gateway.tuning), per tuned model."""
         self.tuner_decisions = Counter(
             "iotgw_tuner_decisions",
             "Tuner decisions by kind (explore, exploit, backoff, veto, hold, drain, idle, "
@@ -161,8 +175,9 @@ class GatewayMetrics:
             registry=r,
         )
 
-        # The MQTT adapter's connection (gateway.mqtt); refusals are iotgw_error_replies_total
-        # with transport="mqtt".
+    def _transports(self, r: CollectorRegistry) -> None:
+        """The MQTT adapter's connection (gateway.mqtt; refusals are iotgw_error_replies_total
+        with transport="mqtt") and the ingest processes (gateway.ingest)."""
         self.mqtt_connected = Gauge(
             "iotgw_mqtt_connected",
             "1 while the gateway is connected to its broker and subscribed to the requests.",
