@@ -107,14 +107,8 @@ class ModelHost:
         self._metrics = metrics
         self._labels = (name, str(version))
         b = config.batching
-        self._knobs = Knobs(
-            max_batch_size=b.max_batch_size,
-            batch_timeout_s=b.batch_timeout_ms / 1000.0,
-            concurrency=b.concurrency,
-            intra_op_threads=b.intra_op_threads,
-            inter_op_threads=b.inter_op_threads,
-        )
         self.limits = limits or KnobLimits(max_batch_size=config.max_batch_size)
+        self._knobs = _configured_knobs(config)
         if knobs is not None:  # a reload keeps the knobs the tuner or an operator chose
             self._knobs = _carried(self._knobs, knobs, self.limits)
         warm_rows = tuple(sorted({1, b.max_batch_size}))
@@ -138,11 +132,7 @@ class ModelHost:
         )
         self._replacing: set[asyncio.Task[None]] = set()
         self._knob_lock = asyncio.Lock()
-        self._request_children: dict[tuple[str, str], tuple[Any, Any]] = {}
-        self._batch_rows = metrics.batch_size.labels(*self._labels)
-        self._compute_seconds = metrics.compute_seconds.labels(*self._labels)
-        self._queue_seconds = metrics.queue_seconds.labels(*self._labels)
-        self._queue_depth_gauge = metrics.queue_depth.labels(*self._labels)
+        self._bind_metrics(metrics)
         # (completion time, latency s, rows, violated SLO) of recent requests.
         self._done: deque[tuple[float, float, int, bool]] = deque(maxlen=_STATS_WINDOW)
         self._rejected: deque[float] = deque(maxlen=_STATS_WINDOW)
@@ -151,6 +141,14 @@ class ModelHost:
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
+
+    def _bind_metrics(self, metrics: GatewayMetrics) -> None:
+        # The labelled children are looked up once: ``labels()`` costs a dict walk per call.
+        self._request_children: dict[tuple[str, str], tuple[Any, Any]] = {}
+        self._batch_rows = metrics.batch_size.labels(*self._labels)
+        self._compute_seconds = metrics.compute_seconds.labels(*self._labels)
+        self._queue_seconds = metrics.queue_seconds.labels(*self._labels)
+        self._queue_depth_gauge = metrics.queue_depth.labels(*self._labels)
 
     @property
     def metadata(self) -> ModelMetadata:
@@ -394,6 +392,17 @@ class ModelHost:
 
     def _describe(self) -> str:
         return ", ".join(f"{k}={v:g}" for k, v in self._knobs.as_dict().items())
+
+
+def _configured_knobs(config: ModelConfig) -> Knobs:
+    b = config.batching
+    return Knobs(
+        max_batch_size=b.max_batch_size,
+        batch_timeout_s=b.batch_timeout_ms / 1000.0,
+        concurrency=b.concurrency,
+        intra_op_threads=b.intra_op_threads,
+        inter_op_threads=b.inter_op_threads,
+    )
 
 
 def _carried(configured: Knobs, previous: Knobs, limits: KnobLimits) -> Knobs:
