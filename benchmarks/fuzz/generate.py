@@ -8,7 +8,8 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
 from benchmarks.fuzz.cases import Case
-from benchmarks.fuzz.strategies import http_cases, mqtt_cases
+from benchmarks.fuzz.mqtt_strategies import mqtt_cases
+from benchmarks.fuzz.strategies import http_cases
 
 
 def chunk_seed(run_seed: int, transport: str, index: int) -> int:

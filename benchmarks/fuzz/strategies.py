@@ -1,7 +1,8 @@
 """Hypothesis strategies for bad (and some good) gateway input: Open Inference Protocol JSON and
 its mutations, TF Serving JSON, the binary tensor extension with lying lengths, raw bytes, and
-on MQTT the topic and the MQTT 5 properties. ``http_cases()`` and ``mqtt_cases()`` are the two
-entry points; each draws a family by name so the mix is explicit and every case is labelled.
+on MQTT the topic and the MQTT 5 properties (``benchmarks.fuzz.mqtt_strategies``). ``http_cases()``
+and ``mqtt_strategies.mqtt_cases()`` are the two entry points; each draws a family by name so
+the mix is explicit and every case is labelled.
 
 Deeply nested or very large pieces are built from a drawn size, not element by element, so that
 hypothesis's per-example choice budget goes to the structure, not to filler.
@@ -21,13 +22,8 @@ from benchmarks.fuzz.cases import (
     HEADER_LENGTH,
     INPUT,
     MODEL,
-    PREFIX,
-    REPLY_ROOT,
-    SEQ,
     HttpCase,
-    MqttCase,
     oipb_frame,
-    request_topic,
 )
 
 Draw = Callable[[st.SearchStrategy[Any]], Any]
@@ -366,7 +362,7 @@ def tfs_body(draw: Draw) -> bytes:
 
 # -- cases per transport --------------------------------------------------------------------
 
-_BODIES: dict[str, Callable[[Draw], bytes]] = {
+BODIES: dict[str, Callable[[Draw], bytes]] = {
     "oip/valid": lambda draw: dumps(valid_doc(draw)),
     "oip/mutated": oip_mutated,
     "oip/shapes": oip_shapes,
@@ -380,7 +376,7 @@ _BODIES: dict[str, Callable[[Draw], bytes]] = {
 }
 # How often each body family is drawn (out of the list's length, plus the transport's own).
 _WEIGHTS = {"oip/mutated": 8, "oip/valid": 3, "oip/tokens": 3, "oip/shapes": 3, "nesting": 3}
-_MIX = [f for f in _BODIES for _ in range(_WEIGHTS.get(f, 2)) if f != "oversize"] + ["oversize"]
+MIX = [f for f in BODIES for _ in range(_WEIGHTS.get(f, 2)) if f != "oversize"] + ["oversize"]
 _HTTP_PATHS = st.sampled_from(
     [f"/v2/models/{MODEL}/infer"] * 6
     + [
@@ -395,7 +391,7 @@ _HTTP_PATHS = st.sampled_from(
 
 @st.composite
 def http_cases(draw: Draw) -> HttpCase:
-    family = draw(st.sampled_from(_MIX + ["binary"] * 4 + ["tfs"] * 4))
+    family = draw(st.sampled_from(MIX + ["binary"] * 4 + ["tfs"] * 4))
     if family == "binary":
         return http_binary(draw)
     if family == "tfs":
@@ -406,7 +402,7 @@ def http_cases(draw: Draw) -> HttpCase:
             )
         )
         return HttpCase("tfs", path, tfs_body(draw))
-    body = _BODIES[family](draw)
+    body = BODIES[family](draw)
     path = draw(_HTTP_PATHS)
     if family in ("raw_bytes", "json_any") and draw(st.integers(0, 3)) == 0:
         path = f"/v1/models/{MODEL}:predict"
@@ -414,100 +410,3 @@ def http_cases(draw: Draw) -> HttpCase:
     if draw(st.integers(0, 7)) == 0:
         headers = ((HEADER_LENGTH, str(draw(st.integers(-5, len(body) + 5)))),)
     return HttpCase(family, path, body, headers)
-
-
-# -- MQTT topics and properties -------------------------------------------------------------
-
-_TOPIC_KINDS = ["ok"] * 8 + [
-    "unknown_model",
-    "empty_device",
-    "empty_model",
-    "levels",
-    "long",
-    "unicode",
-]
-
-
-def topic_template(draw: Draw) -> tuple[str, str]:
-    """(kind, topic): the request topic, right or wrong. The device always carries {n}."""
-    kind = draw(st.sampled_from(_TOPIC_KINDS))
-    device = f"fz{SEQ}"
-    if kind == "unknown_model":
-        return kind, request_topic(draw(st.sampled_from(["nope", "SENSOR_MLP", "é"])), device)
-    if kind == "empty_device":
-        return kind, request_topic(MODEL, "")
-    if kind == "empty_model":
-        return kind, request_topic("", device)
-    if kind == "levels":
-        return kind, draw(
-            st.sampled_from(
-                [
-                    f"{PREFIX}/infer/{MODEL}/req/{device}/extra",
-                    f"{PREFIX}/infer/{MODEL}/req",
-                    f"{PREFIX}/infer/{MODEL}/res/{device}x",
-                    f"{PREFIX}/infer/{MODEL}/{device}",
-                    f"{PREFIX}/infer/{MODEL}/REQ/{device}",
-                    f"{PREFIX}//infer/{MODEL}/req/{device}",
-                ]
-            )
-        )
-    if kind == "long":
-        return kind, request_topic(MODEL, device + "d" * draw(st.sampled_from([200, 5000, 60000])))
-    if kind == "unicode":
-        text = draw(TEXT.filter(lambda t: "/" not in t and "+" not in t and "#" not in t))
-        return kind, request_topic(MODEL, f"{device}{text}")
-    return kind, request_topic(MODEL, device)
-
-
-def response_topic(draw: Draw) -> str | None:
-    """A Response Topic in the device's reply namespace (``<prefix>/infer/<model>/res/<device>``
-    and below), or outside it: elsewhere, another device's, with wildcards, the gateway's own
-    request topic (a reply loop), empty."""
-    own = f"{PREFIX}/infer/{MODEL}/res/fz{SEQ}"
-    return draw(
-        st.sampled_from(
-            [
-                f"{own}/r",
-                f"{own}/r",
-                own,
-                f"{own}/" + "x/" * 200,
-                f"{own}/é😀",
-                f"{own}/+",
-                f"{own}/#",
-                f"{REPLY_ROOT}/{SEQ}/r",
-                f"{PREFIX}/infer/{MODEL}/res/other{SEQ}",  # another device's namespace
-                f"{PREFIX}/infer/{MODEL}/req/loop{SEQ}",  # a request topic: a reply loop
-                "",
-            ]
-        )
-        | st.none()
-    )
-
-
-@st.composite
-def mqtt_cases(draw: Draw) -> MqttCase:
-    family = draw(st.sampled_from(_MIX + ["frame"] * 4))
-    payload = mqtt_frame(draw) if family == "frame" else _BODIES[family](draw)
-    kind, topic = topic_template(draw)
-    if kind != "ok":
-        family = f"{family}+topic/{kind}"
-    if not draw(st.booleans()):
-        return MqttCase(family, False, topic, payload)
-    user = draw(st.sampled_from([(), (("k", "v"),), (("status", "500"),) * 3])) or ()
-    if draw(st.integers(0, 9)) == 0:
-        user = tuple((f"k{i}", "v" * 100) for i in range(draw(st.integers(10, 200))))
-    return MqttCase(
-        family,
-        True,
-        topic,
-        payload,
-        response_topic=response_topic(draw),
-        correlation=draw(st.none() | st.binary(max_size=16) | st.just(b"c" * 65_000)),
-        content_type=draw(
-            st.none()
-            | st.sampled_from(["application/json", "application/vnd.iotgw.oip+binary"])
-            | TEXT
-        ),
-        expiry_s=draw(st.none() | st.sampled_from([0, 1, 2**32 - 1])),
-        user_properties=user,
-    )
