@@ -72,13 +72,15 @@ def screen(
     configs: Iterable[Config],
     keep: int,
     kappa: float = 2.0,
+    length: int = 200,
 ) -> list[Config]:
     """The ``keep`` configurations with the lowest pessimistic objective (predicted from one
-    trace each, plus ``kappa`` standard deviations): a configuration predicted a hair better
-    under threads never measured does not crowd out one the model knows."""
+    trace of ``length`` arrivals each, plus ``kappa`` standard deviations): a configuration
+    predicted a hair better under threads never measured does not crowd out one the model
+    knows."""
     scored = []
     for config in configs:
-        p = model.predict(config, arrivals, replicas=1)
+        p = model.predict(config, arrivals, replicas=1, length=length)
         if p is not None:
             # Ties (at a trickle every eager configuration forms the same batches) go to the
             # larger max batch: it keeps up when a burst comes, batch 1 does not.

@@ -211,7 +211,15 @@ class Policy:
             or key != last_key
             or bucket != arrivals.bucket()
         ):
-            grid = [c for c in self.space if c.inter_op_threads == self.space.inter_op_threads[0]]
+            # One inter-op thread (the served graphs are chains), and the timeouts of eager
+            # batching and of the incumbent: a few dozen configurations, a few ms each.
+            timeouts = {0.0, self.incumbent.batch_timeout_ms}
+            grid = [
+                c
+                for c in self.space
+                if c.inter_op_threads == self.space.inter_op_threads[0]
+                and c.batch_timeout_ms in timeouts
+            ]
             gate = self.settings.gate
             self._shortlist = screen(self.queue_model, arrivals, grid, gate.shortlist, gate.kappa)
             self._screened = (now, key, arrivals.bucket())

@@ -82,9 +82,7 @@ class ModelSettings:
     replicas: int = 3
     """Independent traces per prediction: their spread is the sampling uncertainty."""
     arrivals_per_trace: int = 600
-    min_trace_s: float = 2.0
-    """A trace covers at least this long (at a trickle, fewer arrivals than ``arrivals_per_trace``
-    would otherwise span minutes)."""
+    """Arrivals per trace (the screening of the whole grid uses a third as many)."""
     samples_kept: int = 60
     """Service times kept per (thread setting, batch bucket)."""
     residuals_kept: int = 12
@@ -169,7 +167,12 @@ class QueueModel:
     # -- prediction ---------------------------------------------------------------------------
 
     def predict(
-        self, config: Config, arrivals: Arrivals, *, replicas: int | None = None
+        self,
+        config: Config,
+        arrivals: Arrivals,
+        *,
+        replicas: int | None = None,
+        length: int | None = None,
     ) -> Prediction | None:
         """``config``'s figures under ``arrivals``; None before any service time is known."""
         derived = self._service_for(config, arrivals.rows_per_request)
@@ -187,7 +190,7 @@ class QueueModel:
         )
         figures = []
         for seed in range(replicas or self.settings.replicas):
-            trace = self._trace(arrivals, seed)
+            trace = self._trace(arrivals, seed, length or self.settings.arrivals_per_trace)
             lat = np.asarray(simulate(trace, as_requests, times, slo_s=slo_s, seed=seed))
             figures.append(self._figures(config, lat, slo_s))
         p95 = float(np.mean([f[0] for f in figures])) + self.offset_ms()
@@ -228,12 +231,7 @@ class QueueModel:
             - self._objective(config, p95_ms, violating)
         )
 
-    def _trace(self, arrivals: Arrivals, seed: int) -> list[float]:
-        s = self.settings
-        n = min(
-            4 * s.arrivals_per_trace,
-            max(s.arrivals_per_trace, int(arrivals.rate_per_s * s.min_trace_s)),
-        )
+    def _trace(self, arrivals: Arrivals, seed: int, n: int) -> list[float]:
         cv2 = min(max(arrivals.cv2, 0.05), 20.0)
         rng = np.random.default_rng(seed)
         gaps = rng.gamma(1.0 / cv2, cv2 / arrivals.rate_per_s, size=n)

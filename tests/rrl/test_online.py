@@ -90,7 +90,7 @@ async def test_the_gate_tries_only_what_it_predicts_a_clear_gain_for(
     async with gateway(mlp_repo, tmp_path, interval_s=0.5) as gw:
         agent = await started(gw)
         url = f"http://127.0.0.1:{gw.http_port}"
-        statuses = await poisson_load(url, rate_per_s=120, seconds=12)
+        statuses = await poisson_load(url, rate_per_s=120, seconds=15)
         state = await tuner_state(url)
         async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as r:
             metrics = await r.text()
