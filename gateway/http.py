@@ -163,6 +163,7 @@ async def model_ready(request: web.Request) -> web.Response:
 async def model_config(request: web.Request) -> web.Response:
     view = request.app[SERVICE_KEY].describe(request.match_info["model"], _version(request))
     knobs = view.knobs
+    plan = view.metadata.serving_plan if view.metadata is not None else None
     return _json(
         {
             "name": view.name,
@@ -180,6 +181,8 @@ async def model_config(request: web.Request) -> web.Response:
                 "intra_op_threads": knobs.intra_op_threads,
                 "inter_op_threads": knobs.inter_op_threads,
             },
+            # How each quantized tensor runs (None for a model with no quantized weights).
+            "serving_plan": plan.as_doc() if plan is not None else None,
         }
     )
 

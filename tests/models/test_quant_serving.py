@@ -110,3 +110,18 @@ def test_quantized_models_answer_like_their_runtime(
         runtime.close()
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
     assert np.allclose(got.sum(axis=1), 1.0, atol=1e-5)  # softmax rows
+
+
+@pytest.mark.parametrize("name", ["vision_cnn_int4", "vision_cnn_int4_tf", "vision_cnn"])
+def test_model_config_shows_the_serving_plan(name: str, default_gateway: str) -> None:
+    """``/v2/models/{m}/config`` carries how each quantized tensor runs, as ``iotgw inspect
+    --plan`` prints it; a float model has none."""
+    config = _request(f"{default_gateway}/v2/models/{name}/config")
+    plan = config["serving_plan"]
+    if name == "vision_cnn":
+        assert plan is None
+        return
+    assert plan["runtime"] == ("tensorflow" if name.endswith("_tf") else "onnxruntime")
+    assert plan["budget"] == 0.5  # the serve default
+    ways = {t["way"] for t in plan["tensors"]}
+    assert ways and ways <= {"packed", "graph", "load"}
