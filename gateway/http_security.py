@@ -7,7 +7,8 @@ how long a first request head may take). What it lacks is written here as middle
 
 - tokens: ``/admin`` and ``/v2/repository/models/...`` (load, unload: admin token),
   ``/v2/models/...``, ``/v2/repository/index``, ``/v1/...`` (inference token) and ``/metrics``
-  (metrics token); ``/v2`` and ``/v2/health/*`` stay open for probes. The route that matched decides, not the raw path, so no spelling of a path slips by.
+  (metrics token); ``/v2`` and ``/v2/health/*`` stay open for probes. The route that matched
+  decides, not the raw path, so no spelling of a path slips by.
 - a connection cap: the connections accepted first are served; a request on one beyond
   ``max_connections`` gets 503 with ``Retry-After`` and the connection is closed. A reply says
   "overloaded, come back" where a reset would look like a network fault that a client retries at
