@@ -136,6 +136,14 @@ def decide(
         )
         return Verdict(inc, None, None, 0.0, 0.0, considered, reason)
     gain, bound, needed, p = best
+    return _verdict(inc, p, gain, bound, needed, considered)
+
+
+def _verdict(
+    inc: Prediction, p: Prediction, gain: float, bound: float, needed: float, considered: int
+) -> Verdict:
+    """The best candidate is tried when its gain clears both its uncertainty and what a switch
+    must earn; the reason says which held."""
     tried = gain > bound and gain > needed
     if tried:
         reason = (
