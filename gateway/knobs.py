@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -47,7 +48,7 @@ KNOB_NAMES = (
 )
 
 
-def apply_changes(current: Knobs, changes: dict[str, Any], limits: KnobLimits) -> Knobs:
+def apply_changes(current: Knobs, changes: Mapping[str, Any], limits: KnobLimits) -> Knobs:
     """Validate ``changes`` (wire names, timeout in ms) and return the new knobs."""
     unknown = sorted(set(changes) - set(KNOB_NAMES))
     if unknown:

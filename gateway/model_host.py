@@ -9,6 +9,7 @@ import logging
 import stat
 import time
 from collections import deque
+from collections.abc import Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -247,7 +248,7 @@ class ModelHost:
         self._done.append((finished, latency, rows, latency > self.config.slo_ms / 1000.0))
         return result
 
-    async def set_knobs(self, changes: dict[str, object]) -> Knobs:
+    async def set_knobs(self, changes: Mapping[str, object]) -> Knobs:
         """Apply knob changes; returns once every change is in effect. Request-level knobs take
         effect from the next batch; thread and concurrency changes swap runtime instances."""
         async with self._knob_lock:

@@ -392,7 +392,7 @@ class InferenceService:
         return self.host(model, version).knobs
 
     async def set_knobs(
-        self, model: str, version: int | str | None, changes: dict[str, object]
+        self, model: str, version: int | str | None, changes: Mapping[str, object]
     ) -> Knobs:
         host = self.host(model, version)
         if not host.ready:

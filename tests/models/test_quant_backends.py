@@ -17,6 +17,7 @@ from models.checkpoint import QuantizedTensor, load_checkpoint, save_checkpoint
 from models.demo import QUANTIZED_DEMO_MODELS, DemoModel
 from models.repository import ModelConfig, ModelVersion
 from models.runtime import ModelLoadError, Runtime, Threads
+from models.serving_plan import Way
 from models.zoo import (
     SENSOR_FUSION,
     SENSOR_MLP,
@@ -445,7 +446,7 @@ def test_onnxruntime_im2col_convolutions_use_matmul_nbits(spec: ModelSpec, bits:
     assert all(isinstance(k, QuantizedTensor) for k in kernels)
     weights = sum(k.data.codes.size for k in kernels if isinstance(k, QuantizedTensor))
     for level, tolerance in ((0, SUMMATION_TOLERANCE), (4, IM2COL_INT8_ACTIVATION_TOLERANCE)):
-        packed = {i: "packed" for i, p in enumerate(params) if p is not None}
+        packed: dict[int, Way] = {i: "packed" for i, p in enumerate(params) if p is not None}
         model = build_onnx(spec, params, accuracy_level=level, ways=packed)
         ops = [n.op_type for n in model.graph.node]
         assert ops.count("MatMulNBits") == convs + dense
