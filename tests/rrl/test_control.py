@@ -29,8 +29,11 @@ async def test_the_gateway_service_is_a_model_control(mlp_repo: Path) -> None:
         assert current_config(control, "sensor_mlp", space) == Config(32, 1.0, 1, 1, 1)
 
         async def one() -> None:
+            # A generous deadline: a session rebuild on a busy machine may take longer than the
+            # model's 100 ms SLO, which must not refuse requests in a test of the control path.
             x = np.zeros((1, 32), dtype=np.float32)
-            await service.infer(InferenceRequest("sensor_mlp", {"features": x}), transport="test")
+            request = InferenceRequest("sensor_mlp", {"features": x}, timeout_s=30.0)
+            await service.infer(request, transport="test")
 
         target = Config(8, 0.0, 2, 2, 1)
         # Requests keep flowing while the threads change (instances rebuilt and swapped).
@@ -41,8 +44,8 @@ async def test_the_gateway_service_is_a_model_control(mlp_repo: Path) -> None:
         assert current_config(control, "sensor_mlp", space) == target
         await asyncio.gather(*(one() for _ in range(20)))
         m = measure(control, "sensor_mlp", 30.0)
-        assert m.offered == m.completed == 60
-        assert m.slo_violations == 0 and m.p95_ms > 0
+        assert m.offered == m.completed == 60 and m.rejected == 0  # none lost to the rebuild
+        assert m.p95_ms > 0 and m.p50_ms <= m.p95_ms <= m.p99_ms
     finally:
         await service.close()
         executor.shutdown()

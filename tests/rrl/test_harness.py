@@ -67,11 +67,12 @@ def test_waiting_requests_leave_in_full_batches() -> None:
 
 
 def test_the_timeout_bounds_the_wait_for_a_batch_to_fill() -> None:
-    # One request every 40 ms, batches of up to 8, a 130 ms timeout: each batch holds the first
-    # request and the three that arrive within 130 ms of it.
+    # One request every 100 ms, batches of up to 8, a 350 ms timeout: each batch holds the first
+    # request and the three that arrive within 350 ms of it (50 ms from either edge, so a busy
+    # machine waking the dispatcher late does not move a request across it).
     rt = Recorder(0.0)
-    arrivals = np.arange(12) * 0.04
-    _serve([rt], arrivals, max_batch_size=8, batch_timeout_s=0.13, slo_s=5.0)
+    arrivals = np.arange(12) * 0.1
+    _serve([rt], arrivals, max_batch_size=8, batch_timeout_s=0.35, slo_s=5.0)
     assert rt.batches == [4, 4, 4]
     rt = Recorder(0.0)
     _serve([rt], arrivals, max_batch_size=8, batch_timeout_s=0.0, slo_s=5.0)
@@ -79,7 +80,7 @@ def test_the_timeout_bounds_the_wait_for_a_batch_to_fill() -> None:
 
 
 def test_requests_past_their_deadline_are_dropped_not_served() -> None:
-    rt = Recorder(0.1)
+    rt = Recorder(0.4)  # the deadline passes 350 ms before the first batch is done
     (w,) = _serve([rt], np.zeros(4), max_batch_size=1, batch_timeout_s=0.0, slo_s=0.05)
     assert rt.batches == [1]  # the others expired while the first one computed
     assert (w.completed, w.rejected, w.violations) == (1, 3, 4)  # the served one was late too
