@@ -8,12 +8,24 @@ An HTML comment on the line before a fence steers the doc test, clauses separate
 - ``replace OLD => NEW``: run with OLD replaced (shorter durations, the test's broker);
 - ``expect REGEX``: what the block prints must contain a match (one clause per check);
 - ``file NAME``: a non-shell block written to NAME in the folder the file's commands run in;
-- ``timeout SECONDS``: the block's limit (default ``DEFAULT_TIMEOUT_S``).
+- ``timeout SECONDS``: the block's limit (default ``DEFAULT_TIMEOUT_S``);
+- ``env NAME=VALUE``: run with NAME set in the environment (a gateway's port, say);
+- ``prepare NAME``: before the block, ``python -m tests.docs.inputs NAME`` writes input files
+  (a checkpoint, a model) in the page's folder, made from code;
+- ``until REGEX``: a block that does not end by itself (a server) passes once its output
+  (stdout and stderr together) matches, and is then stopped;
+- ``background``: with ``until``, left running for the page's later blocks, stopped after the
+  page's last one.
+
+In the NEW of ``replace`` and the VALUE of ``env``, ``{port:NAME}`` is a free port (the same for
+one NAME on a page), ``{broker}`` the URL of a real Mosquitto started for the page, and
+``{demo_repo}`` the demo model repository the test's own gateway serves.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +53,10 @@ class Block:
     expect: list[str] = field(default_factory=list)
     file: str | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
+    env: list[tuple[str, str]] = field(default_factory=list)
+    prepare: list[str] = field(default_factory=list)
+    until: str | None = None
+    background: bool = False
 
     @property
     def where(self) -> str:
@@ -50,13 +66,17 @@ class Block:
     def runs(self) -> bool:
         return self.lang in SHELL and self.skip is None
 
-    def command(self) -> str:
+    def command(self, expand: Callable[[str], str] = str) -> str:
+        """The block's text with its replacements, their placeholders filled by ``expand``."""
         text = self.text
         for old, new in self.replace:
             if old not in text:
                 raise ValueError(f"{self.where}: 'replace {old}' matches nothing in the block")
-            text = text.replace(old, new)
+            text = text.replace(old, expand(new))
         return text
+
+    def environment(self, expand: Callable[[str], str] = str) -> dict[str, str]:
+        return {name: expand(value) for name, value in self.env}
 
 
 def blocks(path: Path) -> list[Block]:
@@ -95,5 +115,14 @@ def _apply(block: Block, directive: str) -> None:
             block.file = rest
         elif word == "timeout" and rest:
             block.timeout_s = float(rest)
+        elif word == "env" and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", rest):
+            name, _, value = rest.partition("=")
+            block.env.append((name, value))
+        elif word == "prepare" and rest:
+            block.prepare.append(rest)
+        elif word == "until" and rest:
+            block.until = rest
+        elif clause == "background":
+            block.background = True
         else:
             raise ValueError(f"{block.where}: unknown doctest clause {clause!r}")
