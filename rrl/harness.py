@@ -127,10 +127,7 @@ class ServingHarness:
                 continue
             self._jobs[worker].put((nxt, end))
             nxt = end
-        for _ in self._runtimes:  # wait until every instance is idle again
-            self._idle.get()
-        for i in range(len(self._runtimes)):
-            self._idle.put(i)
+        self._wait_idle()
         cpu_marks.join()
         if self._error is not None:
             raise self._error
@@ -148,6 +145,13 @@ class ServingHarness:
             slo_s * 1000.0,
             float(np.mean(self._batch_rows)) if self._batch_rows else 0.0,
         )
+
+    def _wait_idle(self) -> None:
+        """Until every instance is idle again (each one's token back in the idle queue)."""
+        for _ in self._runtimes:
+            self._idle.get()
+        for i in range(len(self._runtimes)):
+            self._idle.put(i)
 
 
 class _CpuSampler(threading.Thread):

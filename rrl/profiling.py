@@ -137,13 +137,7 @@ def profile_model(
     the machine lands on one pass of a cell and not on all of its windows."""
     space = grid(plan.grid, cores, version.config.max_batch_size)
     doc = _new_document(version, plan, timing, space, cores)
-    done: dict[Key, dict[str, Any]] = {}
-    if resume and out_path.exists():
-        old = json.loads(out_path.read_text())
-        if old.get("space") == doc["space"] and old.get("loads") == doc["loads"]:
-            done = {(tuple(c["config"]), c["load"]): _resumed(c) for c in old["cells"]}
-            doc["load_conditions"] = old.get("load_conditions", doc["load_conditions"])
-            log.info("%s: resuming with %d cells measured", plan.model, len(done))
+    done = _resume(out_path, doc, plan.model) if resume else {}
     rng = np.random.default_rng(seed)
     groups = [
         (c, i, o)
@@ -172,18 +166,10 @@ def profile_model(
                 {"pass": pass_ + 1, "group": [conc, intra, inter], "load_average": _loadavg()}
             )
             _write(out_path, doc, complete=False)
-            log.info(
-                "%s: pass %d/%d, group %d/%d (conc=%d intra=%d inter=%d) done, %.0f s elapsed",
-                plan.model,
-                pass_ + 1,
-                timing.passes,
-                g + 1,
-                len(groups),
-                conc,
-                intra,
-                inter,
-                time.monotonic() - started,
-            )
+            elapsed = time.monotonic() - started
+            where = f"pass {pass_ + 1}/{timing.passes}, group {g + 1}/{len(groups)}"
+            group = f"conc={conc} intra={intra} inter={inter}"
+            log.info("%s: %s (%s) done, %.0f s elapsed", plan.model, where, group, elapsed)
     doc["cells"] = [_cell(k, done[k]) for k in sorted(done)]
     doc["load_conditions"]["load_average_at_end"] = _loadavg()
     doc["elapsed_s"] = round(time.monotonic() - started, 1)
@@ -192,6 +178,19 @@ def profile_model(
 
 
 Key = tuple[tuple[float, ...], int]
+
+
+def _resume(out_path: Path, doc: dict[str, Any], model: str) -> dict[Key, dict[str, Any]]:
+    """The cells an interrupted run of the same grid and loads measured (and its load record)."""
+    if not out_path.exists():
+        return {}
+    old = json.loads(out_path.read_text())
+    if old.get("space") != doc["space"] or old.get("loads") != doc["loads"]:
+        return {}
+    done = {(tuple(c["config"]), c["load"]): _resumed(c) for c in old["cells"]}
+    doc["load_conditions"] = old.get("load_conditions", doc["load_conditions"])
+    log.info("%s: resuming with %d cells measured", model, len(done))
+    return done
 
 
 def _key(b: float, t: float, conc: int, intra: int, inter: int, load: int) -> Key:

@@ -51,6 +51,19 @@ def markdown(
     *,
     quick: bool,
 ) -> str:
+    out = _headline(summary, plan, json_path, quick=quick)
+    out += ["", "Medians pool every static workload of every profiled model (seeds x loads).", ""]
+    out += _model_sections(scenarios, plan, tables)
+    out += _tradeoff_section(scenarios, lipschitz, tradeoff, tables)
+    out += ["", "## Plots", ""]
+    out += [f"![{p.stem}]({p.parent.name}/{p.name})" for p in figures]
+    out.append("")
+    return "\n".join(out)
+
+
+def _headline(
+    summary: dict[str, Any], plan: EvalPlan, json_path: Path, *, quick: bool
+) -> list[str]:
     out = [
         f"# Tuner evaluation on the offline testbed{' (quick mode)' if quick else ''}",
         "",
@@ -75,7 +88,13 @@ def markdown(
             out.append(f"| `{key}` | {_fmt(value)} |")
     for key, value in summary["targets"].items():
         out.append(f"| target: {key.replace('_', ' ')} | {_verdict(value)} |")
-    out += ["", "Medians pool every static workload of every profiled model (seeds x loads).", ""]
+    return out
+
+
+def _model_sections(
+    scenarios: list[dict[str, Any]], plan: EvalPlan, tables: dict[str, ProfileTable]
+) -> list[str]:
+    out: list[str] = []
     for model, table in tables.items():
         out += [f"## {model}", ""]
         out += [
@@ -103,6 +122,16 @@ def markdown(
             out += [f"### Shifting: {names}", ""]
             out += _shifting_table(shifting, len(loads))
             out.append("")
+    return out
+
+
+def _tradeoff_section(
+    scenarios: list[dict[str, Any]],
+    lipschitz: list[dict[str, Any]],
+    tradeoff: list[dict[str, Any]],
+    tables: dict[str, ProfileTable],
+) -> list[str]:
+    out: list[str] = []
     out += ["## The delta trade-off and the Lipschitz bound", ""]
     out += [
         "RRL at each radius delta on the static workloads: measurements until every "
@@ -134,10 +163,7 @@ def markdown(
         )
     out += ["", "Pooled over every static workload above; per workload:", ""]
     out += _tradeoff_table(scenarios, lipschitz, tables)
-    out += ["", "## Plots", ""]
-    out += [f"![{p.stem}]({p.parent.name}/{p.name})" for p in figures]
-    out.append("")
-    return "\n".join(out)
+    return out
 
 
 def _static_table(rows: list[dict[str, Any]]) -> list[str]:
