@@ -99,12 +99,25 @@ async def fetch_metadata(
     async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
         body = await resp.read()
         if resp.status != 200:
-            raise ValueError(f"GET {url} answered {resp.status}: {body[:200]!r}")
+            raise ValueError(f"GET {url} answered {resp.status}: {_error_text(body)}")
     try:
         doc = json.loads(body)
     except json.JSONDecodeError as exc:
         raise ValueError(f"GET {url}: not JSON: {exc}") from None
     return parse_metadata(doc, url)
+
+
+def _error_text(body: bytes) -> str:
+    """What a refusal says: the gateway's ``{"error": ...}`` message, else the body as text
+    (never a bytes literal)."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict) and isinstance(doc.get("error"), str):
+        return str(doc["error"])
+    text = body[:200].decode("utf-8", errors="replace").strip()
+    return text or "(empty body)"
 
 
 def concrete_shape(shape: tuple[int, ...], batch: int) -> tuple[int, ...]:
