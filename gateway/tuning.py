@@ -29,6 +29,7 @@ from gateway.service import InferenceService
 from gateway.settings import TunerSettings
 from models.extras import TUNER_MODULES, install_hint, missing
 from models.machine import usable_cores as _usable_cores
+from rrl.budget import CoreBudget
 from rrl.objective import Objective
 from rrl.online import AgentSettings, Decision, ModelAgent
 from rrl.priors import Priors, load_profile_priors
@@ -83,6 +84,8 @@ class TuningService:
             log.warning("tuner: off, serving the configured knobs: %s", install_hint(absent))
             return
         cores = _usable_cores()
+        # One coordinator for the cores every tuned model shares (rrl.budget).
+        budget = CoreBudget(cores)
         wanted = s.models if s.models is not None else self.service.model_names()
         for name in wanted:
             try:
@@ -124,6 +127,7 @@ class TuningService:
                 priors=self._priors_of(name, host.config.runtime, cores, space)
                 if s.profiles
                 else None,
+                budget=budget,
             )
             self.agents[name] = agent
             self._versions[name] = str(host.version)

@@ -11,6 +11,7 @@ Kinds:
 | ``revert`` | the incumbent again, after a candidate measured worse (or not better) |
 | ``accept`` | the candidate that won its trial, now the incumbent |
 | ``recall`` | the configuration remembered for a workload state that recurred |
+| ``yield`` | fewer threads, for another model the core budget says wants them |
 | ``hold`` | the incumbent while a candidate that rebuilds sessions waits for the pace |
 | ``drain`` | whatever drains a backlog (not learned) |
 | ``idle`` | nothing changes: too little traffic |
@@ -87,3 +88,13 @@ class Step:
     reason: str = ""
     predicted: Prediction | None = None
     gate: Verdict | None = None
+
+
+def log_line(d: Decision) -> str:
+    """One decision on one log line: what ran, predicted, measured, and why."""
+    predicted = "" if d.predicted is None else f" predicted p95={d.predicted.p95_ms:.1f}ms"
+    objective = "" if d.objective is None else f" J={d.objective:.2f}"
+    m = d.measurement
+    seen = "" if m is None else f" p95={m.p95_ms:.1f}ms n={m.offered} viol={m.slo_violations}"
+    why = f" ({d.reason})" if d.reason else ""
+    return f"[{d.workload}] {d.kind}: {d.config}{predicted}{objective}{seen}{why}"

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from rrl.budget import CoreBudget
 from rrl.control import ModelControl, apply_config, current_config, measure, service_samples
 from rrl.decisions import Decision, Step
 from rrl.gate import needs_rebuild
@@ -73,11 +74,13 @@ class ModelAgent(Policy):
         listener: Listener | None = None,
         cpu_clock: Callable[[], float] = time.process_time,
         priors: Callable[[Objective, MonitorSettings], Priors] | None = None,
+        budget: CoreBudget | None = None,
     ) -> None:
         super().__init__(
             model, space=space, slo_ms=slo_ms, cores=cores, settings=settings, seed=seed
         )
         self.control = control
+        self.budget = budget
         self.paused = False
         self.prior_states = 0
         self._listener = listener
@@ -105,6 +108,8 @@ class ModelAgent(Policy):
         await self._apply_start()
         self.current = current_config(self.control, self.model, self.space)
         self.incumbent = self._applied = self.current
+        if self.budget is not None:
+            self.budget.report(self.model, self.current, 0.0)
         self._last_tick = time.monotonic()
         self._snapshot = self._build_snapshot()
         self.started.set()
@@ -187,6 +192,8 @@ class ModelAgent(Policy):
         """Record one 'idle' decision when the model goes quiet (not one per interval)."""
         if not self._idle and self.current is not None:
             self._idle = True
+            if self.budget is not None:  # an idle model's share of the cores is one thread
+                self.budget.report(self.model, self.current, 0.0)
             self._record(
                 Decision(time.time(), self.model, "idle", self.current, self.workload, reason)
             )
@@ -313,6 +320,7 @@ class ModelAgent(Policy):
                 "measured_threads": [f"{c}x{t}" for c, t in self.queue_model.measured_settings()],
             },
             "memory": self.memory.as_dict(),
+            "core_budget": None if self.budget is None else self.budget.as_dict(),
             "tuner": self.tuner.snapshot(),
             "decision_counts": dict(self.counts),
             "prior_states": self.prior_states,

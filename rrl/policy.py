@@ -33,7 +33,8 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from rrl.ask_tell import PerWorkload, TuningProblem
-from rrl.decisions import Decision, Step
+from rrl.budget import CoreBudget, threads_of
+from rrl.decisions import Decision, Step, log_line
 from rrl.gate import GateSettings, Verdict, decide, needs_rebuild, screen
 from rrl.measurement import Measurement
 from rrl.memory import StateKey, StateMemory
@@ -132,6 +133,8 @@ class Policy:
         self._shortlist: list[Config] = []
         self._screened: tuple[float, StateKey | None, tuple[int, int]] = (-math.inf, None, (0, 0))
         self._draining = False
+        self.budget: CoreBudget | None = None
+        self._blocked: list[Config] = []
 
     def choose(self, queued: int = 0) -> Step:
         """The next interval's configuration and why, with ``queued`` requests waiting now
@@ -163,6 +166,11 @@ class Policy:
 
     def _consult_gate(self, arrivals: Arrivals) -> Step:
         assert self.incumbent is not None
+        target = None if self.budget is None else self.budget.should_yield(self.model)
+        if target is not None and self._rebuild_allowed():
+            step = self._yield_to(target, arrivals)
+            if step is not None:
+                return step
         urgent = self._incumbent_violates()
         if self._since_trial < self.settings.trial_gap and not urgent:
             gap = self.settings.trial_gap - self._since_trial
@@ -182,7 +190,8 @@ class Policy:
         self.verdict = verdict
         candidate = verdict.candidate
         if candidate is None:
-            return Step(self.incumbent, "exploit", verdict.reason, verdict.incumbent, verdict)
+            reason = verdict.reason + self._held_back(arrivals)
+            return Step(self.incumbent, "exploit", reason, verdict.incumbent, verdict)
         rebuild = needs_rebuild(self.incumbent, candidate)
         if rebuild and not urgent and not self._rebuild_allowed():
             wait = self._next_rebuild_at() - time.monotonic()
@@ -211,21 +220,13 @@ class Policy:
             or key != last_key
             or bucket != arrivals.bucket()
         ):
-            # One inter-op thread (the served graphs are chains), and the timeouts of eager
-            # batching and of the incumbent: a few dozen configurations, a few ms each.
-            timeouts = {0.0, self.incumbent.batch_timeout_ms}
-            grid = [
-                c
-                for c in self.space
-                if c.inter_op_threads == self.space.inter_op_threads[0]
-                and c.batch_timeout_ms in timeouts
-            ]
+            grid = self._grid()
             gate = self.settings.gate
             self._shortlist = screen(self.queue_model, arrivals, grid, gate.shortlist, gate.kappa)
             self._screened = (now, key, arrivals.bucket())
         candidates = [*self._shortlist, self.tuner.propose()]
         limit = self.tuner.predict(self.incumbent)
-        return [
+        allowed = [
             c
             for c in candidates
             if not self.memory.was_rejected(key, c)
@@ -235,6 +236,65 @@ class Policy:
                 and p > self.settings.explore_regret * limit
             )
         ]
+        budget = self.budget
+        self._blocked = [c for c in allowed if budget and not budget.fits(self.model, c)]
+        return [c for c in allowed if c not in self._blocked]
+
+    def _grid(self) -> list[Config]:
+        """What the gate screens: one inter-op thread (the served graphs are chains), and the
+        timeouts of eager batching and of the incumbent: a few dozen configurations."""
+        assert self.incumbent is not None
+        timeouts = {0.0, self.incumbent.batch_timeout_ms}
+        return [
+            c
+            for c in self.space
+            if c.inter_op_threads == self.space.inter_op_threads[0]
+            and c.batch_timeout_ms in timeouts
+        ]
+
+    def _held_back(self, arrivals: Arrivals) -> str:
+        """When a candidate the core budget held back would have cleared the gate, tell the
+        budget this model wants the cores (another model may yield them)."""
+        if not self._blocked or self.budget is None or self.incumbent is None:
+            return ""
+        verdict = decide(
+            self.queue_model, arrivals, self.incumbent, self._blocked, self.settings.gate
+        )
+        if verdict.candidate is None:
+            return ""
+        self.budget.want(self.model, threads_of(verdict.candidate))
+        return f"; {verdict.candidate} would clear the gate, but the core budget holds it back"
+
+    def _yield_to(self, threads: int, arrivals: Arrivals) -> Step | None:
+        """Come down to ``threads`` for another model the budget says wants the cores: the best
+        configuration within them predicted to meet the SLO, kept unless measured violating it
+        (``rrl.budget``); None when none is predicted to."""
+        assert self.incumbent is not None
+        limit = self._slo_value(self.incumbent, self.settings.violating_fraction)
+        key = self._key()
+        within = [
+            c
+            for c in self._grid()
+            if threads_of(c) <= threads and not self.memory.was_rejected(key, c)
+        ]
+        gate = self.settings.gate
+        for config in screen(self.queue_model, arrivals, within, 1, gate.kappa):
+            p = self._predict(config, arrivals)
+            if p is not None and p.objective <= limit:
+                self.trial = Trial(
+                    self.incumbent,
+                    config,
+                    self._baseline,
+                    interleave=False,
+                    margin=self._trial_margin(),
+                    accept_below=limit,
+                )
+                reason = (
+                    f"core budget: another model wants cores, down to {threads} thread(s); "
+                    f"{config} predicted J {p.objective:.2f} within the SLO"
+                )
+                return Step(config, "yield", reason, p)
+        return None
 
     def _predict(self, config: Config, arrivals: Arrivals | None = None) -> Prediction | None:
         return self.queue_model.predict(config, arrivals or self.arrivals())
@@ -291,6 +351,8 @@ class Policy:
         config = step.config
         value = self.objective(config, measurement)
         self._last_measured = (config, value)
+        if self.budget is not None:
+            self.budget.report(self.model, config, measurement.rate_per_s)
         self.tuner.observe(config, measurement)
         seen = Arrivals(measurement.rate_per_s, self.dispersion(), measurement.rows_per_request)
         predicted = self.queue_model.predict(config, seen, replicas=1)
@@ -427,18 +489,9 @@ class Policy:
     def _record(self, decision: Decision) -> Decision:
         self.history.append(decision)
         self.counts[decision.kind] = self.counts.get(decision.kind, 0) + 1
-        log.info("tuner %s %s", self.model, _log_line(decision))
+        log.info("tuner %s %s", self.model, log_line(decision))
         self._recorded(decision)
         return decision
 
     def _recorded(self, decision: Decision) -> None:
         """Called after each decision is recorded (the agent publishes it)."""
-
-
-def _log_line(d: Decision) -> str:
-    predicted = "" if d.predicted is None else f" predicted p95={d.predicted.p95_ms:.1f}ms"
-    objective = "" if d.objective is None else f" J={d.objective:.2f}"
-    m = d.measurement
-    seen = "" if m is None else f" p95={m.p95_ms:.1f}ms n={m.offered} viol={m.slo_violations}"
-    why = f" ({d.reason})" if d.reason else ""
-    return f"[{d.workload}] {d.kind}: {d.config}{predicted}{objective}{seen}{why}"

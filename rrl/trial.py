@@ -28,6 +28,7 @@ windows.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -61,6 +62,9 @@ class Trial:
     interleave: bool
     margin: float
     predicted_gain: float = 0.0
+    accept_below: float | None = None
+    """A trial for the core budget (``rrl.budget``): the candidate is kept unless it measures
+    above this objective (violating the SLO), whatever the incumbent did."""
     windows: list[Window] = field(default_factory=list)
 
     def schedule(self) -> list[Config]:
@@ -77,6 +81,8 @@ class Trial:
         if config != self.next_config():  # chosen before the trial began: not part of it
             return None
         self.windows.append(Window(config, objective, rate))
+        if self.accept_below is not None:
+            return self._for_budget(objective, rate)
         ours = [w for w in self.windows if w.config == self.candidate]
         if len(self.windows) == 1 and self.baseline is not None:
             cand, inc, common = self._compare(ours, [self.baseline], norm)
@@ -107,6 +113,17 @@ class Trial:
             f"{self.candidate} J {cand:.2f} against {inc:.2f} over paired windows at "
             f"{common:.0f}/s (margin {self.margin:.0%}): {what}",
         )
+
+    def _for_budget(self, objective: float, rate: float) -> Outcome | None:
+        limit = self.accept_below
+        assert limit is not None
+        if objective > limit:
+            why = f"{self.candidate} measured J {objective:.2f} beyond the SLO's {limit:.2f}"
+            return Outcome("revert", objective, math.nan, rate, f"{why}: reverted")
+        if len(self.windows) < len(self.schedule()):
+            return None
+        why = f"{self.candidate} within the SLO (J {objective:.2f} <= {limit:.2f})"
+        return Outcome("accept", objective, math.nan, rate, f"{why}: cores yielded")
 
     def _compare(
         self, ours: list[Window], theirs: list[Window], norm: Normalise

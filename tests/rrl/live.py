@@ -122,11 +122,13 @@ def measurement(p95_ms: float, violations: int = 0, n: int = 100) -> Measurement
     )
 
 
-def hand_built_agent(gw: Gateway, space: ConfigSpace, **settings: Any) -> ModelAgent:
+def hand_built_agent(
+    gw: Gateway, space: ConfigSpace, model: str = "sensor_mlp", **settings: Any
+) -> ModelAgent:
     """An agent on the gateway's service, not started: its rules driven step by step."""
     agent = ModelAgent(
         TunedService(gw.service),
-        "sensor_mlp",
+        model,
         space=space,
         slo_ms=100.0,
         cores=2,

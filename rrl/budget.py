@@ -1,0 +1,93 @@
+"""One coordinator for the cores every tuned model shares: the joint core budget.
+
+Independent agents each see the others' load as noise and would each grow into the same cores.
+The gateway gives all its agents one ``CoreBudget``; each agent reports what it runs (its
+threads: instances x intra-op threads) and the arrival rate it sees, and asks the budget before
+its gate considers a candidate:
+
+- **allowance**: a model's share of the cores: one thread each, and the cores left over shared
+  in proportion to the arrivals each model sees (an idle model's share is one thread);
+- **fits**: a candidate may hold as many threads as the model holds now (staying or shrinking is
+  always allowed), or up to the cores no other model holds (a model alone is not bounded);
+- **yield**: a model whose candidates were held back by the budget says so (``want``); then a
+  model holding more than its allowance is asked to come down to it (``should_yield``): its gate
+  considers only candidates within its allowance and tries the best one predicted to meet the
+  SLO, which is kept unless it is measured violating the SLO (the budget's joint objective: the
+  cores go where the arrivals are, as long as the model that gives them up stays within the SLO).
+
+Threads beyond the cores only time-slice, so the sum over models of instances x intra-op
+threads is what the budget bounds.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from rrl.space import Config
+
+
+def threads_of(config: Config) -> int:
+    return config.concurrency * config.intra_op_threads
+
+
+class CoreBudget:
+    def __init__(self, cores: int) -> None:
+        self.cores = cores
+        self._claims: dict[str, int] = {}
+        self._rates: dict[str, float] = {}
+        self._wants: dict[str, int] = {}
+        # Agents report from the event loop and read from their choosing threads.
+        self._lock = threading.Lock()
+
+    def report(self, model: str, config: Config, rate_per_s: float) -> None:
+        """What ``model`` runs now and the arrival rate it sees."""
+        with self._lock:
+            self._claims[model] = threads_of(config)
+            self._rates[model] = max(rate_per_s, 0.0)
+            if self._wants.get(model, 0) <= self._claims[model]:
+                self._wants.pop(model, None)  # what it wanted, it has
+
+    def want(self, model: str, threads: int) -> None:
+        """``model``'s gate would have tried a candidate with ``threads`` threads."""
+        with self._lock:
+            if threads > self._claims.get(model, 0):
+                self._wants[model] = threads
+
+    def allowance(self, model: str) -> int:
+        with self._lock:
+            return self._allowance(model)
+
+    def _allowance(self, model: str) -> int:
+        """One thread for every model, and the cores left over shared by arrival rate."""
+        models = set(self._rates) | {model}
+        total = sum(self._rates.values())
+        share = self._rates.get(model, 0.0) / total if total > 0 else 1.0 / len(models)
+        return 1 + max(0, round((self.cores - len(models)) * share))
+
+    def fits(self, model: str, config: Config) -> bool:
+        threads = threads_of(config)
+        with self._lock:
+            if not any(m != model for m in self._claims):
+                return True  # one model alone: nothing to share (it may time-slice its cores)
+            held = self._claims.get(model, 0)
+            free = self.cores - sum(t for m, t in self._claims.items() if m != model)
+            return threads <= max(held, free)
+
+    def should_yield(self, model: str) -> int | None:
+        """The threads ``model`` should come down to, when another model wants cores it holds
+        beyond its allowance; None otherwise."""
+        with self._lock:
+            allowance = self._allowance(model)
+            others_want = any(m != model for m in self._wants)
+            if others_want and self._claims.get(model, 0) > allowance:
+                return allowance
+            return None
+
+    def as_dict(self) -> dict[str, object]:
+        with self._lock:
+            return {
+                "cores": self.cores,
+                "claims": dict(self._claims),
+                "allowances": {m: self._allowance(m) for m in self._claims},
+                "wants": dict(self._wants),
+            }
