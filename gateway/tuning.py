@@ -108,20 +108,7 @@ class TuningService:
                 space=space,
                 slo_ms=host.config.slo_ms,
                 cores=cores,
-                settings=AgentSettings(
-                    algorithm=s.algorithm,
-                    objective=s.objective,
-                    interval_s=s.interval_s,
-                    max_interval_s=max(s.max_interval_s, s.interval_s),
-                    min_requests=s.min_requests,
-                    min_rebuild_gap_s=s.min_rebuild_gap_s,
-                    rebuild_duty=s.rebuild_duty,
-                    unsafe_violation_fraction=s.unsafe_violation_fraction,
-                    explore_regret=s.explore_regret,
-                    start=expert_default(cores, space.batch_sizes[-1])
-                    if s.start == "expert"
-                    else None,
-                ),
+                settings=self._agent_settings(cores, space),
                 seed=s.seed,
                 listener=self._on_decision,
                 priors=self._priors_of(name, host.config.runtime, cores, space)
@@ -141,6 +128,21 @@ class TuningService:
                 len(self.agents),
                 max(a.space.size for a in self.agents.values()),
             )
+
+    def _agent_settings(self, cores: int, space: ConfigSpace) -> AgentSettings:
+        s = self.settings
+        return AgentSettings(
+            algorithm=s.algorithm,
+            objective=s.objective,
+            interval_s=s.interval_s,
+            max_interval_s=max(s.max_interval_s, s.interval_s),
+            min_requests=s.min_requests,
+            min_rebuild_gap_s=s.min_rebuild_gap_s,
+            rebuild_duty=s.rebuild_duty,
+            unsafe_violation_fraction=s.unsafe_violation_fraction,
+            explore_regret=s.explore_regret,
+            start=expert_default(cores, space.batch_sizes[-1]) if s.start == "expert" else None,
+        )
 
     def _priors_of(
         self, model: str, runtime: str, cores: int, space: ConfigSpace
