@@ -51,6 +51,8 @@ def write_mlserver_repository(
         "http_port": free_port(),
         "grpc_port": free_port(),
         "metrics_port": free_port(),
+        # Its Prometheus files, which it would otherwise write to .metrics in the working folder.
+        "metrics_dir": str(folder / "metrics"),
         "debug": False,  # no per-request access log, as in production
         # MLServer's default: inference in one worker process beside the HTTP process.
         "parallel_workers": 1,
