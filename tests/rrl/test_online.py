@@ -196,8 +196,8 @@ async def test_the_configuration_learned_for_a_state_returns_at_once_when_it_rec
         async with running(gw, WAITING, trial_gap=10_000) as agent:
             statuses = await poisson_load(url, rate_per_s=40, seconds=14)
             assert "accept" in kinds(agent), kinds(agent)
-            (quiet,) = [k for k in agent.memory.best if agent.memory.best[k].config != WAITING]
-            learned = agent.memory.best[quiet].config
+            learned, quiet = agent.incumbent, agent._key()
+            assert learned != WAITING and agent.memory.recall(quiet).config == learned  # type: ignore[union-attr]
             # An operator sets other knobs; the agent takes them as its incumbent.
             agent.paused = True
             await gw.service.set_knobs("sensor_mlp", None, WAITING.knob_changes())
@@ -209,7 +209,7 @@ async def test_the_configuration_learned_for_a_state_returns_at_once_when_it_rec
     recalls = [i for i, d in enumerate(history) if d.kind == "recall"]
     assert recalls, [d.kind for d in history]
     recall = history[recalls[-1]]
-    assert recall.config == learned and str(quiet) in recall.reason
+    assert recall.config == learned and f"r{quiet.rate_level}/" in recall.reason
     # Applied at once: the first decision after the state came back.
     assert history[recalls[-1] - 1].kind == "workload"
     assert history[recalls[-1] - 1].workload is not None
