@@ -107,6 +107,7 @@ def test_greedy_exploitation_refines_inside_the_best_region() -> None:
     assert np.nanmin(q_hat[rrl.obs.n == 0]) > land.optimum_value
 
 
+@pytest.mark.slow  # many seeds of a whole run on the full grid
 def test_estimate_error_keeps_exploiting_a_rugged_landscape_until_the_optimum() -> None:
     # A bowl times a fixed log-normal factor per configuration (30% log sd), like a profile of
     # tail latencies: regions point at the right area but neighbours predict each other only
@@ -131,6 +132,7 @@ def test_estimate_error_keeps_exploiting_a_rugged_landscape_until_the_optimum() 
     assert max(measured) < SPACE.size
 
 
+@pytest.mark.slow  # many seeds of a whole run on the full grid
 def test_adaptive_rrl_exploits_a_rugged_landscape_as_rrl_does() -> None:
     # After its GP refinement, adaptive RRL exploits with RRL's greedy rule: on the rugged bowl
     # it ends on the optimum, where exploiting measured configurations only stops short.
