@@ -159,7 +159,10 @@ async def test_cnn_batches_never_stall_the_event_loop(
     repo = make_repo(
         tmp_path / "repo",
         demo_repo,
-        {"vision_cnn": {"batching": {"max_batch_size": 16, "batch_timeout_ms": 5.0}}},
+        # A batch waits (up to 100 ms) for all four clients' requests: on a busy machine a
+        # short timeout would dispatch batches of 4 or 8 rows, and the load would not be the
+        # 16-row batches this test is about.
+        {"vision_cnn": {"batching": {"max_batch_size": 16, "batch_timeout_ms": 100.0}}},
     )
     rng = np.random.default_rng(9)
     metadata = reference.metadata("vision_cnn")
