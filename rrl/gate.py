@@ -79,8 +79,9 @@ def screen(
     predicted a hair better under threads never measured does not crowd out one the model
     knows."""
     scored = []
-    for config in configs:
-        p = model.predict(config, arrivals, replicas=1, length=length)
+    configs = list(configs)
+    asks = [(c, arrivals, 1) for c in configs]
+    for config, p in zip(configs, model.predict_many(asks, length=length), strict=True):
         if p is not None:
             # Ties (at a trickle every eager configuration forms the same batches) go to the
             # larger max batch: it keeps up when a burst comes, batch 1 does not.
@@ -100,26 +101,30 @@ def decide(
 ) -> Verdict:
     """The gate's verdict for ``candidates`` (already screened) against ``incumbent``."""
     s = settings or GateSettings()
-    inc = model.predict(incumbent, arrivals)
+    if not model.calibrated:
+        inc = model.predict(incumbent, arrivals, replicas=1)
+        reason = "the model's error is not proven yet (too few calibrated windows)"
+        if inc is None:
+            reason = "no service time measured yet"
+        return Verdict(inc, None, None, 0.0, 0.0, 0, reason)
+    others = [c for c in dict.fromkeys(candidates) if c != incumbent]  # unique, in order
+    surge = replace(arrivals, rate_per_s=arrivals.rate_per_s * s.headroom)
+    # Every prediction in one call: the model may run them in a process of its own.
+    asks = [(c, a, r) for c in (incumbent, *others) for a, r in ((arrivals, None), (surge, 1))]
+    predicted = model.predict_many(asks)
+    inc, inc_surge = predicted[0], predicted[1]
     if inc is None:
         return Verdict(None, None, None, 0.0, 0.0, 0, "no service time measured yet")
-    if not model.calibrated:
-        reason = "the model's error is not proven yet (too few calibrated windows)"
-        return Verdict(inc, None, None, 0.0, 0.0, 0, reason)
-    surge = replace(arrivals, rate_per_s=arrivals.rate_per_s * s.headroom)
-    inc_surge = model.predict(incumbent, surge, replicas=1)
     best: tuple[float, float, float, Prediction] | None = None
     considered = 0
-    for config in dict.fromkeys(candidates):  # unique, in order
-        if config == incumbent:
-            continue
-        p = model.predict(config, arrivals)
+    for i, config in enumerate(others):
+        p, p_surge = predicted[2 + 2 * i], predicted[3 + 2 * i]
         if p is None:
             continue
         considered += 1
         if inc_surge is not None and s.headroom > 1:
-            p_surge = model.predict(config, surge, replicas=1)
-            if p_surge is None or p_surge.objective > inc_surge.objective * (1 + s.min_gain):
+            limit = inc_surge.objective * (1 + s.min_gain)
+            if p_surge is None or p_surge.objective > limit:
                 continue  # fragile: worse than the incumbent if the load rose
         gain = inc.objective - p.objective
         bound = s.kappa * math.hypot(inc.sd, p.sd)
@@ -129,11 +134,11 @@ def decide(
         if best is None or gain - bound - needed > best[0] - best[1] - best[2]:
             best = (gain, bound, needed, p)
     if best is None:
-        reason = (
-            "no candidate to compare"
-            if not considered
-            else (f"every candidate predicted worse than the incumbent at {s.headroom:g}x the rate")
-        )
+        reason = "no candidate to compare"
+        if considered:
+            reason = (
+                f"every candidate predicted worse than the incumbent at {s.headroom:g}x the rate"
+            )
         return Verdict(inc, None, None, 0.0, 0.0, considered, reason)
     gain, bound, needed, p = best
     return _verdict(inc, p, gain, bound, needed, considered)

@@ -34,18 +34,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from typing import Any
 
+from rrl.agent_settings import ONLINE_TUNERS, AgentSettings
 from rrl.budget import CoreBudget
 from rrl.control import ModelControl, apply_config, current_config, measure, service_samples
 from rrl.decisions import Decision, Step
 from rrl.gate import needs_rebuild
 from rrl.measurement import Measurement
 from rrl.objective import Objective
-from rrl.policy import ONLINE_TUNERS, AgentSettings, Policy
+from rrl.policy import Policy
 from rrl.priors import Priors
 from rrl.space import Config, ConfigSpace
 from rrl.workload import MonitorSettings
@@ -105,6 +108,20 @@ class ModelAgent(Policy):
                 self.prior_states = self.tuner.set_priors(priors)
             except Exception:  # a broken profile costs the warm start, not the agent
                 log.exception("tuner %s: profile priors not loaded", self.model)
+        # The queueing model simulates in a process of its own: pure Python in a thread here
+        # would hold the interpreter lock the event loop needs to serve.
+        spawn = multiprocessing.get_context("spawn")  # no fork of a process running sessions
+        pool = ProcessPoolExecutor(max_workers=1, mp_context=spawn)
+        self.queue_model.executor = pool
+        try:
+            await self._run(pool)
+        finally:
+            self.queue_model.executor = None
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _run(self, pool: ProcessPoolExecutor) -> None:
+        # Start the model's process now, not in the first burst.
+        await asyncio.get_running_loop().run_in_executor(pool, int)
         await self._apply_start()
         self.current = current_config(self.control, self.model, self.space)
         self.incumbent = self._applied = self.current

@@ -30,59 +30,22 @@ import logging
 import math
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
+from rrl.agent_settings import ONLINE_TUNERS, AgentSettings
 from rrl.ask_tell import PerWorkload, TuningProblem
 from rrl.budget import CoreBudget, threads_of
 from rrl.decisions import Decision, Step, log_line
-from rrl.gate import GateSettings, Verdict, decide, needs_rebuild, screen
+from rrl.gate import Verdict, decide, needs_rebuild, screen
 from rrl.measurement import Measurement
 from rrl.memory import StateKey, StateMemory
 from rrl.objective import make_objective
-from rrl.queueing import Arrivals, ModelSettings, Prediction, QueueModel
+from rrl.queueing import Arrivals, Prediction, QueueModel
 from rrl.space import Config, ConfigSpace
 from rrl.trial import Outcome, Trial, Window
-from rrl.workload import MonitorSettings, WorkloadMonitor, WorkloadState
+from rrl.workload import WorkloadMonitor, WorkloadState
 
 log = logging.getLogger("rrl.online")
-
-ONLINE_TUNERS = ("rrl", "adaptive-rrl", "bo", "hill-climb", "aimd", "inflight", "static")
-
-
-@dataclass(frozen=True)
-class AgentSettings:
-    algorithm: str = "adaptive-rrl"
-    objective: str = "latency"
-    interval_s: float = 0.5
-    """Shortest decision interval; with ``min_requests`` the interval adapts to the load."""
-    max_interval_s: float = 10.0
-    min_requests: int = 40
-    tick_s: float = 0.5
-    settle_s: float = 0.2
-    min_rebuild_gap_s: float = 1.0
-    rebuild_duty: float = 0.1
-    unsafe_violation_fraction: float = 0.5
-    """A candidate window worse than 'p95 at the SLO with this fraction violating' is reverted
-    whatever the comparison says."""
-    violating_fraction: float = 0.1
-    """An incumbent measured worse than 'p95 at the SLO with this fraction violating' lets a
-    candidate through without waiting for the rebuild pace or the trial gap."""
-    explore_regret: float = 2.0
-    """A candidate the tuner's own estimates (profile prior, region estimate) put beyond this many
-    times the incumbent's estimate is not considered."""
-    backlog_s: float = 0.25
-    min_backlog: int = 8
-    trial_margin: float = 0.05
-    """Smallest relative difference a trial reads as better or worse (see ``rrl.trial``)."""
-    trial_gap: int = 3
-    """Incumbent windows between two trials: at most a quarter of the windows are trials."""
-    screen_every_s: float = 5.0
-    """How often the whole grid is screened by the model (the shortlist is kept in between)."""
-    history: int = 200
-    start: Config | None = None
-    monitor: MonitorSettings = field(default_factory=MonitorSettings)
-    gate: GateSettings = field(default_factory=GateSettings)
-    model: ModelSettings = field(default_factory=ModelSettings)
 
 
 class Policy:
@@ -135,6 +98,7 @@ class Policy:
         self._draining = False
         self.budget: CoreBudget | None = None
         self._blocked: list[Config] = []
+        self._gated_at = -math.inf
 
     def choose(self, queued: int = 0) -> Step:
         """The next interval's configuration and why, with ``queued`` requests waiting now
@@ -172,6 +136,10 @@ class Policy:
             if step is not None:
                 return step
         urgent = self._incumbent_violates()
+        recent = time.monotonic() - self._gated_at < self.settings.gate_every_s
+        if recent and not urgent and self.verdict is not None:
+            reason = f"gate asked {self.settings.gate_every_s:g}s ago: {self.verdict.reason}"
+            return Step(self.incumbent, "exploit", reason, self._predict(self.incumbent, arrivals))
         if self._since_trial < self.settings.trial_gap and not urgent:
             gap = self.settings.trial_gap - self._since_trial
             return Step(
@@ -187,7 +155,7 @@ class Policy:
             self._candidates(arrivals),
             self.settings.gate,
         )
-        self.verdict = verdict
+        self.verdict, self._gated_at = verdict, time.monotonic()
         candidate = verdict.candidate
         if candidate is None:
             reason = verdict.reason + self._held_back(arrivals)
@@ -224,7 +192,10 @@ class Policy:
             gate = self.settings.gate
             self._shortlist = screen(self.queue_model, arrivals, grid, gate.shortlist, gate.kappa)
             self._screened = (now, key, arrivals.bucket())
-        candidates = [*self._shortlist, self.tuner.propose()]
+        proposal = self.tuner.propose()
+        # The model does not tell inter-op threads apart: only the incumbent's are compared.
+        same_inter = proposal.inter_op_threads == self.incumbent.inter_op_threads
+        candidates = [*self._shortlist, *([proposal] if same_inter else [])]
         limit = self.tuner.predict(self.incumbent)
         allowed = [
             c
@@ -297,7 +268,7 @@ class Policy:
         return None
 
     def _predict(self, config: Config, arrivals: Arrivals | None = None) -> Prediction | None:
-        return self.queue_model.predict(config, arrivals or self.arrivals())
+        return self.queue_model.predict_many([(config, arrivals or self.arrivals(), None)])[0]
 
     def arrivals(self) -> Arrivals:
         """The arrival process now: the monitor's rate, burstiness from the counts per tick
@@ -449,6 +420,7 @@ class Policy:
         self._draining = False
         self._baseline = None
         self._incumbent_values.clear()
+        self._gated_at = -math.inf
         if self.trial is not None:
             self.trial = None
             self._after = ("revert", "workload changed during the trial: incumbent restored")

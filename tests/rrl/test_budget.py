@@ -134,8 +134,8 @@ async def test_a_held_back_model_gets_the_cores_another_yields(
 
     budget = CoreBudget(4)  # four cores to share, whatever this machine has
     async with gateway(mlp_repo, tmp_path, enabled=False) as gw:
-        busy = hand_built_agent(gw, GRID, "busy")
-        quiet = hand_built_agent(gw, GRID, "quiet")
+        busy = hand_built_agent(gw, GRID, "busy", gate_every_s=0.0)
+        quiet = hand_built_agent(gw, GRID, "quiet", gate_every_s=0.0)
         busy.budget = quiet.budget = budget
         one, three = Config(4, 0.0, 1, 1, 1), Config(4, 0.0, 3, 1, 1)
         busy.current = busy.incumbent = one

@@ -1,0 +1,52 @@
+"""The online agent's settings (``rrl.online``, ``rrl.policy``): one frozen dataclass, a
+docstring per field where the name does not say it all."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rrl.gate import GateSettings
+from rrl.queueing import ModelSettings
+from rrl.space import Config
+from rrl.workload import MonitorSettings
+
+ONLINE_TUNERS = ("rrl", "adaptive-rrl", "bo", "hill-climb", "aimd", "inflight", "static")
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    algorithm: str = "adaptive-rrl"
+    objective: str = "latency"
+    interval_s: float = 0.5
+    """Shortest decision interval; with ``min_requests`` the interval adapts to the load."""
+    max_interval_s: float = 10.0
+    min_requests: int = 40
+    tick_s: float = 0.5
+    settle_s: float = 0.2
+    min_rebuild_gap_s: float = 1.0
+    rebuild_duty: float = 0.1
+    unsafe_violation_fraction: float = 0.5
+    """A candidate window worse than 'p95 at the SLO with this fraction violating' is reverted
+    whatever the comparison says."""
+    violating_fraction: float = 0.1
+    """An incumbent measured worse than 'p95 at the SLO with this fraction violating' lets a
+    candidate through without waiting for the rebuild pace or the trial gap."""
+    explore_regret: float = 2.0
+    """A candidate the tuner's own estimates (profile prior, region estimate) put beyond this many
+    times the incumbent's estimate is not considered."""
+    backlog_s: float = 0.25
+    min_backlog: int = 8
+    trial_margin: float = 0.05
+    """Smallest relative difference a trial reads as better or worse (see ``rrl.trial``)."""
+    trial_gap: int = 3
+    """Incumbent windows between two trials: at most a quarter of the windows are trials."""
+    gate_every_s: float = 2.0
+    """How often the gate is asked while nothing changes (a new workload state resets it; an
+    incumbent violating the SLO asks at once)."""
+    screen_every_s: float = 5.0
+    """How often the whole grid is screened by the model (the shortlist is kept in between)."""
+    history: int = 200
+    start: Config | None = None
+    monitor: MonitorSettings = field(default_factory=MonitorSettings)
+    gate: GateSettings = field(default_factory=GateSettings)
+    model: ModelSettings = field(default_factory=ModelSettings)
