@@ -19,6 +19,7 @@ import functools
 import logging
 import math
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from gateway.errors import NotFound
@@ -31,7 +32,7 @@ from models.extras import TUNER_MODULES, install_hint, missing
 from models.machine import usable_cores as _usable_cores
 from rrl.budget import CoreBudget
 from rrl.objective import Objective
-from rrl.online import AgentSettings, Decision, ModelAgent
+from rrl.online import AgentSettings, Decision, ModelAgent, model_process
 from rrl.priors import Priors, load_profile_priors
 from rrl.profiling import PROFILES_DIR
 from rrl.space import ConfigSpace, expert_default
@@ -76,6 +77,7 @@ class TuningService:
         self.agents: dict[str, ModelAgent] = {}
         self._versions: dict[str, str] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._model_pool: ProcessPoolExecutor | None = None
 
     def start(self) -> None:
         """Start an agent for every ready model chosen by the settings (call once loaded)."""
@@ -84,8 +86,10 @@ class TuningService:
             log.warning("tuner: off, serving the configured knobs: %s", install_hint(absent))
             return
         cores = _usable_cores()
-        # One coordinator for the cores every tuned model shares (rrl.budget).
+        # One coordinator for the cores every tuned model shares (rrl.budget), and one process
+        # for every agent's queueing model.
         budget = CoreBudget(cores)
+        self._model_pool = model_process()
         wanted = s.models if s.models is not None else self.service.model_names()
         for name in wanted:
             try:
@@ -115,6 +119,7 @@ class TuningService:
                 if s.profiles
                 else None,
                 budget=budget,
+                model_pool=self._model_pool,
             )
             self.agents[name] = agent
             self._versions[name] = str(host.version)
@@ -172,6 +177,9 @@ class TuningService:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        if self._model_pool is not None:
+            self._model_pool.shutdown(wait=False, cancel_futures=True)
+            self._model_pool = None
 
     # -- control ------------------------------------------------------------------------------
 

@@ -37,7 +37,7 @@ import logging
 import multiprocessing
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -78,12 +78,14 @@ class ModelAgent(Policy):
         cpu_clock: Callable[[], float] = time.process_time,
         priors: Callable[[Objective, MonitorSettings], Priors] | None = None,
         budget: CoreBudget | None = None,
+        model_pool: Executor | None = None,
     ) -> None:
         super().__init__(
             model, space=space, slo_ms=slo_ms, cores=cores, settings=settings, seed=seed
         )
         self.control = control
         self.budget = budget
+        self._model_pool = model_pool
         self.paused = False
         self.prior_states = 0
         self._listener = listener
@@ -110,16 +112,16 @@ class ModelAgent(Policy):
                 log.exception("tuner %s: profile priors not loaded", self.model)
         # The queueing model simulates in a process of its own: pure Python in a thread here
         # would hold the interpreter lock the event loop needs to serve.
-        spawn = multiprocessing.get_context("spawn")  # no fork of a process running sessions
-        pool = ProcessPoolExecutor(max_workers=1, mp_context=spawn)
+        pool = self._model_pool or model_process()
         self.queue_model.executor = pool
         try:
             await self._run(pool)
         finally:
             self.queue_model.executor = None
-            pool.shutdown(wait=False, cancel_futures=True)
+            if self._model_pool is None:  # ours: the gateway's shared one is closed by it
+                pool.shutdown(wait=False, cancel_futures=True)
 
-    async def _run(self, pool: ProcessPoolExecutor) -> None:
+    async def _run(self, pool: Executor) -> None:
         # Start the model's process now, not in the first burst.
         await asyncio.get_running_loop().run_in_executor(pool, int)
         await self._apply_start()
@@ -352,3 +354,10 @@ class ModelAgent(Policy):
         if self._listener is not None:
             self._listener(decision, self)
         self._snapshot = self._build_snapshot()
+
+
+def model_process() -> ProcessPoolExecutor:
+    """A process for the queueing model's simulations (``QueueModel.executor``); several agents
+    may share one (the gateway's do)."""
+    spawn = multiprocessing.get_context("spawn")  # no fork of a process running sessions
+    return ProcessPoolExecutor(max_workers=1, mp_context=spawn)
