@@ -13,7 +13,9 @@ import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
+from models.plan_decisions import PlanDecisions
 from models.quant import BlockQuantized
 from models.serving_plan import (
     Candidate,
@@ -145,7 +147,7 @@ def plan_zoo(
         name = f"layers.{q.index}.weight"
         candidates.append(Candidate(name, q.index, shape, data.bits, data.block_size, options))
     cache.save()
-    return make_plan(
+    plan = make_plan(
         runtime[0],
         candidates,
         budget=budget,
@@ -153,6 +155,29 @@ def plan_zoo(
         float_bytes=float_bytes(params),
         measured=cache.measured - before,
     )
+    return _settled(plan, runtime, cache, budget, key_extra)
+
+
+def _settled(
+    plan: ServingPlan,
+    runtime: tuple[str, str],
+    cache: CostCache,
+    budget: float,
+    extra: Mapping[str, object] | None,
+) -> ServingPlan:
+    """``plan``, or the plan an earlier load chose for this structure (``models.plan_decisions``):
+    every session of a model on this machine then computes alike."""
+    if not plan.tensors:
+        return plan
+    structure = [
+        {"tensor": t.name, "shape": list(t.shape), "bits": t.bits, "block": t.block_size}
+        for t in plan.tensors
+    ]
+    key = cache.key(*runtime, {"plan": structure, "budget": budget, **(extra or {})})
+    proposed = {t.name: t.way for t in plan.tensors}
+    allowed = {t.name: {o.way for o in t.options} for t in plan.tensors}
+    ways, kept = PlanDecisions(cache.folder).settle(key, proposed, allowed)
+    return plan.with_ways(cast(dict[str, Way], ways)) if kept else plan
 
 
 def _what(q: QuantLayer, way: Way, extra: Mapping[str, object] | None) -> dict[str, object]:

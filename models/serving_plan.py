@@ -22,11 +22,13 @@ version, layer shape and bits (``CostCache``). The choice is a multiple-choice k
 least total time whose weight memory (estimated per way) stays within ``budget`` x the fp32
 weights; when even the smallest choice exceeds the budget, every tensor takes its smallest way.
 
-A leaf: imports nothing of the project but ``models.machine``.
+A leaf: imports nothing of the project but ``models.machine``. Once chosen, a plan is kept
+(``models.plan_decisions``), so every later load on this machine runs the same ways.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -103,6 +105,7 @@ class ServingPlan:
     float_bytes: int  # tensors the checkpoint holds in float (biases, float kernels)
     tensors: tuple[TensorPlan, ...]
     measured: int  # costs measured for this plan; the others came from the cache
+    kept: bool = False  # the ways were chosen by an earlier load (models.plan_decisions)
 
     @property
     def held_bytes(self) -> int:
@@ -124,11 +127,17 @@ class ServingPlan:
         counts = {w: sum(t.way == w for t in self.tensors) for w in WAYS}
         ways = ", ".join(f"{n} {w}" for w, n in counts.items() if n)
         over = "" if self.within_budget else " (over budget: every tensor at its smallest)"
+        kept = "kept from an earlier load" if self.kept else "chosen now"
         return (
             f"weights {self.held_bytes / 1e6:.2f} MB = {self.memory_ratio:.3f} of fp32 "
             f"(budget {self.budget:g}){over}; {ways or 'nothing quantized'}; "
-            f"{self.measured} cost(s) measured now"
+            f"{self.measured} cost(s) measured now; {kept}"
         )
+
+    def with_ways(self, ways: Mapping[str, Way]) -> ServingPlan:
+        """This plan with each tensor run the way ``ways`` names (an earlier load's choice)."""
+        tensors = tuple(dataclasses.replace(t, way=ways[t.name]) for t in self.tensors)
+        return dataclasses.replace(self, tensors=tensors, kept=True)
 
     def as_doc(self) -> dict[str, Any]:
         return {
@@ -139,6 +148,7 @@ class ServingPlan:
             "memory_ratio": round(self.memory_ratio, 4),
             "within_budget": self.within_budget,
             "measured_now": self.measured,
+            "kept": self.kept,
             "tensors": [
                 {
                     "name": t.name,
@@ -247,6 +257,7 @@ class CostCache:
     _memory: dict[str, float] = {}  # per process: every instance of a model after the first
 
     def __init__(self, folder: Path | None) -> None:
+        self.folder = folder
         self.path = None if folder is None else folder / COSTS_FILE
         self.measured = 0
         self._stored = self._read()

@@ -20,7 +20,7 @@ import pytest
 
 from models.backends import load_runtime
 from models.demo import DEMO_MODELS, QUANTIZED_DEMO_MODELS
-from models.repository import ModelVersion
+from models.repository import ModelVersion, with_plan_defaults
 from models.runtime import Threads
 
 pytestmark = pytest.mark.slow
@@ -82,7 +82,10 @@ def test_every_demo_model_is_ready(default_gateway: str) -> None:
 
 @pytest.mark.parametrize("name", [m.name for m in QUANTIZED_DEMO_MODELS])
 def test_quantized_models_answer_like_their_runtime(
-    name: str, default_gateway: str, demo_versions: dict[str, ModelVersion]
+    name: str,
+    default_gateway: str,
+    demo_versions: dict[str, ModelVersion],
+    full_demo_repo: Path,
 ) -> None:
     version = demo_versions[name]
     meta = _request(f"{default_gateway}/v2/models/{name}")
@@ -103,8 +106,15 @@ def test_quantized_models_answer_like_their_runtime(
     reply = _request(f"{default_gateway}/v2/models/{name}/infer", body)
     (output,) = reply["outputs"]
     got = np.asarray(output["data"], np.float32).reshape(output["shape"])
+    # The reference session reads the plan the gateway chose (its cache folder): timings
+    # measured here, under other load, must not make it run another way.
+    version = with_plan_defaults(
+        version, weight_memory_budget=0.5, plan_cache_dir=full_demo_repo.parent / "plans"
+    )
     runtime = load_runtime(version, Threads(1, 1))
     try:
+        plan = runtime.metadata.serving_plan
+        assert plan is None or plan.kept, plan.summary()
         expected = runtime.infer(inputs)[output["name"]]
     finally:
         runtime.close()

@@ -16,10 +16,11 @@ import pytest
 from models.backends import load_runtime
 from models.checkpoint import save_checkpoint
 from models.cli import inspect_main
+from models.plan_decisions import PlanDecisions
 from models.plan_zoo import with_ways
 from models.repository import ModelConfig, ModelVersion
 from models.runtime import Threads
-from models.serving_plan import CostCache, Option, Way, choose
+from models.serving_plan import CostCache, Option, ServingPlan, Way, choose
 from models.zoo import (
     VISION_CNN,
     Conv2D,
@@ -210,6 +211,43 @@ def test_plan_in_metadata_logged_once_and_cached(
     assert all(
         cached.get(k) is not None for k in json.loads((cache / "plan-costs.json").read_text())
     )
+
+
+def _loaded_plan(version: ModelVersion) -> ServingPlan:
+    rt = load_runtime(version, Threads(1, 1))
+    rt.close()
+    assert rt.metadata.serving_plan is not None
+    return rt.metadata.serving_plan
+
+
+def test_a_plan_once_chosen_is_kept_whatever_later_timings_say(
+    cnn_int4: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two loads of one model (another process, a restart) that measure different costs still
+    run the same ways: the first choice is kept in the folder. Without it, the second load
+    follows its own costs (the check below would fail)."""
+    monkeypatch.setattr(CostCache, "_memory", {})
+    monkeypatch.setattr(PlanDecisions, "_memory", {})
+    cache = tmp_path / "plans"
+    version = _version(cnn_int4, "onnxruntime", 1.0, cache)
+    first = _loaded_plan(version)
+    assert not first.kept and (cache / "plans.json").is_file()
+    # Later timings say otherwise: one small way is now by far the fastest everywhere.
+    fastest = "graph" if any(t.way != "graph" for t in first.tensors) else "packed"
+    costs_file = cache / "plan-costs.json"
+    costs = json.loads(costs_file.read_text())
+    costs = {k: 1e-6 if json.loads(k)[-1]["way"] == fastest else 1.0 for k in costs}
+    costs_file.write_text(json.dumps(costs))
+    monkeypatch.setattr(CostCache, "_memory", {})
+    monkeypatch.setattr(PlanDecisions, "_memory", {})  # as a new process sees it
+    again = _loaded_plan(version)
+    assert again.kept and again.ways() == first.ways()
+    assert "kept from an earlier load" in again.summary()
+    (cache / "plans.json").unlink()  # an operator asks for a new choice
+    monkeypatch.setattr(PlanDecisions, "_memory", {})
+    chosen_anew = _loaded_plan(version)
+    assert not chosen_anew.kept and chosen_anew.ways() != first.ways()
+    assert fastest in set(chosen_anew.ways().values())
 
 
 def test_budget_zero_keeps_every_tensor_quantized(cnn_int4: Path, tmp_path: Path) -> None:
