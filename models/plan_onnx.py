@@ -11,6 +11,7 @@ keeps a per-block sum beside each scale).
 
 from __future__ import annotations
 
+import functools
 import math
 import tempfile
 from collections.abc import Callable, Sequence
@@ -21,12 +22,12 @@ import onnxruntime as ort
 
 from models.backends.ort_options import session_options
 from models.export_onnx import layer_model
-from models.plan_zoo import QuantLayer, code_bytes, plan_zoo, scale_bytes
+from models.plan_zoo import PlanRuntime, QuantLayer, code_bytes, plan_zoo, scale_bytes
 from models.quant_onnx import matmul_nbits_fits
 from models.runtime import Threads
 from models.serving_plan import CostCache, ServingPlan, Way
 from models.zoo import Conv2D, ModelSpec
-from models.zoo_checkpoint import LayerParams, dequantized_layer
+from models.zoo_checkpoint import LayerParams
 
 RUNTIME = "onnxruntime"
 
@@ -41,14 +42,13 @@ def ways(q: QuantLayer) -> dict[Way, int]:
     return out
 
 
-def prepare(q: QuantLayer, way: Way, accuracy_level: int) -> Callable[[], object]:
-    """A call running the layer alone at batch 1, ``way``, in a session of its own."""
-    p = dequantized_layer(q.layer, q.params) if way == "load" else q.params
+def build(
+    q: QuantLayer, p: LayerParams, way: Way, x: np.ndarray, *, accuracy_level: int
+) -> Callable[[], object]:
+    """A call running the layer alone, ``way``, in a session of its own."""
     model = layer_model(q.layer, p, (q.in_shape, q.out_shape), way, accuracy_level)
-    shape = q.in_shape
     if isinstance(q.layer, Conv2D) and way != "packed":
-        shape = (shape[2], shape[0], shape[1])  # NCHW
-    feed = {"x": np.random.default_rng(0).standard_normal((1, *shape)).astype(np.float32)}
+        x = np.ascontiguousarray(x.transpose(0, 3, 1, 2))  # NCHW
     with tempfile.TemporaryDirectory(prefix="iotgw-plan-") as folder:
         path = Path(folder) / "layer.onnx"
         path.write_bytes(model.SerializeToString())
@@ -57,7 +57,7 @@ def prepare(q: QuantLayer, way: Way, accuracy_level: int) -> Callable[[], object
             sess_options=session_options(Threads(1, 1), checkpoint=True),
             providers=["CPUExecutionProvider"],
         )
-    return lambda: session.run(None, feed)
+    return lambda: session.run(None, {"x": x})
 
 
 def onnx_plan(
@@ -68,13 +68,11 @@ def onnx_plan(
     accuracy_level: int,
     cache: CostCache,
 ) -> ServingPlan:
-    return plan_zoo(
-        (RUNTIME, ort.__version__),
-        spec,
-        params,
-        budget=budget,
-        cache=cache,
-        ways=ways,
-        prepare=lambda q, way: prepare(q, way, accuracy_level),
-        key_extra={"accuracy_level": accuracy_level},
+    runtime = PlanRuntime(
+        RUNTIME,
+        ort.__version__,
+        ways,
+        functools.partial(build, accuracy_level=accuracy_level),
+        {"accuracy_level": accuracy_level},
     )
+    return plan_zoo(runtime, spec, params, budget=budget, cache=cache)

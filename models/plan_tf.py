@@ -19,12 +19,12 @@ import numpy as np
 import tensorflow as tf
 
 from models.backends.tf_config import session_config
-from models.plan_zoo import QuantLayer, code_bytes, plan_zoo, scale_bytes
+from models.plan_zoo import PlanRuntime, QuantLayer, code_bytes, plan_zoo, scale_bytes
 from models.quant_tf import CHUNK_ELEMENTS, NIBBLE_BITS, build_graph
 from models.runtime import Threads
 from models.serving_plan import CostCache, ServingPlan, Way
 from models.zoo import Dense, Flatten, Input, ModelSpec
-from models.zoo_checkpoint import LayerParams, dequantized_layer
+from models.zoo_checkpoint import LayerParams
 
 RUNTIME = "tensorflow"
 
@@ -43,19 +43,17 @@ def ways(q: QuantLayer) -> dict[Way, int]:
     }
 
 
-def prepare(q: QuantLayer, way: Way) -> Callable[[], object]:
-    """A call running the layer alone at batch 1, ``way``, in a session of its own (closed when
-    the call is dropped)."""
+def build(q: QuantLayer, p: LayerParams, way: Way, x: np.ndarray) -> Callable[[], object]:
+    """A call running the layer alone, ``way``, in a session of its own (closed when the call is
+    dropped)."""
     # A convolution is followed by a Flatten (a reshape: no copy), as a model must end in a vector.
     layers = (q.layer,) if isinstance(q.layer, Dense) else (q.layer, Flatten())
     spec = ModelSpec("layer", (Input("x", q.in_shape),), layers, "y", softmax=False)
-    p = dequantized_layer(q.layer, q.params) if way == "load" else q.params
     graph = tf.Graph()
     with graph.as_default():
         built = build_graph(spec, [p, None][: len(layers)])
     session = tf.compat.v1.Session(graph=graph, config=session_config(Threads(1, 1)))
     session.run(built.init_op, feed_dict=built.init_feed)
-    x = np.random.default_rng(0).standard_normal((1, *q.in_shape)).astype(np.float32)
     call = session.make_callable(built.output, feed_list=[built.inputs["x"]])
     return lambda: call(x)
 
@@ -63,12 +61,5 @@ def prepare(q: QuantLayer, way: Way) -> Callable[[], object]:
 def tf_plan(
     spec: ModelSpec, params: Sequence[LayerParams], *, budget: float, cache: CostCache
 ) -> ServingPlan:
-    return plan_zoo(
-        (RUNTIME, tf.__version__),
-        spec,
-        params,
-        budget=budget,
-        cache=cache,
-        ways=ways,
-        prepare=prepare,
-    )
+    runtime = PlanRuntime(RUNTIME, tf.__version__, ways, build)
+    return plan_zoo(runtime, spec, params, budget=budget, cache=cache)

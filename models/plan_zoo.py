@@ -2,8 +2,9 @@
 the quantized layers, the bytes each way holds, the measurements through the cost cache, and
 the parameters rewritten for the chosen ways.
 
-The runtime modules (``models.plan_onnx``, ``models.plan_tf``) say which ways they have and how
-to run one layer alone one way; everything else is here.
+The runtime modules (``models.plan_onnx``, ``models.plan_tf``) each describe their runtime in a
+``PlanRuntime``: which ways it has and how to build one layer alone one way; everything else,
+the timing included, is here.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
+
+import numpy as np
 
 from models.plan_decisions import PlanDecisions
 from models.quant import BlockQuantized
@@ -112,33 +115,51 @@ def time_side_by_side(calls: Mapping[Way, Callable[[], object]]) -> dict[Way, fl
     return {way: min(values) for way, values in rounds.items()}
 
 
-# (layer, way) -> a call running the layer alone at batch 1 that way
-Prepare = Callable[[QuantLayer, Way], Callable[[], object]]
 # (layer) -> way -> bytes held that way, for the ways this runtime has
 Ways = Callable[[QuantLayer], Mapping[Way, int]]
+# (layer, its parameters held ``way``, way, a batch-1 input NHWC) -> a call running it that way
+Build = Callable[[QuantLayer, LayerParams, Way, np.ndarray], Callable[[], object]]
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRuntime:
+    """What the planner asks of a runtime: its name and version (part of every cost's key), the
+    bytes each of its ways holds, and how to build one layer alone one way."""
+
+    name: str
+    version: str
+    ways: Ways
+    build: Build
+    # Settings of the runtime a cost also depends on (ONNX Runtime's accuracy level).
+    key_extra: Mapping[str, object] = field(default_factory=dict)
+
+
+def layer_call(runtime: PlanRuntime, q: QuantLayer, way: Way) -> Callable[[], object]:
+    """A call running ``q`` alone at batch 1, ``way`` (a ``load`` kernel dequantized to float,
+    as the runtime would hold it), on a fixed random input."""
+    p = dequantized_layer(q.layer, q.params) if way == "load" else q.params
+    x = np.random.default_rng(0).standard_normal((1, *q.in_shape)).astype(np.float32)
+    return runtime.build(q, p, way, x)
 
 
 def plan_zoo(
-    runtime: tuple[str, str],
+    runtime: PlanRuntime,
     spec: ModelSpec,
     params: Sequence[LayerParams],
     *,
     budget: float,
     cache: CostCache,
-    ways: Ways,
-    prepare: Prepare,
-    key_extra: Mapping[str, object] | None = None,
 ) -> ServingPlan:
-    """The plan for ``spec`` on ``runtime`` (name, version): each quantized layer's ways timed
-    side by side (or read from ``cache``), then chosen within ``budget``."""
+    """The plan for ``spec`` on ``runtime``: each quantized layer's ways timed side by side (or
+    read from ``cache``), then chosen within ``budget``."""
     candidates = []
     before = cache.measured
     for q in quantized_layers(spec, params):
-        held = ways(q)
-        keys = {way: cache.key(*runtime, _what(q, way, key_extra)) for way in held}
+        held = runtime.ways(q)
+        keys = {way: _cost_key(cache, runtime, q, way) for way in held}
         missing = {way: key for way, key in keys.items() if cache.get(key) is None}
         if missing:
-            timed = time_side_by_side({way: prepare(q, way) for way in missing})
+            timed = time_side_by_side({way: layer_call(runtime, q, way) for way in missing})
             for way, key in missing.items():
                 cache.put(key, timed[way])
         data = q.params.kernel.data
@@ -148,22 +169,21 @@ def plan_zoo(
         candidates.append(Candidate(name, q.index, shape, data.bits, data.block_size, options))
     cache.save()
     plan = make_plan(
-        runtime[0],
+        runtime.name,
         candidates,
         budget=budget,
         fp32_bytes=fp32_bytes(params),
         float_bytes=float_bytes(params),
         measured=cache.measured - before,
     )
-    return _settled(plan, runtime, cache, budget, key_extra)
+    return _settled(plan, runtime, cache, budget)
 
 
 def _settled(
     plan: ServingPlan,
-    runtime: tuple[str, str],
+    runtime: PlanRuntime,
     cache: CostCache,
     budget: float,
-    extra: Mapping[str, object] | None,
 ) -> ServingPlan:
     """``plan``, or the plan an earlier load chose for this structure (``models.plan_decisions``):
     every session of a model on this machine then computes alike."""
@@ -173,17 +193,19 @@ def _settled(
         {"tensor": t.name, "shape": list(t.shape), "bits": t.bits, "block": t.block_size}
         for t in plan.tensors
     ]
-    key = cache.key(*runtime, {"plan": structure, "budget": budget, **(extra or {})})
+    what = {"plan": structure, "budget": budget, **runtime.key_extra}
+    key = cache.key(runtime.name, runtime.version, what)
     proposed = {t.name: t.way for t in plan.tensors}
     allowed = {t.name: {o.way for o in t.options} for t in plan.tensors}
     ways, kept = PlanDecisions(cache.folder).settle(key, proposed, allowed)
     return plan.with_ways(cast(dict[str, Way], ways)) if kept else plan
 
 
-def _what(q: QuantLayer, way: Way, extra: Mapping[str, object] | None) -> dict[str, object]:
-    """What a cost depends on, besides the machine and runtime: the cache key's last part."""
+def _cost_key(cache: CostCache, runtime: PlanRuntime, q: QuantLayer, way: Way) -> str:
+    """The cache key of a layer's cost one way: the machine, the runtime, and what the cost
+    depends on besides them."""
     data = q.params.kernel.data
-    return {
+    what = {
         "layer": type(q.layer).__name__,
         "in": list(q.in_shape),
         "kernel": list(q.params.kernel.shape),
@@ -191,8 +213,9 @@ def _what(q: QuantLayer, way: Way, extra: Mapping[str, object] | None) -> dict[s
         "bits": data.bits,
         "block": data.block_size,
         "way": way,
-        **(extra or {}),
+        **runtime.key_extra,
     }
+    return cache.key(runtime.name, runtime.version, what)
 
 
 def with_ways(
