@@ -43,6 +43,21 @@ fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[test]"
 
+# deploy/prometheus/prometheus.yml is checked by promtool from Debian's prometheus package. Only
+# that binary is taken out of the package, into the virtual environment: installing the package
+# would also install (and on most machines start) a Prometheus server.
+if ! command -v promtool >/dev/null 2>&1 && [ ! -x "$venv/bin/promtool" ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  debs="$(mktemp -d)"
+  (cd "$debs" && { apt-get download -q prometheus >/dev/null 2>&1 || {
+    $sudo apt-get update -q >/dev/null && apt-get download -q prometheus >/dev/null 2>&1
+  }; })
+  dpkg-deb --fsys-tarfile "$debs"/prometheus_*.deb | tar -xO ./usr/bin/promtool >"$venv/bin/promtool"
+  chmod +x "$venv/bin/promtool"
+  rm -rf "$debs"
+fi
+
 "$venv/bin/ruff" check .
 "$venv/bin/ruff" format --check .
 "$venv/bin/mypy" gateway rrl models device_sim benchmarks tests
