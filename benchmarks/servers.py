@@ -69,10 +69,18 @@ def start_gateway(
     log_name: str = "gateway.log",
     args: Sequence[str] = (),
     prefix: Sequence[str] = (),
+    broker: str | None = None,
+    client_id: str = "bench-gateway",
 ) -> tuple[ServerProcess, str]:
-    """``iotgw serve`` over HTTP only (no broker to compete for the cores), ready to serve:
+    """``iotgw serve`` over HTTP only (no broker to compete for the cores), or also over MQTT
+    through ``broker`` (``mqtt://host:port``), ready to serve (with ``broker``: subscribed):
     returns the process and its base URL. ``args`` are more serve options; ``prefix`` runs it
     under another command (``taskset -c 0``)."""
+    mqtt = (
+        ["--no-mqtt"]
+        if broker is None
+        else ["--broker", broker, "--mqtt-client-id", client_id, "--receive-maximum", "256"]
+    )
     argv = [
         *prefix,
         *python_argv(
@@ -88,7 +96,7 @@ def start_gateway(
             str(workdir / "cache"),
             "--log-level",
             "INFO",
-            "--no-mqtt",
+            *mqtt,
             *tuner_args,
             *args,
         ),

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import servers as http_bench
-from benchmarks.common import ServerProcess, python_argv
-from benchmarks.servers import HOST, set_knobs, start_mosquitto, wait_ready
+from benchmarks.common import python_argv
+from benchmarks.servers import HOST, set_knobs, start_mosquitto
 from benchmarks.servers import admin_request as _http
 from benchmarks.servers import clean_env as _clean_env
 from benchmarks.tuner.scenarios import Phase, Scenario
@@ -92,44 +92,16 @@ def gateway(
     folder.mkdir(parents=True, exist_ok=True)
     broker, port = start_mosquitto(folder)
     with broker:
-        server, base = _start_mqtt_gateway(repo, folder, port, tuner)
+        server, base = http_bench.start_gateway(
+            repo,
+            folder,
+            120.0,
+            tuner_args=tuner,
+            broker=f"mqtt://{HOST}:{port}",
+            client_id="bench-tuner-gateway",
+        )
         with server:
             yield Target(base, f"mqtt://{HOST}:{port}")
-
-
-def _start_mqtt_gateway(
-    repo: Path, folder: Path, port: int, tuner: list[str]
-) -> tuple[ServerProcess, str]:
-    argv = python_argv(
-        "gateway.cli",
-        "serve",
-        "--host",
-        HOST,
-        "--http-port",
-        "0",
-        "--model-repo",
-        str(repo),
-        "--cache-dir",
-        str(folder / "cache"),
-        "--log-level",
-        "INFO",
-        "--broker",
-        f"mqtt://{HOST}:{port}",
-        "--mqtt-client-id",
-        "bench-tuner-gateway",
-        "--receive-maximum",
-        "256",
-        *tuner,
-    )
-    server = ServerProcess(argv, log_path=folder / "gateway.log", env=_clean_env())
-    try:
-        http_port = int(server.wait_for_log(r"HTTP listening on http://[^:]+:(\d+)", 120.0)[1])
-        base = f"http://{HOST}:{http_port}"
-        wait_ready(server, base, 120.0)  # ready includes the MQTT subscription
-    except BaseException:
-        server.stop()
-        raise
-    return server, base
 
 
 def write_scenario(phases: tuple[Phase, ...], path: Path) -> None:
