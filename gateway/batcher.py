@@ -22,9 +22,11 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
+from gateway.arrivals import ArrivalEstimate
 from gateway.errors import (
     BatchTimeout,
     DeadlineUnmeetable,
@@ -48,6 +50,16 @@ Inputs = dict[str, np.ndarray]
 Outputs = dict[str, np.ndarray]
 
 
+@dataclass(frozen=True, slots=True)
+class Fill:
+    """How a batch was formed: why it left (``full``; ``timeout``: ``batch_timeout`` ran out;
+    ``no_arrival_expected``: an instance was free and waiting could not bring another request)
+    and how long the dispatch loop waited for rows with an instance in hand."""
+
+    trigger: Literal["full", "timeout", "no_arrival_expected"]
+    waited_s: float
+
+
 @dataclass(slots=True)
 class BatchRecord:
     """What one batch did, for metrics and the tuner."""
@@ -56,6 +68,7 @@ class BatchRecord:
     requests: int
     queue_s: list[float]
     compute_s: float
+    fill: Fill
 
 
 @dataclass(order=True, slots=True)
@@ -100,6 +113,7 @@ class Batcher:
         self._loop_task: asyncio.Task[None] | None = None
         self._dispatched = 0  # batches launched: tells the supervisor a restarted loop works
         self.service_time = ServiceTimeEstimate()
+        self.arrivals = ArrivalEstimate()
 
     @property
     def queue_depth(self) -> int:
@@ -160,8 +174,12 @@ class Batcher:
         item = _Pending((level, next(self._seq)), rows, signature, inputs, deadline, now, future)
         heapq.heappush(self._heap, item)
         self._queued_rows += rows
+        self.arrivals.arrived(now)
         self._arrival.set()
-        return await future
+        try:
+            return await future
+        finally:
+            self.arrivals.left(self._clock())
 
     def _estimate_completion(self, rows: int) -> float | None:
         """Seconds until a request of ``rows`` arriving now would be answered, pessimistically:
@@ -216,9 +234,9 @@ class Batcher:
             batch: list[_Pending] = []
             try:
                 knobs = self._knobs()  # read once per batch: changes apply from the next one
-                batch = await self._collect(knobs)
+                batch, fill = await self._collect(knobs)
                 if batch:
-                    self._launch(inst, batch)
+                    self._launch(inst, batch, fill)
             except BaseException:
                 # Whatever went wrong, the requests taken go back to the queue: the restarted
                 # loop (or ``stop``) answers them.
@@ -228,8 +246,8 @@ class Batcher:
             if not batch:
                 await self._pool.release(inst)
 
-    def _launch(self, inst: Instance, batch: list[_Pending]) -> None:
-        task = asyncio.create_task(self._run_batch(inst, batch), name=f"batch:{self.name}")
+    def _launch(self, inst: Instance, batch: list[_Pending], fill: Fill) -> None:
+        task = asyncio.create_task(self._run_batch(inst, batch, fill), name=f"batch:{self.name}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         self._dispatched += 1
@@ -243,21 +261,34 @@ class Batcher:
         if items:
             self._arrival.set()
 
-    async def _collect(self, knobs: Knobs) -> list[_Pending]:
+    async def _collect(self, knobs: Knobs) -> tuple[list[_Pending], Fill]:
+        """Wait (an instance in hand) until the queue fills a batch or ``batch_timeout`` after
+        the oldest request's arrival, but not while no other request is expected within what
+        is left of that window: such a wait cannot fill the batch and only adds latency."""
         if not self._heap:
-            return []
+            return [], Fill("full", 0.0)
+        waited = 0.0
         oldest = min(item.enqueued for item in self._heap)
         fill_deadline = oldest + knobs.batch_timeout_s
+        trigger: Literal["full", "timeout", "no_arrival_expected"] = "full"
         while self._queued_rows < knobs.max_batch_size:
-            wait = fill_deadline - self._clock()
+            now = self._clock()
+            wait = fill_deadline - now
             if wait <= 0:
+                trigger = "timeout"
+                break
+            if self.arrivals.expected(wait, now) < 1.0:
+                trigger = "no_arrival_expected"
                 break
             self._arrival.clear()
             try:
                 await asyncio.wait_for(self._arrival.wait(), timeout=wait)
             except TimeoutError:
+                trigger = "timeout"
                 break
-        return self._take(knobs.max_batch_size)
+            finally:
+                waited += self._clock() - now
+        return self._take(knobs.max_batch_size), Fill(trigger, waited)
 
     def _take(self, max_rows: int) -> list[_Pending]:
         """Pop the most urgent requests that fit in one batch and share the head's shapes."""
@@ -296,7 +327,7 @@ class Batcher:
             heapq.heappush(self._heap, item)
         return batch
 
-    async def _run_batch(self, inst: Instance, batch: list[_Pending]) -> None:
+    async def _run_batch(self, inst: Instance, batch: list[_Pending], fill: Fill) -> None:
         names = list(batch[0].inputs)
         if len(batch) == 1:
             inputs = batch[0].inputs
@@ -323,7 +354,7 @@ class Batcher:
             if not abandoned:
                 await self._pool.release(inst)
         outputs, infer_s = result
-        self._fan_out(batch, outputs, started, rows, infer_s)
+        self._fan_out(batch, outputs, started, rows, infer_s, fill)
 
     def _start_call(self, inst: Instance, inputs: Inputs) -> _RuntimeCall:
         loop = asyncio.get_running_loop()
@@ -373,7 +404,13 @@ class Batcher:
                 item.future.set_exception(error)
 
     def _fan_out(
-        self, batch: list[_Pending], outputs: Outputs, started: float, rows: int, infer_s: float
+        self,
+        batch: list[_Pending],
+        outputs: Outputs,
+        started: float,
+        rows: int,
+        infer_s: float,
+        fill: Fill,
     ) -> None:
         compute = self._clock() - started
         # The call's own duration, not the wait for an executor thread (a session rebuild may
@@ -389,7 +426,7 @@ class Batcher:
             if not item.future.done():
                 item.future.set_result((part, queue_s, compute))
         if self._on_batch is not None:
-            self._on_batch(BatchRecord(rows, len(batch), queue_times, compute))
+            self._on_batch(BatchRecord(rows, len(batch), queue_times, compute, fill))
 
 
 @dataclass(frozen=True, slots=True)
