@@ -18,6 +18,7 @@ VALIDATED = {
     "k8s/overlays/*/*.yaml": "test_kubernetes.py: kustomize, then the Kubernetes schemas",
     "k8s/monitoring/servicemonitor.yaml": "test_kubernetes.py: the prometheus-operator CRD",
     "mosquitto/mosquitto.conf": "test_mosquitto.py: a real Mosquitto loads it",
+    "mosquitto/broker.conf": "test_mosquitto.py: a real Mosquitto loads it",
     "mosquitto/acl": "test_mosquitto.py: a real Mosquitto loads it",
 }
 NOT_CONFIGURATION = {"mosquitto/README.md", "secrets/.gitignore"}
