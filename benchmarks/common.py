@@ -23,7 +23,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -50,6 +52,43 @@ def bench_parser(prog: str, description: str | None) -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="seconds, to check it still works")
     p.add_argument("--out", type=Path, help="results directory (default benchmarks/results)")
     return p
+
+
+@dataclass
+class BenchRun:
+    """One run of a benchmark, from its start: what its results file records besides the
+    figures (when it began, the machine as it was then), a log stamped with the seconds since
+    the start, and the results file written at the end."""
+
+    name: str
+    quick: bool
+    out_dir: Path | None
+    created: str = field(default_factory=now_iso)
+    machine: dict[str, Any] = field(default_factory=machine_info)
+    started: float = field(default_factory=time.monotonic)
+
+    def wall_s(self) -> float:
+        return round(time.monotonic() - self.started, 1)
+
+    def log(self, msg: str) -> None:
+        print(f"[{time.monotonic() - self.started:6.1f}s] {msg}", flush=True)
+
+    def write(
+        self, *, summary: dict[str, Any], runs: list[dict[str, Any]], config: dict[str, Any]
+    ) -> Path:
+        """The results file (``write_results``), its path printed last; returns the path."""
+        path = write_results(
+            self.name,
+            quick=self.quick,
+            out_dir=self.out_dir,
+            machine=self.machine,
+            summary=summary,
+            runs=runs,
+            config=config,
+            created=self.created,
+        )
+        print(f"\nwrote {path}")
+        return path
 
 
 def print_summary(summary: Mapping[str, object]) -> None:

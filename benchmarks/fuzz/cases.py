@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gateway.codecs.oip import HEADER_LENGTH
+
 MODEL = "sensor_mlp"
 INPUT = "features"
 FEATURES = 32
@@ -21,7 +23,6 @@ CLASSES = 8
 PREFIX = "iotgw"
 REPLY_ROOT = "fuzz"  # Response Topics outside every device's namespace (the receiver takes fuzz/#)
 SEQ = "{n}"  # placeholder in topic templates, replaced by the sequence number
-HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
 @dataclass(frozen=True, slots=True)

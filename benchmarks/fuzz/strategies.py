@@ -17,14 +17,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from benchmarks.fuzz.cases import (
-    FEATURES,
-    HEADER_LENGTH,
-    INPUT,
-    MODEL,
-    HttpCase,
-    oipb_frame,
-)
+from benchmarks.fuzz.cases import FEATURES, INPUT, MODEL, HttpCase, oipb_frame
+from gateway.codecs.oip import HEADER_LENGTH
 
 Draw = Callable[[st.SearchStrategy[Any]], Any]
 

@@ -3,14 +3,12 @@ results written and printed, everything stopped whatever happens."""
 
 from __future__ import annotations
 
-import shutil
+import contextlib
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import machine_info, now_iso, write_results
+from benchmarks.common import BenchRun
 from benchmarks.http import report
 from benchmarks.http.bench import Bench
 from benchmarks.http.codec_cpu import cpu_per_request
@@ -21,15 +19,6 @@ from benchmarks.http.plan import FULL, LOW_LOAD_MODEL, NAME, QUICK, Plan
 from benchmarks.http.saturation import gateway_knob_sweep, gateway_saturation
 from benchmarks.http.workload import Model, build_repository, check_replies, load_models
 from benchmarks.servers import start_gateway, start_http_echo
-
-
-def _logger() -> Callable[[str], None]:
-    t_start = time.monotonic()
-
-    def log(msg: str) -> None:
-        print(f"[{time.monotonic() - t_start:6.1f}s] {msg}", flush=True)
-
-    return log
 
 
 def _experiments(
@@ -61,37 +50,19 @@ def _experiments(
 
 
 def run(plan: Plan, out_dir: Path | None) -> Path:
-    created = now_iso()
-    machine = machine_info()
-    t_start = time.monotonic()
-    workdir = Path(tempfile.mkdtemp(prefix="iotgw-bench-http-"))
-    bench = Bench(plan, _logger())
-    try:
-        models, heads, low, codec = _experiments(bench, workdir)
-    finally:
-        bench.close()
-        shutil.rmtree(workdir, ignore_errors=True)
+    record = BenchRun(NAME, plan.quick, out_dir)
+    bench = Bench(plan, record.log)
+    with (
+        tempfile.TemporaryDirectory(prefix="iotgw-bench-http-", ignore_cleanup_errors=True) as tmp,
+        contextlib.closing(bench),
+    ):
+        models, heads, low, codec = _experiments(bench, Path(tmp))
     summary = report.summarize(plan, heads, low, codec, bench.runs)
     bench.config.update(
-        {
-            "models": report.models_config(models),
-            **report.METHOD,
-            "wall_s": round(time.monotonic() - t_start, 1),
-        }
-    )
-    path = write_results(
-        NAME,
-        quick=plan.quick,
-        out_dir=out_dir,
-        machine=machine,
-        summary=summary,
-        runs=bench.runs,
-        config=bench.config,
-        created=created,
+        {"models": report.models_config(models), **report.METHOD, "wall_s": record.wall_s()}
     )
     report.print_tables(bench.runs, summary)
-    print(f"\nwrote {path}")
-    return path
+    return record.write(summary=summary, runs=bench.runs, config=bench.config)
 
 
 def main(quick: bool = False, out_dir: Path | None = None) -> int:

@@ -6,10 +6,9 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
-from benchmarks.common import Repeated, fmt_repeated, format_table, write_results
+from benchmarks.common import Repeated, fmt_repeated, format_table
 from benchmarks.mqtt.plan import LOW_LOAD_KNOBS, MODEL, SATURATION_KNOBS, Plan
 
 Results = dict[str, list[dict[str, Any]]]
@@ -181,15 +180,9 @@ def _method(plan: Plan) -> str:
     )
 
 
-def write(
-    plan: Plan,
-    quick: bool,
-    out_dir: Path | None,
-    machine: dict[str, Any],
-    summary: dict[str, Any],
-    runs: list[dict[str, Any]],
-) -> Path:
-    config = {
+def config(plan: Plan) -> dict[str, Any]:
+    """The results file's ``config``: what was measured and how."""
+    return {
         "model": MODEL,
         "payload": "binary frame, 1x32 FP32 (the same JSON header and tensor over HTTP)",
         "plan": plan.__dict__,
@@ -201,12 +194,3 @@ def write(
         "saturation_knobs": SATURATION_KNOBS,
         "method": _method(plan),
     }
-    return write_results(
-        "mqtt",
-        quick=quick,
-        out_dir=out_dir,
-        machine=machine,
-        summary=summary,
-        runs=runs,
-        config=config,
-    )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import load_average, machine_info
+from benchmarks.common import BenchRun, load_average
 from benchmarks.mqtt import report
 from benchmarks.mqtt.experiments import Recorder, low_load, saturation
 from benchmarks.mqtt.plan import FULL, QUICK, Plan, request
@@ -17,19 +17,17 @@ from benchmarks.mqtt.stack import open_stack
 def run(plan: Plan, out_dir: Path | None, quick: bool) -> Path:
     req = request(np.random.default_rng(0), "bench")
     rec = Recorder()
-    machine = machine_info()
+    record = BenchRun("mqtt", quick, out_dir)
     with (
         tempfile.TemporaryDirectory(prefix="iotgw-bench-mqtt-") as tmp,
         open_stack(Path(tmp), plan) as stack,
     ):
         low_load(stack, plan, req, rec)
         saturation(stack, plan, req, rec)
-    machine["load_average_at_end"] = load_average()
+    record.machine["load_average_at_end"] = load_average()
     summary = report.summarize(plan, rec.results, rec.runs)
     report.print_report(plan, rec.results, summary)
-    path = report.write(plan, quick, out_dir, machine, summary, rec.runs)
-    print(f"results: {path}")
-    return path
+    return record.write(summary=summary, runs=rec.runs, config=report.config(plan))
 
 
 def main(quick: bool = False, out_dir: Path | None = None) -> int:

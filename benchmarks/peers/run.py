@@ -4,15 +4,14 @@ stopped whatever happens."""
 
 from __future__ import annotations
 
-import shutil
+import contextlib
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ServerProcess, machine_info, now_iso, write_results
+from benchmarks.common import BenchRun, ServerProcess
 from benchmarks.http.workload import Model, build_repository, load_models
 from benchmarks.peers import report
 from benchmarks.peers.measure import Arm, measure_point
@@ -36,15 +35,6 @@ from benchmarks.peers.plan import (
 )
 from benchmarks.peers.servers import start_gateway_batching, start_mlserver
 from benchmarks.peers.workload import reply_difference
-
-
-def _logger() -> Callable[[str], None]:
-    t_start = time.monotonic()
-
-    def log(msg: str) -> None:
-        print(f"[{time.monotonic() - t_start:6.1f}s] {msg}", flush=True)
-
-    return log
 
 
 class Peers:
@@ -149,37 +139,24 @@ def _point_line(p: dict[str, Any]) -> str:
 
 
 def run(plan: Plan, out_dir: Path | None) -> Path:
-    created = now_iso()
-    machine = machine_info()
-    t_start = time.monotonic()
-    workdir = Path(tempfile.mkdtemp(prefix="iotgw-bench-peers-"))
-    peers = Peers(plan, _logger())
-    try:
+    record = BenchRun(NAME, plan.quick, out_dir)
+    peers = Peers(plan, record.log)
+    with (
+        tempfile.TemporaryDirectory(prefix="iotgw-bench-peers-", ignore_cleanup_errors=True) as tmp,
+        contextlib.closing(peers),
+    ):
+        workdir = Path(tmp)
         models = load_models(build_repository(workdir / "repo"))
         arms = _start_servers(peers, workdir, models)
         _check(peers, arms, models)
         _measure(peers, arms, models)
-    finally:
-        peers.close()
-        shutil.rmtree(workdir, ignore_errors=True)
     summary = report.summarize(plan, peers.points, peers.runs, peers.mlserver)
-    machine["packages"] = {**machine.get("packages", {}), "mlserver": peers.mlserver.get("version")}
-    peers.config.update(
-        {"mlserver": peers.mlserver, "wall_s": round(time.monotonic() - t_start, 1)}
-    )
-    path = write_results(
-        NAME,
-        quick=plan.quick,
-        out_dir=out_dir,
-        machine=machine,
-        summary=summary,
-        runs=[*peers.points, *peers.runs],
-        config=peers.config,
-        created=created,
-    )
+    packages = {**record.machine.get("packages", {}), "mlserver": peers.mlserver.get("version")}
+    record.machine["packages"] = packages
+    peers.config.update({"mlserver": peers.mlserver, "wall_s": record.wall_s()})
     report.print_tables(peers.points, summary)
-    print(f"\nwrote {path}")
-    return path
+    runs = [*peers.points, *peers.runs]
+    return record.write(summary=summary, runs=runs, config=peers.config)
 
 
 def main(quick: bool = False, out_dir: Path | None = None) -> int:

@@ -5,19 +5,13 @@ runtime computes before anything is timed."""
 from __future__ import annotations
 
 import json
-import urllib.request
 from dataclasses import dataclass
 
 import numpy as np
 
+from benchmarks.http import workload as http_workload
 from benchmarks.http.workload import Model
-from benchmarks.loadgen import decode_response
 from benchmarks.peers.plan import REQUEST_BUDGET_S
-from gateway.codecs.oip import HEADER_LENGTH
-
-# Largest difference accepted between a server's reply and the runtime called in this process:
-# JSON carries float32 values as text, and batches of different sizes may round differently.
-TOLERANCE = 1e-4
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,29 +53,7 @@ def _rows(model: Model, rows: int) -> np.ndarray:
 
 
 def reply_difference(url: str, model: Model, request: Request) -> float:
-    """Largest absolute difference between one reply of the server at ``url`` and the runtime
-    called in this process on the same rows; raises when the reply is wrong."""
-    from models.backends import load_runtime
-    from models.runtime import Threads
-
-    headers = {"Content-Type": "application/json"}
-    if request.header_length:
-        headers = {
-            "Content-Type": "application/octet-stream",
-            HEADER_LENGTH: str(request.header_length),
-        }
-    req = urllib.request.Request(url, data=request.body, method="POST", headers=headers)
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        length = resp.headers.get(HEADER_LENGTH)
-        got = decode_response(resp.read(), int(length) if length else None)
-    rt = load_runtime(model.version, Threads(1, 1))
-    want = rt.infer({model.input_name: _rows(model, request.rows)})
-    rt.close()
-    worst = 0.0
-    for name in model.output_names:
-        if got[name].shape != want[name].shape:
-            raise AssertionError(f"{url}: {name} shape {got[name].shape} != {want[name].shape}")
-        worst = max(worst, float(np.max(np.abs(got[name] - want[name]))))
-    if worst > TOLERANCE:
-        raise AssertionError(f"{url}: the reply differs from the runtime's by {worst}")
-    return worst
+    """``benchmarks.http.workload.reply_difference`` for one of these requests."""
+    return http_workload.reply_difference(
+        url, model, request.body, request.header_length, _rows(model, request.rows)
+    )

@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import machine_info, now_iso, print_summary, write_results
+from benchmarks.common import BenchRun, print_summary
 from benchmarks.quant import report
 from benchmarks.quant.measure import (
     agreement,
@@ -55,25 +55,13 @@ def _measure(plan: Plan, work: Path) -> list[dict[str, Any]]:
 
 
 def run(plan: Plan, out_dir: Path | None) -> Path:
-    created = now_iso()
-    machine = machine_info()
+    record = BenchRun(NAME, plan.quick, out_dir)
     with tempfile.TemporaryDirectory(prefix="iotgw-bench-quant-") as tmp:
         runs = _measure(plan, Path(tmp))
     summary = report.summarize(plan, runs)
-    path = write_results(
-        NAME,
-        quick=plan.quick,
-        out_dir=out_dir,
-        machine=machine,
-        summary=summary,
-        runs=runs,
-        config=report.config(plan),
-        created=created,
-    )
     print(report.table(runs))
     print_summary(summary)
-    print(f"\nwrote {path}")
-    return path
+    return record.write(summary=summary, runs=runs, config=report.config(plan))
 
 
 def main(quick: bool = False, out_dir: Path | None = None) -> int:
