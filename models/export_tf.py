@@ -57,6 +57,22 @@ def dense(kernel: tf.Tensor, bias: tf.Tensor) -> LayerFn:
     return lambda x: tf.matmul(x, kernel) + bias
 
 
+def layer_fns_of(
+    spec: ModelSpec, params: Sequence[tuple[tf.Tensor, tf.Tensor] | None]
+) -> list[LayerFn | None]:
+    """Each layer's function for its (kernel, bias) held as tensors or variables (None: a layer
+    without weights), in zoo layout."""
+    fns: list[LayerFn | None] = []
+    for layer, p in zip(spec.layers, params, strict=True):
+        if p is None:
+            fns.append(None)
+        elif isinstance(layer, Conv2D):
+            fns.append(conv2d(layer, *p))
+        else:
+            fns.append(dense(*p))
+    return fns
+
+
 class _Served(tf.Module):
     """Holds the weights as non-trainable variables, so they land in ``variables/``."""
 
@@ -74,14 +90,7 @@ class _Served(tf.Module):
 
     def forward(self, inputs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         spec = self._spec
-        fns: list[LayerFn | None] = []
-        for layer, p in zip(spec.layers, self._params, strict=True):
-            if p is None:
-                fns.append(None)
-            elif isinstance(layer, Conv2D):
-                fns.append(conv2d(layer, *p))
-            else:
-                fns.append(dense(*p))
+        fns = layer_fns_of(spec, self._params)
         return {spec.output: forward(spec, [inputs[i.name] for i in spec.inputs], fns)}
 
 

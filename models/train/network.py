@@ -25,9 +25,9 @@ import numpy as np
 import tensorflow as tf
 
 from models.checkpoint import QuantizedTensor
-from models.export_tf import LayerFn, conv2d, dense, forward
+from models.export_tf import forward, layer_fns_of
 from models.train.qwz import QwZConfig, quantize_zoo_kernel, zoo_layout
-from models.zoo import Conv2D, Layer, ModelSpec, Params, Weights
+from models.zoo import Layer, ModelSpec, Params, Weights
 
 Recorder = Callable[[QuantizedTensor], None]
 
@@ -58,18 +58,6 @@ def qwz_kernel(
     return fake_quant(kernel)
 
 
-def layer_fns(spec: ModelSpec, params: Sequence[tuple[tf.Tensor, tf.Tensor] | None]) -> list:
-    fns: list[LayerFn | None] = []
-    for layer, p in zip(spec.layers, params, strict=True):
-        if p is None:
-            fns.append(None)
-        elif isinstance(layer, Conv2D):
-            fns.append(conv2d(layer, *p))
-        else:
-            fns.append(dense(*p))
-    return fns
-
-
 def logits_spec(spec: ModelSpec) -> ModelSpec:
     """The same model without its softmax: training and comparisons work on logits."""
     return replace(spec, softmax=False)
@@ -79,7 +67,7 @@ def forward_logits(spec: ModelSpec, weights: Weights, x: np.ndarray) -> np.ndarr
     """Logits of float zoo-layout ``weights`` for a batch (eager TensorFlow, same ops as the
     training step and the served TensorFlow graph)."""
     params = [None if p is None else (tf.constant(p.kernel), tf.constant(p.bias)) for p in weights]
-    out = forward(logits_spec(spec), [tf.constant(x, tf.float32)], layer_fns(spec, params))
+    out = forward(logits_spec(spec), [tf.constant(x, tf.float32)], layer_fns_of(spec, params))
     return out.numpy()
 
 
@@ -117,7 +105,7 @@ class ZooNetwork(keras.Model):
         params: list[tuple[tf.Tensor, tf.Tensor] | None] = [None] * len(self.spec.layers)
         for position, index in enumerate(self.param_layers):
             params[index] = (kernels[position], biases[position])
-        return forward(logits_spec(self.spec), [x], layer_fns(self.spec, params))
+        return forward(logits_spec(self.spec), [x], layer_fns_of(self.spec, params))
 
     def call(self, x: tf.Tensor, qwz: QwZConfig | None = None) -> tf.Tensor:
         """Logits; with ``qwz`` every kernel (at least ``qwz.min_elements`` big) goes through
