@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,23 +16,30 @@ from gateway.settings import GatewaySettings
 from tests.deploy.conftest import DEPLOY, load_one
 
 COMPOSE = DEPLOY / "compose.yaml"
+SCHEMA = "vendor.compose-spec"  # the copy of the compose-spec schema check-jsonschema ships
 
 
-def test_compose_file_meets_the_compose_spec() -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "check_jsonschema",
-            "--builtin-schema",
-            "vendor.compose-spec",
-            str(COMPOSE),
-        ],
+def check_compose_spec(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", SCHEMA, str(path)],
         capture_output=True,
         text=True,
         timeout=120,
+        check=False,
     )
+
+
+def test_compose_file_meets_the_compose_spec() -> None:
+    result = check_compose_spec(COMPOSE)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_compose_spec_rejects_a_misspelt_key(tmp_path: Path) -> None:
+    broken = tmp_path / "compose.yaml"
+    broken.write_text(COMPOSE.read_text().replace("stop_grace_period:", "stop_grace_perod:"))
+    result = check_compose_spec(broken)
+    assert result.returncode != 0
+    assert "stop_grace_perod" in result.stdout + result.stderr
 
 
 def _gateways(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
