@@ -325,7 +325,31 @@ class Batcher:
                 break
         for item in skipped:
             heapq.heappush(self._heap, item)
-        return batch
+        return self._refuse_late(batch, now, rows)
+
+    def _refuse_late(self, batch: list[_Pending], now: float, rows: int) -> list[_Pending]:
+        """Refuse (503 deadline, with a retry hint) the requests of a batch about to start that
+        it would answer after their deadlines at the recent pace of batches of its size:
+        admission plans with the fastest pace, so a request can reach its batch with less time
+        left than the batch takes. A late answer is an SLO violation all the same, and
+        refusing now tells the client while a retry can still help."""
+        typical = self.service_time.typical(rows) if batch else None
+        if typical is None or all(item.deadline >= now + typical for item in batch):
+            return batch
+        kept = []
+        for item in batch:
+            if item.deadline >= now + typical:
+                kept.append(item)
+                continue
+            item.future.set_exception(
+                DeadlineUnmeetable(
+                    f"model {self.name}: a batch of {rows} rows takes about "
+                    f"{typical * 1e3:.1f} ms, {(item.deadline - now) * 1e3:.1f} ms were left "
+                    f"after {(now - item.enqueued) * 1e3:.1f} ms in the queue",
+                    retry_after=self._drain_time(),
+                )
+            )
+        return kept
 
     async def _run_batch(self, inst: Instance, batch: list[_Pending], fill: Fill) -> None:
         names = list(batch[0].inputs)

@@ -19,6 +19,7 @@ class ServiceTimeEstimate:
         self._window = window
         self._recent: dict[int, deque[float]] = {}
         self._by_bucket: dict[int, float] = {}  # each bucket's fastest, updated on observe
+        self._typical: dict[int, float] = {}  # each bucket's median, updated on observe
 
     @staticmethod
     def _bucket(rows: int) -> int:
@@ -31,10 +32,19 @@ class ServiceTimeEstimate:
             recent = self._recent[b] = deque(maxlen=self._window)
         recent.append(seconds)
         self._by_bucket[b] = min(recent)
+        ordered = sorted(recent)
+        self._typical[b] = ordered[len(ordered) // 2]
 
     def samples(self) -> dict[int, tuple[float, ...]]:
         """The recent batch times of each bucket, keyed by the bucket's largest batch size."""
         return {2**b: tuple(recent) for b, recent in sorted(self._recent.items())}
+
+    def typical(self, rows: int) -> float | None:
+        """Seconds a batch of ``rows`` takes at the recent pace (the median of its bucket's
+        window, robust to a few slow batches too): what a batch about to start will most
+        likely take. Sizes not measured fall back to ``predict``."""
+        typical = self._typical.get(self._bucket(rows))
+        return typical if typical is not None else self.predict(rows)
 
     def predict(self, rows: int) -> float | None:
         """Seconds for one batch of ``rows``; None before anything was measured."""

@@ -34,3 +34,13 @@ def test_sizes_share_power_of_two_buckets_and_unseen_sizes_are_over_estimated() 
     assert est.predict(4) == pytest.approx(0.002)  # the fastest of the bucket
     assert est.predict(16) == pytest.approx(0.002 * 4)  # two buckets up: scaled linearly
     assert est.predict(1) == pytest.approx(0.002)  # below: the smallest measured
+
+
+def test_the_typical_batch_is_the_median_of_its_bucket() -> None:
+    est = ServiceTimeEstimate(window=5)
+    assert est.typical(4) is None
+    for seconds in (0.001, 0.010, 0.003, 0.150, 0.004):
+        est.observe(4, seconds)
+    assert est.typical(4) == pytest.approx(0.004)  # one slow batch does not move it
+    assert est.predict(4) == pytest.approx(0.001)  # while admission plans with the fastest
+    assert est.typical(16) == est.predict(16)  # not measured: as predicted

@@ -1,0 +1,73 @@
+"""What is admitted is answered within its deadline: admission plans with the fastest recent
+batch (so a short slowdown does not refuse requests that would have made it), and a request
+whose batch, at the recent pace, would end after its deadline is refused (503 deadline, with a
+retry hint) when that batch starts, instead of being answered late.
+
+The recent pace is set by hand in the batcher's service-time estimate (one fast batch, two
+slow ones), so what is refused follows from the rule, not from how fast this machine is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gateway.errors import GatewayError
+from gateway.types import InferenceRequest
+from models.runtime import Runtime
+from tests.gateway.gated_runtime import (  # noqa: F401 (*_fixture: pytest fixtures)
+    MODEL,
+    Gate,
+    features,
+    gated_service,
+    mlp_repo,
+    reference_fixture,
+    source_fixture,
+)
+
+BATCHING = {"concurrency": 1, "max_batch_size": 4, "batch_timeout_ms": 0.0}
+FASTEST_S, TYPICAL_S = 0.001, 10.0
+
+
+async def test_a_request_its_batch_would_answer_late_is_refused_when_the_batch_starts(
+    source: Path, tmp_path: Path, reference: Runtime
+) -> None:
+    async with gated_service(mlp_repo(tmp_path / "repo", source, **BATCHING), Gate()) as service:
+        host = service.host(MODEL)
+        for seconds in (FASTEST_S, TYPICAL_S, TYPICAL_S):  # one-row batches
+            host._batcher.service_time.observe(1, seconds)
+
+        # 5 s left: the fastest pace would make it (admitted), the recent one would not.
+        late = InferenceRequest(MODEL, features(1, 0), timeout_s=5.0)
+        with pytest.raises(GatewayError) as refused:
+            await service.infer(late, transport="test")
+        error = refused.value
+        assert (error.status, error.reason) == (503, "deadline")
+        assert "takes about 10000.0 ms" in error.message  # refused at the batch, not at the door
+        assert error.retry_after is not None and error.retry_after > 0
+
+        # With time enough for the recent pace, a request is served, and correctly.
+        timely = InferenceRequest(MODEL, features(1, 1), timeout_s=60.0)
+        response = await service.infer(timely, transport="test")
+        want = reference.infer(features(1, 1))["probabilities"]
+        np.testing.assert_array_equal(response.outputs["probabilities"], want)
+
+        stats = host.stats()
+        assert (stats.rejected, stats.completed) == (1, 1)
+        assert service.byte_budget.charged == 0
+
+
+async def test_a_request_that_cannot_make_it_even_at_the_fastest_pace_is_refused_at_once(
+    source: Path, tmp_path: Path
+) -> None:
+    async with gated_service(mlp_repo(tmp_path / "repo", source, **BATCHING), Gate()) as service:
+        host = service.host(MODEL)
+        for _ in range(3):
+            host._batcher.service_time.observe(1, TYPICAL_S)
+        request = InferenceRequest(MODEL, features(1, 0), timeout_s=5.0)
+        with pytest.raises(GatewayError) as refused:
+            await service.infer(request, transport="test")
+        assert (refused.value.status, refused.value.reason) == (503, "deadline")
+        assert "cannot be met (estimated" in refused.value.message  # at admission
+        assert host.queue_depth == 0
