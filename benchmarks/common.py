@@ -21,8 +21,9 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,13 @@ class BenchRun:
     created: str = field(default_factory=now_iso)
     machine: dict[str, Any] = field(default_factory=machine_info)
     started: float = field(default_factory=time.monotonic)
+
+    @contextlib.contextmanager
+    def workdir(self) -> Iterator[Path]:
+        """A temporary folder for the run's files, removed at the end whatever happens."""
+        prefix = f"iotgw-bench-{self.name}-"
+        with tempfile.TemporaryDirectory(prefix=prefix, ignore_cleanup_errors=True) as tmp:
+            yield Path(tmp)
 
     def wall_s(self) -> float:
         return round(time.monotonic() - self.started, 1)

@@ -4,7 +4,6 @@ results written and printed, everything stopped whatever happens."""
 from __future__ import annotations
 
 import contextlib
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -52,11 +51,8 @@ def _experiments(
 def run(plan: Plan, out_dir: Path | None) -> Path:
     record = BenchRun(NAME, plan.quick, out_dir)
     bench = Bench(plan, record.log)
-    with (
-        tempfile.TemporaryDirectory(prefix="iotgw-bench-http-", ignore_cleanup_errors=True) as tmp,
-        contextlib.closing(bench),
-    ):
-        models, heads, low, codec = _experiments(bench, Path(tmp))
+    with record.workdir() as workdir, contextlib.closing(bench):
+        models, heads, low, codec = _experiments(bench, workdir)
     summary = report.summarize(plan, heads, low, codec, bench.runs)
     bench.config.update(
         {"models": report.models_config(models), **report.METHOD, "wall_s": record.wall_s()}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -18,10 +17,7 @@ def run(plan: Plan, out_dir: Path | None, quick: bool) -> Path:
     req = request(np.random.default_rng(0), "bench")
     rec = Recorder()
     record = BenchRun("mqtt", quick, out_dir)
-    with (
-        tempfile.TemporaryDirectory(prefix="iotgw-bench-mqtt-") as tmp,
-        open_stack(Path(tmp), plan) as stack,
-    ):
+    with record.workdir() as workdir, open_stack(workdir, plan) as stack:
         low_load(stack, plan, req, rec)
         saturation(stack, plan, req, rec)
     record.machine["load_average_at_end"] = load_average()

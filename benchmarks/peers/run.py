@@ -5,7 +5,6 @@ stopped whatever happens."""
 from __future__ import annotations
 
 import contextlib
-import tempfile
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -141,11 +140,7 @@ def _point_line(p: dict[str, Any]) -> str:
 def run(plan: Plan, out_dir: Path | None) -> Path:
     record = BenchRun(NAME, plan.quick, out_dir)
     peers = Peers(plan, record.log)
-    with (
-        tempfile.TemporaryDirectory(prefix="iotgw-bench-peers-", ignore_cleanup_errors=True) as tmp,
-        contextlib.closing(peers),
-    ):
-        workdir = Path(tmp)
+    with record.workdir() as workdir, contextlib.closing(peers):
         models = load_models(build_repository(workdir / "repo"))
         arms = _start_servers(peers, workdir, models)
         _check(peers, arms, models)

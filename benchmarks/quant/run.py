@@ -3,7 +3,6 @@ and latency measured, the results written and printed."""
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +55,8 @@ def _measure(plan: Plan, work: Path) -> list[dict[str, Any]]:
 
 def run(plan: Plan, out_dir: Path | None) -> Path:
     record = BenchRun(NAME, plan.quick, out_dir)
-    with tempfile.TemporaryDirectory(prefix="iotgw-bench-quant-") as tmp:
-        runs = _measure(plan, Path(tmp))
+    with record.workdir() as workdir:
+        runs = _measure(plan, workdir)
     summary = report.summarize(plan, runs)
     print(report.table(runs))
     print_summary(summary)
