@@ -61,6 +61,7 @@ class _Delivery:
     route: Route
     key: tuple[str, bytes] | None = None
     ended: bool = False
+    refusal: bool = False  # an overflow refusal: holds no serving slot
 
 
 @dataclass(slots=True)
@@ -97,6 +98,7 @@ class MqttAdapter:
         # beyond Receive Maximum, arrivals wait in the backlog (a broker that does not enforce
         # the limit, or QoS 0) unacknowledged.
         self._in_flight = 0
+        self._refusing = 0  # of those, overflow refusals awaiting their reply's PUBACK
         self._idle = asyncio.Event()
         self._idle.set()
         self._backlog: deque[tuple[_Connection, Message]] = deque()
@@ -189,11 +191,16 @@ class MqttAdapter:
         connection = self._connection
         if connection is None or not connection.alive or self._stopping.is_set():
             return  # not acknowledged: the broker redelivers it to the next session
-        if self._in_flight >= self._limit:
-            if len(self._backlog) < self._backlog_limit:
-                self._backlog.append((connection, message))
-            else:
+        if self._in_flight - self._refusing >= self._limit:
+            if not self._backlog_limit:
                 self._refuse_overflow(connection, message)
+                return
+            # Full: the oldest waiting request is refused, and the newest served first
+            # (``_resume``): under sustained overload a first-in-first-out backlog would serve
+            # only requests that already waited out their deadlines in it.
+            if len(self._backlog) >= self._backlog_limit:
+                self._refuse_overflow(*self._backlog.popleft())
+            self._backlog.append((connection, message))
             return
         self._take(connection, message)
 
@@ -230,8 +237,10 @@ class MqttAdapter:
 
     def _refuse_overflow(self, connection: _Connection, message: Message) -> None:
         """Beyond the in-flight limit and a full backlog (a broker that does not enforce
-        Receive Maximum, e.g. MQTT 3.1.1): answered at once with a retryable error, never
-        dropped in silence and never buffered without bound."""
+        Receive Maximum: MQTT 3.1.1, and Mosquitto 2.0 under a sustained flood): answered at
+        once with a retryable error, never dropped in silence and never buffered without
+        bound. The refusal holds no serving slot while its reply awaits the broker's PUBACK:
+        under a flood, refusals would otherwise take every slot and nothing would be served."""
         self._in_flight += 1
         self._idle.clear()
         try:
@@ -242,7 +251,8 @@ class MqttAdapter:
             self._acknowledge(connection, message.mid, message.qos)
             self._finish()
             return
-        delivery = _Delivery(connection, message.mid, message.qos, route)
+        delivery = _Delivery(connection, message.mid, message.qos, route, refusal=True)
+        self._refusing += 1
         busy = Overloaded(
             f"the gateway has {self._in_flight - 1} MQTT requests in flight and "
             f"{len(self._backlog)} waiting; retry later",
@@ -388,6 +398,7 @@ class MqttAdapter:
         if delivery.ended:
             return
         delivery.ended = True
+        self._refusing -= delivery.refusal
         if acknowledge:
             self._acknowledge(delivery.connection, delivery.mid, delivery.qos)
         else:
@@ -408,8 +419,8 @@ class MqttAdapter:
 
     def _resume(self) -> None:
         self._resume_scheduled = False
-        while self._backlog and self._in_flight < self._limit:
-            connection, message = self._backlog.popleft()
+        while self._backlog and self._in_flight - self._refusing < self._limit:
+            connection, message = self._backlog.pop()
             if connection.alive and not self._stopping.is_set():
                 self._take(connection, message)
 
