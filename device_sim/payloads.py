@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from device_sim.tensors import DataFile, ModelSpec, inputs_from_rows, random_tensor
+from device_sim.tensors import DataFile, ModelInputs, inputs_from_rows, random_tensor
 from device_sim.wire import RequestBody, body_from_payload, encode_request
 
 # Distinct bodies kept per model: enough that a server cannot cache one answer, few enough that
@@ -39,7 +39,7 @@ class PayloadPool:
 
 def build_pool(
     model: str,
-    spec: ModelSpec | None,
+    spec: ModelInputs | None,
     data: list[DataFile],
     framing: Framing,
     rng: np.random.Generator,

@@ -32,7 +32,7 @@ from device_sim.mqtt_version import VersionChoice, negotiate_version
 from device_sim.payloads import Framing, PayloadPool, RecordedPayloads, build_pool
 from device_sim.plan import Plan, plan_from_scenario, plan_from_trace
 from device_sim.scenario import Scenario
-from device_sim.tensors import DataFile, ModelSpec, fetch_metadata, load_metadata_file
+from device_sim.tensors import DataFile, ModelInputs, fetch_metadata, load_metadata_file
 from device_sim.trace import check_topic_level, read_trace
 from device_sim.wire import RequestBody
 
@@ -139,8 +139,8 @@ def build_plan(options: SimOptions, rng: np.random.Generator) -> Plan:
     )
 
 
-async def _model_specs(options: SimOptions, models: Sequence[str]) -> dict[str, ModelSpec]:
-    specs: dict[str, ModelSpec] = {}
+async def _model_specs(options: SimOptions, models: Sequence[str]) -> dict[str, ModelInputs]:
+    specs: dict[str, ModelInputs] = {}
     for path in options.metadata_files:
         specs.update(load_metadata_file(path))
     missing = [m for m in models if m not in specs]

@@ -18,22 +18,10 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-# The protocol's datatype names (KServe v2 / Open Inference Protocol) and their numpy dtypes.
-DATATYPES: dict[str, np.dtype] = {
-    "BOOL": np.dtype(np.bool_),
-    "UINT8": np.dtype(np.uint8),
-    "UINT16": np.dtype(np.uint16),
-    "UINT32": np.dtype(np.uint32),
-    "UINT64": np.dtype(np.uint64),
-    "INT8": np.dtype(np.int8),
-    "INT16": np.dtype(np.int16),
-    "INT32": np.dtype(np.int32),
-    "INT64": np.dtype(np.int64),
-    "FP16": np.dtype(np.float16),
-    "FP32": np.dtype(np.float32),
-    "FP64": np.dtype(np.float64),
-    "BYTES": np.dtype(object),
-}
+from models.datatypes import OIP_DATATYPES
+
+# The protocol's datatype names and their numpy dtypes.
+DATATYPES = OIP_DATATYPES
 _LABELS = {dt.name: label for label, dt in DATATYPES.items() if label != "BYTES"}
 
 
@@ -54,12 +42,14 @@ class InputSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class ModelSpec:
+class ModelInputs:
+    """A model as the devices see it: its name and the inputs its metadata lists."""
+
     name: str
     inputs: tuple[InputSpec, ...]
 
 
-def parse_metadata(doc: Any, where: str) -> ModelSpec:
+def parse_metadata(doc: Any, where: str) -> ModelInputs:
     if not isinstance(doc, dict) or not isinstance(doc.get("name"), str):
         raise ValueError(f"{where}: model metadata needs a string 'name'")
     raw_inputs = doc.get("inputs")
@@ -77,10 +67,10 @@ def parse_metadata(doc: Any, where: str) -> ModelSpec:
         if not isinstance(shape, list) or not all(isinstance(d, int) and d >= -1 for d in shape):
             raise ValueError(f"{where}: input {name!r}: 'shape' must be a list of ints >= -1")
         inputs.append(InputSpec(name, datatype, tuple(shape)))
-    return ModelSpec(doc["name"], tuple(inputs))
+    return ModelInputs(doc["name"], tuple(inputs))
 
 
-def load_metadata_file(path: Path) -> dict[str, ModelSpec]:
+def load_metadata_file(path: Path) -> dict[str, ModelInputs]:
     """Models described in a JSON file: one metadata object or a list of them."""
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -93,7 +83,7 @@ def load_metadata_file(path: Path) -> dict[str, ModelSpec]:
 
 async def fetch_metadata(
     session: aiohttp.ClientSession, base_url: str, model: str, timeout_s: float = 10.0
-) -> ModelSpec:
+) -> ModelInputs:
     """The model's metadata from a gateway's ``GET /v2/models/{model}``."""
     url = f"{base_url.rstrip('/')}/v2/models/{model}"
     async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
@@ -143,7 +133,7 @@ def random_tensor(spec: InputSpec, rng: np.random.Generator, batch: int) -> np.n
     return rng.integers(0, 10, shape).astype(dtype)
 
 
-def random_inputs(spec: ModelSpec, rng: np.random.Generator, batch: int) -> dict[str, np.ndarray]:
+def random_inputs(spec: ModelInputs, rng: np.random.Generator, batch: int) -> dict[str, np.ndarray]:
     return {i.name: random_tensor(i, rng, batch) for i in spec.inputs}
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from device_sim.payloads import Framing, RecordedPayloads, build_pool
-from device_sim.tensors import DATATYPES, DataFile, InputSpec, ModelSpec, random_tensor
+from device_sim.tensors import DATATYPES, DataFile, InputSpec, ModelInputs, random_tensor
 from device_sim.wire import (
     BINARY_CONTENT_TYPE,
     JSON_CONTENT_TYPE,
@@ -23,7 +23,7 @@ from device_sim.wire import (
 )
 from tests.device_sim.responders import error_reply, parse_request, success_reply
 
-FUSION = ModelSpec(
+FUSION = ModelInputs(
     "fusion",
     (InputSpec("image", "FP32", (-1, 2, 3)), InputSpec("tag", "INT64", (-1, 1))),
 )
