@@ -50,6 +50,10 @@ def account(case: Case, slo_ms: float) -> dict[str, Any]:
     if case.name.startswith("d_"):
         out["admitted_p99_over_slo"] = _round(pct["p99"] / slo_ms, 3)
         out["errors_503"] = int((status == 503).sum())
+        # What the devices really offered, in multiples of the capacity the ramp measured.
+        capacity = case.config.get("capacity_ok_per_s")
+        if capacity and out["offered_per_s"]:
+            out["offered_over_capacity"] = round(out["offered_per_s"] / capacity, 2)
     if case.name == "c_replicas":
         out["answered_after_replica_restart"] = _waited_for_restart(case, sent_at, replied)
     if case.name == "e_soak":
@@ -99,6 +103,7 @@ def summarize(cases: list[dict[str, Any]]) -> dict[str, Any]:
     for name, c in overload.items():
         summary[f"admitted_p99_over_slo_{name[2:]}"] = c["admitted_p99_over_slo"]
         summary[f"errors_503_{name[2:]}"] = c["errors_503"]
+        summary[f"offered_over_capacity_{name[2:]}"] = c.get("offered_over_capacity")
     summary["embedded_broker"] = overload.get("d_overload_embedded", {}).get("broker")
     return summary
 

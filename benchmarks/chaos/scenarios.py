@@ -16,6 +16,7 @@ from typing import Any, Literal
 import numpy as np
 
 from benchmarks.chaos.devices import DeviceJob
+from benchmarks.chaos.gateway_side import gateway_side, since
 from benchmarks.chaos.stack import MODEL, Gateway, Mosquitto, embedded_broker_kind, rss_bytes
 from benchmarks.clients import ClientProcesses
 from device_sim.wire import OipBody, encode_request
@@ -247,7 +248,9 @@ def overload(load: Load, repo: Path, folder: Path, *, embedded: bool) -> Case:
         best, steps = capacity(load, port, protocol)
         rate = max(best, 1.0) * plan.overload_factor
         jobs = load.jobs(port, duration_s=plan.overload_s, rate=rate, protocol=protocol)
+        before = gateway_side(gateway.metrics(), MODEL)
         ledgers, events = load.run(jobs)
+        after = gateway_side(gateway.metrics(), MODEL)
     finally:
         gateway.stop()
         if broker is not None:
@@ -262,6 +265,7 @@ def overload(load: Load, repo: Path, folder: Path, *, embedded: bool) -> Case:
         "capacity_ok_per_s": round(best, 1),
         "ramp": steps,
         "offered_rate_target": round(rate, 1),
+        "gateway_side": since(before, after),
     }
     return Case(name, ledgers, events, config)
 

@@ -13,6 +13,7 @@ import shutil
 import signal
 import socket
 import time
+import urllib.request
 from pathlib import Path
 
 from benchmarks.common import ServerProcess, free_port, python_argv
@@ -117,17 +118,19 @@ class Gateway:
         self.broker = broker
         self.extra = extra
         self.process: ServerProcess | None = None
+        self.http_port = 0
 
     def start(self, timeout_s: float = 180) -> str:
         """Start and wait until it is subscribed; returns its log so far."""
         broker = ("--broker", self.broker) if self.broker else ()
+        self.http_port = free_port()
         argv = python_argv(
             "gateway.cli",
             "serve",
             "--model-repo",
             str(self.repo),
             "--http-port",
-            str(free_port()),
+            str(self.http_port),
             *broker,
             "--mqtt-client-id",
             self.client_id,
@@ -152,6 +155,12 @@ class Gateway:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, sig)
         self.process.stop(timeout_s)
+
+    def metrics(self) -> str:
+        """The gateway's Prometheus exposition (``/metrics``)."""
+        url = f"http://127.0.0.1:{self.http_port}/metrics"
+        with urllib.request.urlopen(url, timeout=30) as reply:
+            return str(reply.read().decode())
 
     def stop(self) -> None:
         if self.process is not None:
