@@ -1,10 +1,13 @@
 """The one batching primitive: a bounded queue of (request, future, deadline) per model version.
 
 A dispatch loop takes an idle runtime instance, waits at most ``batch_timeout`` (counted from the
-arrival of the oldest waiting request) for ``max_batch_size`` rows, runs the batch off the event
-loop, and fans the outputs (or the error) back to every caller. Knobs are read once per batch, so
-they can change at any moment. A request that cannot meet its deadline is refused at once rather
-than served late, and a full queue is refused with a retry hint.
+arrival of the oldest waiting request) for ``max_batch_size`` rows, but not while fewer than one
+more request is expected in what is left of that window (``gateway.arrivals``: a lone
+closed-loop client is served at once), runs the batch off the event loop, and fans the outputs
+(or the error) back to every caller. Knobs are read once per batch, so they can change at any
+moment. A request that cannot meet its deadline is refused rather than served late: at once when
+even the fastest recent pace cannot serve it, else when its batch starts and the recent pace of
+such batches would end past its deadline. A full queue is refused with a retry hint.
 
 Two guards keep a model serving through faults: a watchdog fails a batch whose runtime call runs
 past ``watchdog_s`` (504) and has the pool abandon and replace its instance, and a supervisor

@@ -136,9 +136,7 @@ async def test_a_lone_client_is_not_held_and_a_burst_still_fills_batches(
             return await _one(service, seed)
 
         burst = 1 + 4 * MAX_BATCH
-        answers += await asyncio.gather(
-            *(burst_request(lone + i, i) for i in range(burst))
-        )
+        answers += await asyncio.gather(*(burst_request(lone + i, i) for i in range(burst)))
         in_burst = records[len(alone) :]
 
     for seed, got in enumerate(answers):
