@@ -43,18 +43,24 @@ fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[test]"
 
-# deploy/prometheus/prometheus.yml is checked by promtool from Debian's prometheus package. Only
-# that binary is taken out of the package, into the virtual environment: installing the package
-# would also install (and on most machines start) a Prometheus server.
-if ! command -v promtool >/dev/null 2>&1 && [ ! -x "$venv/bin/promtool" ]; then
+# deploy/prometheus/prometheus.yml is checked by promtool, and the compose stack's test
+# (tests/deploy/test_stack.py) runs a Prometheus server, both from Debian's prometheus package.
+# Only the binaries are taken out of the package, into the virtual environment: installing the
+# package would also install (and on most machines start) a Prometheus server as a service.
+missing=()
+for tool in promtool prometheus; do
+  command -v "$tool" >/dev/null 2>&1 || [ -x "$venv/bin/$tool" ] || missing+=("$tool")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   debs="$(mktemp -d)"
   (cd "$debs" && { apt-get download -q prometheus >/dev/null 2>&1 || {
     $sudo apt-get update -q >/dev/null && apt-get download -q prometheus >/dev/null 2>&1
   }; })
-  dpkg-deb --fsys-tarfile "$debs"/prometheus_*.deb | tar -xO ./usr/bin/promtool >"$venv/bin/promtool"
-  chmod +x "$venv/bin/promtool"
+  # One pass over the archive for both (each pass decompresses all of it).
+  dpkg-deb --fsys-tarfile "$debs"/prometheus_*.deb | tar -x -C "$debs" "${missing[@]/#/./usr/bin/}"
+  for tool in "${missing[@]}"; do install -m 755 "$debs/usr/bin/$tool" "$venv/bin/$tool"; done
   rm -rf "$debs"
 fi
 
