@@ -14,7 +14,6 @@ reply to paho; the request is acknowledged from that reply's PUBACK.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections import deque
@@ -159,10 +158,19 @@ class MqttAdapter:
         )
         self._connection = _Connection(inner)
 
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Whether every request taken has ended (answered and acknowledged, or released)
+        within ``timeout_s``. A device can hold its reply before the gateway's bookkeeping of
+        that reply's acknowledgement has run: wait on this, not on a count read at once."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
     async def drain(self) -> None:
         self._backlog.clear()  # not acknowledged: the next session gets them
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._idle.wait(), self._settings.drain_timeout_s)
+        await self.wait_idle(self._settings.drain_timeout_s)
 
     async def detach(self) -> None:
         """Forget the requests of a connection that is gone: the broker redelivers those not

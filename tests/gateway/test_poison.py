@@ -123,11 +123,8 @@ POISON: dict[str, tuple[Callable[[Reference], bytes], int, str]] = {
 
 async def _wait_idle(gw: Gateway) -> None:
     assert gw.mqtt is not None
-    for _ in range(500):
-        if gw.mqtt.in_flight == 0:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{gw.mqtt.in_flight} MQTT requests still in flight")
+    if not await gw.mqtt.wait_idle(30):
+        raise AssertionError(f"{gw.mqtt.in_flight} MQTT requests still in flight")
 
 
 async def test_a_flood_of_nested_payloads_is_answered_and_mqtt_keeps_serving(
