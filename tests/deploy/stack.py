@@ -46,9 +46,17 @@ IMAGE_COMMANDS = {
     ),
     "iotgw:latest": ("iotgw", "serve"),
 }
-# The iotgw image's environment that names paths (./Dockerfile's ENV, checked against it):
-# where it keeps its cache and where a home and temporary folder are, all on its tmpfs.
-IOTGW_IMAGE_ENV = {"HOME": "/tmp", "TMPDIR": "/tmp", "IOTGW_SERVING__CACHE_DIR": "/tmp/iotgw"}
+# The iotgw image's environment that names folders (./Dockerfile's ENV, checked against it),
+# all on its tmpfs; its model repository is the test's, and the rest it sets is overridden by
+# the compose file or does not change what runs.
+IOTGW_IMAGE_ENV = {
+    "HOME": "/tmp",
+    "TMPDIR": "/tmp",
+    "MPLCONFIGDIR": "/tmp/matplotlib",
+    "KERAS_HOME": "/tmp/keras",
+    "XDG_CACHE_HOME": "/tmp/cache",
+    "IOTGW_SERVING__CACHE_DIR": "/tmp/iotgw",
+}
 DEADLINE_S = 120.0
 
 
@@ -123,15 +131,14 @@ def make_secrets(stack: Stack, devices: dict[str, str]) -> None:
     for gateway in stack.gateways():
         env = gateway.spec["environment"]
         secret = Path(env["IOTGW_MQTT__PASSWORD_FILE"]).name
-        password = stack.secret_file(secret)
-        password.write_text(secrets.token_urlsafe(24) + "\n")
-        accounts[env["IOTGW_MQTT__USERNAME"]] = password.read_text().strip()
+        accounts[env["IOTGW_MQTT__USERNAME"]] = token = secrets.token_urlsafe(24)
+        stack.secret_file(secret).write_text(token + "\n")
     for name in stack.compose["secrets"]:
         path = stack.secret_file(name)
         if path.name.endswith(".passwd"):
             path.touch()
+            tool = program("mosquitto_passwd")
             for user, password_text in accounts.items():
-                tool = program("mosquitto_passwd")
                 subprocess.run([tool, "-b", str(path), user, password_text], check=True)
         elif not path.exists():
             path.write_text(secrets.token_urlsafe(24) + "\n")
@@ -186,7 +193,8 @@ def localise_mosquitto(service: Service) -> None:
 def localise_prometheus(stack: Stack, service: Service) -> None:
     """Its scrape targets at the gateways' local addresses and its token file in its root;
     everything else as shipped."""
-    path = Path(service.path("/etc/prometheus/prometheus.yml"))
+    (config_file,) = (a for a in IMAGE_COMMANDS[service.spec["image"]] if "--config.file=" in a)
+    path = Path(service.path(config_file.partition("=")[2]))
     config = yaml.safe_load(path.read_text())
     for job in config["scrape_configs"]:
         for group in job.get("static_configs", []):
@@ -238,18 +246,15 @@ def start(service: Service, env: dict[str, str] | None = None) -> None:
         )
 
 
-def wait_until_ok(service: Service, url: str, token: str | None = None) -> None:
+def wait_until_ok(service: Service, url: str) -> None:
     """Until ``url`` answers 200; fails at once when the service exits."""
-    request = urllib.request.Request(url)
-    if token is not None:
-        request.add_header("Authorization", f"Bearer {token}")
     deadline = time.monotonic() + DEADLINE_S
     while True:
         assert service.process is not None
         if service.process.poll() is not None:
             raise AssertionError(f"{service.name} exited:\n{service.text()}")
         try:
-            with urllib.request.urlopen(request, timeout=5) as r:
+            with urllib.request.urlopen(url, timeout=5) as r:
                 if r.status == 200:
                     return
         except (urllib.error.URLError, OSError):
