@@ -8,8 +8,11 @@ The model, a few dozen lines that mimic the serving path:
 - **batcher**: a FIFO queue and ``concurrency`` instances. A free instance takes the oldest
   waiting request; with a zero timeout it leaves at once with whatever is queued (up to the max
   batch), otherwise it waits until the batch is full or the oldest request has waited the
-  timeout. A request that has already waited longer than the SLO when its batch forms is
-  refused (the gateway refuses what cannot meet its deadline), so it costs no service time;
+  timeout, but not while no further request is expected in what is left of that window (the
+  gateway's batcher: the arrival rate of the last 64 arrivals, pessimistically, times the wait
+  left, below one: ``batch_start``). A request that has already waited longer than the SLO
+  when its batch forms is refused (the gateway refuses what cannot meet its deadline), so it
+  costs no service time;
 - **service**: one batch of b rows takes a time drawn from those measured for the smallest
   measured batch size >= b, with ``concurrency`` instances of the same thread setting busy at
   once (so contention between instances is in the sample), plus ``per_batch_s`` of gateway
@@ -107,10 +110,7 @@ def simulate(
     free = [0.0] * config.concurrency  # when each instance is next free (a heap)
     head = 0
     while head < n:
-        start = max(heapq.heappop(free), ready[head])
-        if timeout_s > 0:
-            full_at = ready[head + max_batch - 1] if head + max_batch - 1 < n else math.inf
-            start = max(start, min(ready[head] + timeout_s, full_at))
+        start = batch_start(ready, head, heapq.heappop(free), max_batch, timeout_s)
         # Requests that already waited out their deadline are refused, not served.
         while head < n and start - arrivals_s[head] > slo_s:
             head += 1
@@ -124,6 +124,46 @@ def simulate(
         head += rows
         heapq.heappush(free, done)
     return latencies
+
+
+RATE_WINDOW = 64
+"""Arrivals the gateway's batcher estimates the arrival rate from (``gateway.arrivals``)."""
+RATE_PRIOR = 3.0
+"""Arrivals it adds to what it watched: an upper estimate, so a short watch keeps the wait."""
+
+
+def batch_start(
+    ready: Sequence[float], head: int, free_at: float, max_batch: int, timeout_s: float
+) -> float:
+    """When an instance free at ``free_at`` leaves with the batch headed by ``ready[head]``: at
+    once with a zero timeout; else when the batch is full or ``timeout_s`` after the head's
+    arrival, but at once while fewer than one more request is expected in what is left of that
+    window (the gateway's batcher: a wait that cannot fill the batch only adds latency)."""
+    start = max(free_at, ready[head])
+    if timeout_s <= 0:
+        return start
+    n = len(ready)
+    deadline = ready[head] + timeout_s
+    last = head + max_batch - 1
+    leave = min(deadline, ready[last] if last < n else math.inf)
+    t = start
+    seen = bisect.bisect_right(ready, t, lo=head) - 1  # the last arrival by t
+    while t < leave:
+        if _rate_upper(ready, seen) * (deadline - t) < 1.0:
+            return t
+        seen += 1
+        if seen >= n:
+            break
+        t = ready[seen]
+    return max(start, leave)
+
+
+def _rate_upper(ready: Sequence[float], i: int) -> float:
+    """The arrival rate the batcher would see at ``ready[i]``: the last ``RATE_WINDOW``
+    arrivals plus the prior, over their span."""
+    j = max(0, i - RATE_WINDOW)
+    span = ready[i] - ready[j]
+    return (i - j + RATE_PRIOR) / span if span > 0 else math.inf
 
 
 def _through_front_end(arrivals_s: Sequence[float], per_request_s: float) -> list[float]:

@@ -29,14 +29,13 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
-import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from rrl.replay import Figures, ServiceTimes, figures
+from rrl.replay import Figures, ServiceTimes, batch_start, figures
 from rrl.space import Config
 
 WINDOW_S = 0.25
@@ -93,12 +92,13 @@ class _Lane:
         """When the next batch starts (refusing what already waited out its deadline)."""
         n = len(self.ready)
         while self.head < n:
-            start = max(self.free[0], self.ready[self.head])
-            if self.config.batch_timeout_ms > 0:
-                last = self.head + self.config.max_batch_size - 1
-                full_at = self.ready[last] if last < n else math.inf
-                timeout_at = self.ready[self.head] + self.config.batch_timeout_ms / 1e3
-                start = max(start, min(timeout_at, full_at))
+            start = batch_start(
+                self.ready,
+                self.head,
+                self.free[0],
+                self.config.max_batch_size,
+                self.config.batch_timeout_ms / 1e3,
+            )
             if start - self.arrivals[self.head] <= self.slo_s:
                 return start
             self.head += 1  # refused: the gateway answers it at once, no service time

@@ -35,9 +35,16 @@ def test_eager_batching_serves_a_trickle_one_by_one_without_waiting() -> None:
     assert lat == pytest.approx([1 * MS] * 50)
 
 
-def test_a_timeout_adds_its_whole_length_at_a_trickle() -> None:
+def test_a_timeout_waits_only_while_another_request_is_expected() -> None:
+    # One request every 50 ms: once the batcher has watched the arrivals, no other is expected
+    # within a 4 ms window, so none waits (the gateway's batcher dispatches at once); the first
+    # waits the whole timeout (nothing watched yet).
     lat = simulate(trickle(), Config(32, 4.0, 1, 1, 1), TIMES, slo_s=SLO_S)
-    assert lat == pytest.approx([5 * MS] * 50)
+    assert lat == pytest.approx([5 * MS] + [1 * MS] * 49)
+    # One every 1 ms: each batch of 4 waits for its 4th arrival, then 2 ms of service.
+    dense = trickle(n=64, gap_s=1 * MS)
+    lat = simulate(dense, Config(4, 4.0, 1, 1, 1), TIMES, slo_s=SLO_S)
+    assert lat[60:64] == pytest.approx([(3 - i) * MS + 2 * MS for i in range(4)])
 
 
 def test_batch_one_collapses_above_its_capacity_where_eager_batching_keeps_up() -> None:
