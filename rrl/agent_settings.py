@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from rrl.gate import GateSettings
 from rrl.queueing import ModelSettings
+from rrl.rest import RestSettings
 from rrl.space import Config
 from rrl.workload import MonitorSettings
 
@@ -49,4 +50,5 @@ class AgentSettings:
     start: Config | None = None
     monitor: MonitorSettings = field(default_factory=MonitorSettings)
     gate: GateSettings = field(default_factory=GateSettings)
+    rest: RestSettings = field(default_factory=RestSettings)
     model: ModelSettings = field(default_factory=ModelSettings)

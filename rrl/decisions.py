@@ -16,6 +16,7 @@ Kinds:
 | ``drain`` | whatever drains a backlog (not learned) |
 | ``idle`` | nothing changes: too little traffic |
 | ``workload`` | the workload state changed |
+| ``wake`` | the incumbent; a resting agent saw the load move (``rrl.rest``) |
 | ``failed`` | the gateway could not build a configuration |
 """
 

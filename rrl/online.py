@@ -19,7 +19,11 @@ can check. Each decision interval it
    incumbent, and applies it at once when the state recurs;
 5. measures the interval (``interval_s``, at least ``min_requests`` requests, at most
    ``max_interval_s``; requests answered within ``settle_s`` of a change left out), tells the
-   tuner and calibrates the model (its residual is the model's proven error).
+   tuner and calibrates the model (its residual is the model's proven error);
+6. **rests** (``rrl.rest``) when the gate let nothing through at this load and the incumbent
+   meets the SLO with margin: no simulation, the interval doubling up to
+   ``rest.max_interval_s``, the monitor still ticked every ``tick_s``; a tick whose arrivals do
+   not fit the rate it rested at wakes it at once.
 
 Rules kept from before: **drain** (an interval that starts with a backlog and ends with a
 shorter queue measured the backlog, not its configuration: not learned, and what drains it keeps
@@ -35,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor
@@ -58,6 +63,7 @@ log = logging.getLogger("rrl.online")
 __all__ = ["ONLINE_TUNERS", "AgentSettings", "Decision", "ModelAgent"]
 
 Listener = Callable[[Decision, "ModelAgent"], None]
+MODEL_NICENESS = 10
 
 
 class ModelAgent(Policy):
@@ -166,8 +172,12 @@ class ModelAgent(Policy):
             self.incumbent = self._applied = self.current
             self.trial = None
         self._read_service_times()
-        # The queue is read here, on the loop; choosing runs the model in a thread.
-        step = await asyncio.to_thread(self.choose, self._queue_depth())
+        # Resting simulates nothing, so it is decided here; choosing otherwise may simulate
+        # (in the model's process, waited for in a thread), so the queue is read here, on the
+        # loop, and the rest runs in a thread.
+        step = self.rest_step()
+        if step is None:
+            step = await asyncio.to_thread(self.choose, self._queue_depth())
         rebuilt = False
         if step.config != self.current:
             try:
@@ -183,10 +193,17 @@ class ModelAgent(Policy):
         applied_at = time.monotonic()
         cpu_start = self._cpu_clock()
         queued_at_start = self._queue_depth()
-        measurement, state_changed = await self._collect(applied_at)
+        measurement, event = await self._collect(applied_at)
         self._service_fresh = not rebuilt
-        if state_changed:
+        if event == "state":
+            if step.kind in ("accept", "revert"):  # a trial's end is logged, measured or not
+                why = f"{step.reason} (not measured: the workload changed)"
+                self._record(
+                    Decision(time.time(), self.model, step.kind, step.config, self.workload, why)
+                )
             self._record_workload(step.config, rebuilt)
+            return
+        if event == "wake":  # the interval straddles a step: not learned
             return
         if measurement is None:
             self._set_idle(f"fewer than {s.min_requests} requests in {s.max_interval_s:g}s")
@@ -236,40 +253,43 @@ class ModelAgent(Policy):
         )
         self._enter_state()
 
-    async def _collect(self, applied_at: float) -> tuple[Measurement | None, bool]:
-        """Wait out one interval; (measurement or None when too few requests, whether the
-        workload state changed meanwhile)."""
+    async def _collect(self, applied_at: float) -> tuple[Measurement | None, str | None]:
+        """Wait out one interval (longer while resting); (measurement or None when too few
+        requests, "state" when the workload state changed meanwhile, "wake" when a resting
+        agent saw the load move)."""
         s = self.settings
+        interval = self.rest.interval_s()
         while True:
-            if await self._tick():
-                return None, True
+            if event := await self._tick():
+                return None, event
             elapsed = time.monotonic() - applied_at
             window = elapsed - s.settle_s
-            if elapsed >= s.interval_s and window > 0:
+            if elapsed >= interval and window > 0:
                 m = measure(self.control, self.model, window)
                 if m.offered >= s.min_requests:
-                    return m, False
-            if elapsed >= s.max_interval_s:
-                return None, False
+                    return m, None
+            if elapsed >= max(s.max_interval_s, interval):
+                return None, None
             await asyncio.sleep(s.tick_s)
 
     async def _watch(self, seconds: float) -> None:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             await asyncio.sleep(self.settings.tick_s)
-            if await self._tick() and self.current is not None:
+            if await self._tick() == "state" and self.current is not None:
                 self._record_workload(self.current, False)
 
     def _change_rate(self) -> float:
         changes = self.monitor.changes
         return changes[-1].rate_per_s if changes else self.monitor.rate_per_s
 
-    async def _tick(self) -> bool:
-        """Feed the monitor the arrivals since the last tick; True if the state changed."""
+    async def _tick(self) -> str | None:
+        """Feed the monitor the arrivals since the last tick; "state" if the state changed,
+        "wake" if a resting agent woke (``rrl.rest``)."""
         now = time.monotonic()
         span = now - self._last_tick
         if span < self.settings.tick_s * 0.5:
-            return False
+            return None
         self._last_tick = now
         stats = self.control.stats(self.model, window_s=span)
         # Arrivals, not completions: completions read a building queue short.
@@ -279,8 +299,12 @@ class ModelAgent(Policy):
             self.workload = state
             # Counts from before a step would read the step itself as burstiness.
             self._tick_counts.clear()
-            return True
-        return False
+            return "state"
+        surprise = self.rest.surprised(stats.arrived, stats.arrived_rows, span)
+        if surprise is not None:
+            self.wake(surprise)
+            return "wake"
+        return None
 
     def _queue_depth(self) -> int:
         return int(self.control.stats(self.model, window_s=0.0).queue_depth)
@@ -337,6 +361,15 @@ class ModelAgent(Policy):
                 "offset_ms": round(self.queue_model.offset_ms(), 3),
                 "error_ms": round(self.queue_model.error_ms(), 3),
                 "measured_threads": [f"{c}x{t}" for c, t in self.queue_model.measured_settings()],
+                "simulations": self.queue_model.simulations,
+                "cache_hits": self.queue_model.cache_hits,
+            },
+            "rest": None
+            if self.rest.state is None
+            else {
+                "since_s": round(time.monotonic() - self.rest.state.since, 1),
+                "rate_per_s": round(self.rest.state.rate_per_s, 2),
+                "interval_s": self.rest.state.interval_s,
             },
             "memory": self.memory.as_dict(),
             "core_budget": None if self.budget is None else self.budget.as_dict(),
@@ -360,4 +393,8 @@ def model_process() -> ProcessPoolExecutor:
     """A process for the queueing model's simulations (``QueueModel.executor``); several agents
     may share one (the gateway's do)."""
     spawn = multiprocessing.get_context("spawn")  # no fork of a process running sessions
-    return ProcessPoolExecutor(max_workers=1, mp_context=spawn)
+    # At a low priority: on a small machine a gate's simulations would otherwise take a core
+    # from the runtime and the front end at the moment a burst arrives.
+    return ProcessPoolExecutor(
+        max_workers=1, mp_context=spawn, initializer=os.nice, initargs=(MODEL_NICENESS,)
+    )

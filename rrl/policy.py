@@ -19,6 +19,9 @@
   the SLO.
 - **Drain**: an interval that started with a backlog and ended with a shorter queue measured
   the backlog draining, not its configuration: not learned, and what drains it keeps running.
+- **Rest** (``rrl.rest``): once the gate let nothing through at this load and the incumbent
+  meets the SLO with margin, nothing is simulated and the interval backs off, until the load
+  moves.
 
 Every decision records what the model predicted, what was measured, and why
 (``rrl.decisions``).
@@ -41,6 +44,7 @@ from rrl.measurement import Measurement
 from rrl.memory import StateKey, StateMemory
 from rrl.objective import make_objective
 from rrl.queueing import Arrivals, Prediction, QueueModel
+from rrl.rest import Rest, RestRules
 from rrl.space import Config, ConfigSpace
 from rrl.trial import Outcome, Trial, Window
 from rrl.workload import WorkloadMonitor, WorkloadState
@@ -48,7 +52,7 @@ from rrl.workload import WorkloadMonitor, WorkloadState
 log = logging.getLogger("rrl.online")
 
 
-class Policy:
+class Policy(RestRules):
     """The decision rules of one model's agent (see the module docstring)."""
 
     def __init__(
@@ -99,11 +103,15 @@ class Policy:
         self.budget: CoreBudget | None = None
         self._blocked: list[Config] = []
         self._gated_at = -math.inf
+        self.rest = Rest(s.rest, s.interval_s)
+        self._asked: tuple[StateKey, Config] | None = None  # where the gate let nothing through
+        self._pending: list[tuple[Config, Arrivals, Measurement]] = []
 
     def choose(self, queued: int = 0) -> Step:
         """The next interval's configuration and why, with ``queued`` requests waiting now
         (runs in a worker thread: the model simulates)."""
         assert self.current is not None and self.incumbent is not None
+        self._calibrate_pending()
         arrivals = self.arrivals()
         if self._draining and self._is_backlog(queued):
             # Let what runs drain the backlog: a change (a rebuild above all) slows the drain.
@@ -157,6 +165,8 @@ class Policy:
         )
         self.verdict, self._gated_at = verdict, time.monotonic()
         candidate = verdict.candidate
+        if candidate is None and self.queue_model.calibrated and verdict.considered:
+            self._asked = (self._key(), self.incumbent)  # nothing to try at this load: rest
         if candidate is None:
             reason = verdict.reason + self._held_back(arrivals)
             return Step(self.incumbent, "exploit", reason, verdict.incumbent, verdict)
@@ -326,16 +336,23 @@ class Policy:
             self.budget.report(self.model, config, measurement.rate_per_s)
         self.tuner.observe(config, measurement)
         seen = Arrivals(measurement.rate_per_s, self.dispersion(), measurement.rows_per_request)
-        predicted = self.queue_model.predict(config, seen, replicas=1)
+        # On the event loop: only a cached prediction calibrates now; the next step that may
+        # simulate calibrates with the rest (``_calibrate_pending``), none while resting.
+        predicted = self.queue_model.cached(config, seen)
         if predicted is not None:
             self.queue_model.calibrate(predicted, measurement)
+        elif not self.rest.resting:
+            self._pending.append((config, seen, measurement))
+            del self._pending[: -self.queue_model.settings.residuals_kept]
         reason = step.reason
-        outcome = self._trial_window(config, value, measurement, predicted)
+        incumbent_window = False
+        outcome = self._trial_window(config, value, measurement)
         if outcome is not None:
             reason = f"{reason}; {outcome.reason}" if reason else outcome.reason
         elif self.trial is None and config == self.incumbent:
             self._incumbent_window(config, value, measurement.rate_per_s)
-        return self._record(
+            incumbent_window = True
+        decision = self._record(
             Decision(
                 time.time(),
                 self.model,
@@ -350,10 +367,11 @@ class Policy:
                 step.gate,
             )
         )
+        if incumbent_window:  # after the window's own record: rest longer, or wake
+            self._after_incumbent_window(measurement)
+        return decision
 
-    def _trial_window(
-        self, config: Config, value: float, m: Measurement, predicted: Prediction | None
-    ) -> Outcome | None:
+    def _trial_window(self, config: Config, value: float, m: Measurement) -> Outcome | None:
         trial = self.trial
         if trial is None:
             return None
@@ -421,6 +439,8 @@ class Policy:
         self._baseline = None
         self._incumbent_values.clear()
         self._gated_at = -math.inf
+        self._asked = None
+        self.rest.wake()  # the "workload" decision says why
         if self.trial is not None:
             self.trial = None
             self._after = ("revert", "workload changed during the trial: incumbent restored")

@@ -51,9 +51,20 @@ class Arrivals:
     rows_per_request: float = 1.0
 
     def bucket(self) -> tuple[int, int]:
-        """A coarse key (quarter rate levels, burstiness in doublings) for caching predictions."""
+        """A coarse key (quarter rate levels, burstiness in doublings): the arrivals the grid
+        was last screened under."""
         rate = round(4 * math.log2(max(self.rate_per_s, 1e-3)))
         return rate, round(math.log2(max(self.cv2, 0.25)))
+
+    def quantized(self) -> Arrivals:
+        """The arrivals the model simulates: the rate to an eighth of a level (within 4.5%),
+        burstiness to a doubling, rows to a quarter level. Finer differences are below the
+        model's error, and a steady load then asks the same question every window, which the
+        prediction cache (``QueueModel``) answers without simulating."""
+        rate = 2.0 ** (round(8 * math.log2(max(self.rate_per_s, 1e-3))) / 8)
+        cv2 = 2.0 ** round(math.log2(min(max(self.cv2, 0.05), 20.0)))
+        rows = 2.0 ** (round(4 * math.log2(max(self.rows_per_request, 1.0))) / 4)
+        return Arrivals(rate, cv2, rows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,13 +109,25 @@ class ModelSettings:
     service times it measures inside the runtime call leave out: a prior, so batch size 1 is
     not predicted to keep up with any rate a tiny model's call time would allow."""
     min_error_ms: float = 0.2
+    """Floor of the model's proven error on p95 (a handful of windows under-states it)."""
     min_residuals: int = 3
     """Windows that must have calibrated the model before it is trusted (``calibrated``)."""
-    """Floor of the model's proven error on p95 (a handful of windows under-states it)."""
+    service_change: float = 0.25
+    """A batch size's median service time must move this much (relative) from what the cached
+    predictions were simulated with before they are dropped: the gateway reports its latest
+    batches every window, and their medians wobble by a few percent on a steady load."""
+    cache_size: int = 4096
 
 
 class QueueModel:
-    """Service times per thread setting, the arrivals, and the calibration (see the module)."""
+    """Service times per thread setting, the arrivals, and the calibration (see the module).
+
+    Predictions are cached per (configuration, quantized arrivals, replicas, trace length): the
+    simulation's figures before the calibration offset, which is applied when one is read. The
+    cache is dropped when the service times move (a thread setting measured for the first time,
+    a batch size's median beyond ``service_change``): on a steady load the same questions then
+    cost nothing. ``simulations`` counts the traces simulated, ``cache_hits`` the answers that
+    needed none."""
 
     def __init__(
         self,
@@ -118,6 +141,11 @@ class QueueModel:
         self.settings = settings or ModelSettings()
         self._samples: dict[ThreadSetting, dict[int, deque[float]]] = {}
         self._residuals: deque[float] = deque(maxlen=self.settings.residuals_kept)
+        self._cache: dict[CacheKey, Simulated | None] = {}
+        self._medians: dict[ThreadSetting, dict[int, float]] = {}
+        """Per setting and batch size, the median service time the cache was simulated with."""
+        self.simulations = 0
+        self.cache_hits = 0
         self.executor: Executor | None = None
         """Where ``predict_many`` runs (a process pool of one, set by the agent); None: here."""
 
@@ -135,6 +163,18 @@ class QueueModel:
                 by_size[int(size)] = deque(
                     (float(s) for s in seconds), maxlen=self.settings.samples_kept
                 )
+        self._drop_cache_if_moved(setting)
+
+    def _drop_cache_if_moved(self, setting: ThreadSetting) -> None:
+        now = {size: float(np.median(v)) for size, v in self._samples[setting].items() if v}
+        then = self._medians.get(setting)
+        moved = then is None or any(
+            size not in then or abs(median / then[size] - 1.0) > self.settings.service_change
+            for size, median in now.items()
+        )
+        if moved:
+            self._medians[setting] = now
+            self._cache.clear()
 
     def measured_settings(self) -> list[ThreadSetting]:
         return sorted(s for s, by in self._samples.items() if by)
@@ -173,17 +213,40 @@ class QueueModel:
     def predict_many(
         self, asks: Sequence[Ask], *, length: int | None = None
     ) -> list[Prediction | None]:
-        """``predict`` for each (config, arrivals, replicas); in the model's process when it has
-        one (``executor``): the simulation is pure Python, and in a thread of the gateway's
-        process it would hold the interpreter lock the event loop needs (measured: the
-        gateway's p95 tripled under a burst while an agent only watched)."""
-        if self.executor is None:
-            return _predict_many(self, asks, length)
-        return self.executor.submit(_predict_many, self, asks, length).result()
+        """``predict`` for each (config, arrivals, replicas): from the cache, the rest simulated
+        in the model's process when it has one (``executor``): the simulation is pure Python,
+        and in a thread of the gateway's process it would hold the interpreter lock the event
+        loop needs (measured: the gateway's p95 tripled under a burst while an agent only
+        watched)."""
+        keys = [self._key(c, a, r, length) for c, a, r in asks]
+        known = {k: self._cache[k] for k in keys if k in self._cache}
+        missing = [k for k in dict.fromkeys(keys) if k not in known]
+        self.cache_hits += len(keys) - len(missing)
+        if missing:
+            if self.executor is None:
+                simulated = _simulate_many(self, missing)
+            else:
+                simulated = self.executor.submit(_simulate_many, self, missing).result()
+            fresh = dict(zip(missing, simulated, strict=True))
+            self.simulations += sum(k[2] for k, v in fresh.items() if v is not None)
+            if len(self._cache) + len(fresh) > self.settings.cache_size:
+                self._cache.clear()
+            self._cache.update(fresh)
+            known.update(fresh)
+        return [self._compose(k, known[k]) for k in keys]
+
+    def cached(self, config: Config, arrivals: Arrivals) -> Prediction | None:
+        """The prediction with the default replicas when the cache holds it; never simulates."""
+        key = self._key(config, arrivals, None, None)
+        if key not in self._cache:
+            return None
+        self.cache_hits += 1
+        return self._compose(key, self._cache[key])
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["executor"] = None  # the copy sent to the model's process predicts in place
+        state["executor"] = None  # the copy sent to the model's process simulates in place
+        state["_cache"] = {}  # the cache stays with the agent
         return state
 
     def predict(
@@ -194,7 +257,31 @@ class QueueModel:
         replicas: int | None = None,
         length: int | None = None,
     ) -> Prediction | None:
-        """``config``'s figures under ``arrivals``; None before any service time is known."""
+        """``config``'s figures under ``arrivals``; None before any service time is known.
+        Simulated here on a cache miss (``predict_many`` sends misses to the model's process)."""
+        key = self._key(config, arrivals, replicas, length)
+        if key not in self._cache:
+            self._cache[key] = simulated = self._simulate(key)
+            self.simulations += key[2] if simulated is not None else 0
+        else:
+            self.cache_hits += 1
+        return self._compose(key, self._cache[key])
+
+    def _key(
+        self, config: Config, arrivals: Arrivals, replicas: int | None, length: int | None
+    ) -> CacheKey:
+        s = self.settings
+        return (
+            config,
+            arrivals.quantized(),
+            replicas or s.replicas,
+            length or s.arrivals_per_trace,
+        )
+
+    def _simulate(self, key: CacheKey) -> Simulated | None:
+        """The simulation behind a prediction: (p95 ms, violating share) per trace, before the
+        calibration offset, and the relative uncertainty of the service times used."""
+        config, arrivals, replicas, length = key
         derived = self._service_for(config, arrivals.rows_per_request)
         if derived is None or arrivals.rate_per_s <= 0:
             return None
@@ -209,25 +296,35 @@ class QueueModel:
             config.inter_op_threads,
         )
         figures = []
-        for seed in range(replicas or self.settings.replicas):
-            trace = self._trace(arrivals, seed, length or self.settings.arrivals_per_trace)
+        for seed in range(replicas):
+            trace = self._trace(arrivals, seed, length)
             lat = np.asarray(simulate(trace, as_requests, times, slo_s=slo_s, seed=seed))
-            figures.append(self._figures(config, lat, slo_s))
-        p95 = float(np.mean([f[0] for f in figures])) + self.offset_ms()
+            figures.append(self._figures(lat, slo_s))
+        return tuple(figures), rel, measured
+
+    def _compose(self, key: CacheKey, simulated: Simulated | None) -> Prediction | None:
+        """A prediction from a simulation, with the calibration as it stands now."""
+        if simulated is None:
+            return None
+        config = key[0]
+        figures, rel, measured = simulated
+        offset = self.offset_ms()
+        p95 = float(np.mean([f[0] for f in figures])) + offset
         violating = float(np.mean([f[1] for f in figures]))
         objective = self._objective(config, p95, violating)
-        spread = float(np.std([f[2] for f in figures], ddof=1)) if len(figures) > 1 else 0.0
-        model_error = self.error_ms() + rel * p95
+        per_trace = [self._objective(config, f[0] + offset, f[1]) for f in figures]
+        spread = float(np.std(per_trace, ddof=1)) if len(per_trace) > 1 else 0.0
+        model_error = self.error_ms() + rel * max(p95, 0.0)  # an offset may push p95 below 0
         sd = math.hypot(spread, self._objective_slope(config, p95, violating) * model_error)
         return Prediction(config, p95, violating, objective, sd, measured)
 
-    def _figures(self, config: Config, lat: np.ndarray, slo_s: float) -> tuple[float, float, float]:
+    def _figures(self, lat: np.ndarray, slo_s: float) -> tuple[float, float]:
         served = lat[np.isfinite(lat)]
         violating = (np.count_nonzero(~np.isfinite(lat)) + np.count_nonzero(served > slo_s)) / max(
             lat.size, 1
         )
         p95 = float(np.percentile(served, 95)) * 1e3 if served.size else self.objective.slo_ms
-        return p95, float(violating), self._objective(config, p95, float(violating))
+        return p95, float(violating)
 
     def _objective(self, config: Config, p95_ms: float, violating: float) -> float:
         n = 1000
@@ -290,9 +387,11 @@ class QueueModel:
 
 
 Ask = tuple[Config, Arrivals, int | None]  # (configuration, arrivals, replicas; None: default)
+CacheKey = tuple[Config, Arrivals, int, int]
+"""(configuration, quantized arrivals, replicas, trace length)."""
+Simulated = tuple[tuple[tuple[float, float], ...], float, bool]
+"""(p95 ms before the offset, violating share) per trace; relative uncertainty; measured."""
 
 
-def _predict_many(
-    model: QueueModel, asks: Sequence[Ask], length: int | None
-) -> list[Prediction | None]:
-    return [model.predict(c, a, replicas=r, length=length) for c, a, r in asks]
+def _simulate_many(model: QueueModel, keys: Sequence[CacheKey]) -> list[Simulated | None]:
+    return [model._simulate(k) for k in keys]

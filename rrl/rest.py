@@ -1,0 +1,260 @@
+"""Rest: the agent costs nothing while it has nothing to do, and wakes at once when the load moves.
+
+On two cores every millisecond the agent spends is taken from the runtime and the front end: at
+a steady load its simulations, windows and metrics cost the gateway a measurable share of its
+p95 while the gate concluded, window after window, that the incumbent should stay. So once
+
+- the gate has been asked in this workload state, for this incumbent, by a model whose error
+  is proven, and let nothing through, and
+- the incumbent's last window met the SLO with a margin (p95 at most ``p95_fraction`` of it,
+  no violation),
+
+the agent **rests**: it runs no simulation and asks no gate; its decision interval doubles
+with every quiet window, up to ``max_interval_s``. It still ticks the workload monitor every
+``tick_s`` (one counter read), and it **wakes**, back to its shortest interval and a gate asked
+at once, when
+
+- a tick's arrivals (or two ticks') are too many or too few for every rate within
+  ``wake_factor`` of the rate it rested at (exact Poisson tails at ``wake_alpha``): a step is
+  seen within one or two ticks, before the monitor's window confirms a new state;
+- the requests' size moves by more than ``wake_size_levels`` (log2 of rows per request);
+- the workload state changes, or the monitor's rate drifts half a level from the rested rate;
+- a window of the incumbent no longer meets the SLO with the margin;
+- the core budget asks the model to yield cores.
+
+A rest also ends by itself after ``recheck_s`` (30 s, doubling with every recheck that changed
+nothing): the gate is asked again, since its calibration may since have become sure enough to
+see a gain it could not tell from noise before.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from rrl.decisions import Decision, Step
+
+if TYPE_CHECKING:
+    from rrl.agent_settings import AgentSettings
+    from rrl.budget import CoreBudget
+    from rrl.measurement import Measurement
+    from rrl.memory import StateKey
+    from rrl.objective import Objective
+    from rrl.queueing import Arrivals, QueueModel
+    from rrl.space import Config
+    from rrl.trial import Trial
+    from rrl.workload import WorkloadMonitor, WorkloadState
+
+
+@dataclass(frozen=True, slots=True)
+class RestSettings:
+    enabled: bool = True
+    p95_fraction: float = 0.5
+    """The incumbent rests only while its window's p95 is at most this fraction of the SLO."""
+    max_interval_s: float = 4.0
+    """The longest decision interval while resting (it doubles from the shortest)."""
+    recheck_s: float = 30.0
+    """A rest this long ends by itself and the gate is asked again (its calibration may have
+    become sure enough to see a gain); every recheck that changes nothing doubles it, a wake
+    resets it."""
+    wake_alpha: float = 1e-4
+    wake_factor: float = 2.0
+    """Arrivals consistent with a rate within this factor of the rested rate do not wake it."""
+    wake_size_levels: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Resting:
+    """Why and on what the agent rests."""
+
+    since: float
+    rate_per_s: float
+    rows_per_request: float
+    key: object
+    """The workload key and arrivals bucket it rested on; another wakes it."""
+    interval_s: float
+
+
+class Rest:
+    """Whether the agent rests, the interval it rests at, and the wake detector."""
+
+    def __init__(self, settings: RestSettings, base_interval_s: float) -> None:
+        self.settings = settings
+        self.base_interval_s = base_interval_s
+        self.state: Resting | None = None
+        self.wakes = 0
+        self._rechecks = 0
+        self._recent: deque[tuple[int, float, float]] = deque(maxlen=2)  # (arrivals, rows, span)
+
+    @property
+    def resting(self) -> bool:
+        return self.state is not None
+
+    def interval_s(self) -> float:
+        return self.state.interval_s if self.state is not None else self.base_interval_s
+
+    def begin(self, now: float, rate_per_s: float, rows: float, key: object) -> None:
+        """Start resting, or (already resting) double the interval."""
+        s = self.settings
+        if self.state is None:
+            self._recent.clear()
+            interval = min(2 * self.base_interval_s, s.max_interval_s)
+            self.state = Resting(now, rate_per_s, rows, key, interval)
+            return
+        interval = min(2 * self.state.interval_s, s.max_interval_s)
+        self.state = Resting(
+            self.state.since, self.state.rate_per_s, self.state.rows_per_request, key, interval
+        )
+
+    def wake(self) -> bool:
+        """Stop resting; True when it was resting."""
+        was = self.state is not None
+        if was:
+            self.wakes += 1
+        self.state = None
+        self._rechecks = 0
+        self._recent.clear()
+        return was
+
+    def due_for_recheck(self, now: float) -> bool:
+        """True (and the rest ended) once it has lasted ``recheck_s`` times two per recheck
+        before that changed nothing."""
+        if self.state is None:
+            return False
+        if now - self.state.since < self.settings.recheck_s * 2**self._rechecks:
+            return False
+        self._rechecks += 1
+        self.state = None
+        self._recent.clear()
+        return True
+
+    def surprised(self, arrivals: int, rows: float, span_s: float) -> str | None:
+        """Feed one tick; the reason to wake, if its arrivals (alone or with the tick before)
+        do not fit the rested rate or size."""
+        rest = self.state
+        if rest is None or span_s <= 0:
+            return None
+        self._recent.append((arrivals, rows, span_s))
+        s = self.settings
+        # Deferred: SciPy is the tuner's extra (iotgw[tune]), as in rrl.workload.
+        from scipy.special import pdtr, pdtrc
+
+        for n in range(1, len(self._recent) + 1):
+            ticks = list(self._recent)[-n:]
+            count = sum(t[0] for t in ticks)
+            span = sum(t[2] for t in ticks)
+            high = rest.rate_per_s * s.wake_factor * span
+            low = rest.rate_per_s / s.wake_factor * span
+            if (count > 0 and pdtrc(count - 1, high) < s.wake_alpha) or pdtr(
+                count, low
+            ) < s.wake_alpha:
+                return f"{count} arrivals in {span:.1f}s against {rest.rate_per_s:.1f}/s at rest"
+        if arrivals > 0:
+            size = math.log2(max(rows / arrivals, 1.0))
+            rested = math.log2(max(rest.rows_per_request, 1.0))
+            if abs(size - rested) > s.wake_size_levels:
+                return (
+                    f"{rows / arrivals:.1f} rows per request against "
+                    f"{rest.rows_per_request:.1f} at rest"
+                )
+        return None
+
+
+class RestRules:
+    """The rest rules of ``rrl.policy.Policy`` (mixed into it): when to rest, the step while
+    resting, waking, and the calibrations left for the next step that may simulate."""
+
+    # What the rules read of the policy (``rrl.policy.Policy`` sets them).
+    model: str
+    settings: AgentSettings
+    objective: Objective
+    queue_model: QueueModel
+    monitor: WorkloadMonitor
+    rest: Rest
+    incumbent: Config | None
+    workload: WorkloadState | None
+    budget: CoreBudget | None
+    trial: Trial | None
+    _recall: Config | None
+    _after: tuple[str, str] | None
+    _gated_at: float
+    _asked: tuple[StateKey, Config] | None
+    _pending: list[tuple[Config, Arrivals, Measurement]]
+
+    def _key(self) -> StateKey:
+        raise NotImplementedError  # the policy's
+
+    def arrivals(self) -> Arrivals:
+        raise NotImplementedError  # the policy's
+
+    def _record(self, decision: Decision) -> Decision:
+        raise NotImplementedError  # the policy's
+
+    def rest_step(self) -> Step | None:
+        """The step while resting (the incumbent, from the cache: nothing is simulated), or
+        None after waking because the load moved or the budget wants cores."""
+        if not self.rest.resting or self.incumbent is None or self.rest.state is None:
+            return None
+        if self.trial is not None or self._recall is not None or self._after is not None:
+            self.rest.wake()  # a trial or a recall was set from outside the rules: it runs
+            return None
+        rest = self.rest.state
+        arrivals = self.arrivals()
+        drift = abs(math.log2(max(arrivals.rate_per_s, 1e-3) / max(rest.rate_per_s, 1e-3)))
+        if rest.key != (self._key(), self.incumbent):
+            self.wake("the workload key or the incumbent changed")
+            return None
+        if drift > 0.5:
+            self.wake(f"rate {arrivals.rate_per_s:.1f}/s against {rest.rate_per_s:.1f}/s at rest")
+            return None
+        if self.budget is not None and self.budget.should_yield(self.model) is not None:
+            self.wake("the core budget asks for cores")
+            return None
+        if self.rest.due_for_recheck(time.monotonic()):
+            self._gated_at = -math.inf  # the gate asked again; a "no" rests again, longer
+            return None
+        reason = (
+            f"resting since {time.monotonic() - rest.since:.0f}s: the gate let nothing through "
+            f"at this load and the incumbent meets the SLO with margin; next window "
+            f"{rest.interval_s:g}s"
+        )
+        return Step(
+            self.incumbent, "exploit", reason, self.queue_model.cached(self.incumbent, arrivals)
+        )
+
+    def _after_incumbent_window(self, m: Measurement) -> None:
+        """Rest (or rest longer) after a window of the incumbent that met the SLO with margin,
+        once the gate concluded at this load; wake after one that did not."""
+        s = self.settings.rest
+        assert self.incumbent is not None
+        margin = m.p95_ms <= s.p95_fraction * self.objective.slo_ms and m.slo_violations == 0
+        if not margin:
+            self.wake(f"incumbent p95 {m.p95_ms:.1f}ms, {m.slo_violations} late: no margin")
+            return
+        key = (self._key(), self.incumbent)
+        if s.enabled and (self.rest.resting or self._asked == key):
+            self.rest.begin(
+                time.monotonic(), self.monitor.rate_per_s, self.monitor.rows_per_request, key
+            )
+
+    def wake(self, reason: str) -> None:
+        """Back to the shortest interval, the gate asked at once; recorded when it rested."""
+        if self.rest.wake() and self.incumbent is not None:
+            self._gated_at = -math.inf
+            self._record(
+                Decision(time.time(), self.model, "wake", self.incumbent, self.workload, reason)
+            )
+
+    def _calibrate_pending(self) -> None:
+        """Calibrate the model with the windows whose prediction was not cached (simulated
+        here, in the worker thread or the model's process, never on the event loop)."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        asks = [(c, a, None) for c, a, _ in pending]
+        for (_, _, m), p in zip(pending, self.queue_model.predict_many(asks), strict=True):
+            if p is not None:
+                self.queue_model.calibrate(p, m)
