@@ -14,6 +14,9 @@ from __future__ import annotations
 # Sets the environment TensorFlow reads when it is first imported (thread pools, log level).
 from models import tf_env  # noqa: F401  isort: skip
 
+import contextlib
+import ctypes
+import gc
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -222,6 +225,7 @@ def _build_checkpoint(
         checkpoint = load_checkpoint(version.model_path)
         spec, built, plan = tf_graph(checkpoint, version.model_path, plan_options(version))
     del checkpoint  # its arrays now only live in the feed below
+    _return_freed_heap()
     session.run(built.init_op, feed_dict=built.init_feed)
     built.init_feed.clear()  # the variables hold their own copies now
     names = sorted(built.inputs)  # TF's signature order, as for SavedModels
@@ -230,6 +234,21 @@ def _build_checkpoint(
     outputs = (TensorSpec(spec.output, "float32", (-1, *spec.output_shape)),)
     signature = _Signature(inputs, outputs, [built.inputs[n] for n in names], [built.output])
     return signature, plan
+
+
+def _return_freed_heap() -> None:
+    """Hand the heap pages that reading the checkpoint used and freed (the file's buffer, its
+    arrays, the codes before they were laid out for the graph) back to the system before the
+    session fills its variables and builds its executors.
+
+    glibc keeps freed heap pages; what TensorFlow allocates next (its allocator's regions,
+    executors, kernels) is carved out of them, and a page that is partly used again, or was
+    touched before a region took it over, stays resident for good. Measured on a 25M-weight MLP
+    held as int4 codes in the graph (12.6 MB of codes): 45 MB held after loading and three
+    runs without this, 35 MB with it. A no-op where libc has no ``malloc_trim``."""
+    gc.collect()  # reference cycles of the graph builder's temporaries
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def load(version: ModelVersion, threads: Threads) -> TfRuntime:
