@@ -7,9 +7,28 @@ from dataclasses import dataclass, field
 
 from rrl.gate import GateSettings
 from rrl.queueing import ModelSettings
-from rrl.rest import RestSettings
 from rrl.space import Config
 from rrl.workload import MonitorSettings
+
+
+@dataclass(frozen=True, slots=True)
+class RestSettings:
+    """When the agent rests and what wakes it (``rrl.rest``)."""
+
+    enabled: bool = True
+    p95_fraction: float = 0.5
+    """The incumbent rests only while its window's p95 is at most this fraction of the SLO."""
+    max_interval_s: float = 4.0
+    """The longest decision interval while resting (it doubles from the shortest)."""
+    recheck_s: float = 30.0
+    """A rest this long ends by itself and the gate is asked again (its calibration may have
+    become sure enough to see a gain); every recheck that changes nothing doubles it, a wake
+    resets it."""
+    wake_alpha: float = 1e-4
+    wake_factor: float = 2.0
+    """Arrivals consistent with a rate within this factor of the rested rate do not wake it."""
+    wake_size_levels: float = 1.0
+
 
 ONLINE_TUNERS = ("rrl", "adaptive-rrl", "bo", "hill-climb", "aimd", "inflight", "static")
 

@@ -35,10 +35,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from rrl.agent_settings import AgentSettings, RestSettings
 from rrl.decisions import Decision, Step
 
 if TYPE_CHECKING:
-    from rrl.agent_settings import AgentSettings
     from rrl.budget import CoreBudget
     from rrl.measurement import Measurement
     from rrl.memory import StateKey
@@ -47,23 +47,6 @@ if TYPE_CHECKING:
     from rrl.space import Config
     from rrl.trial import Trial
     from rrl.workload import WorkloadMonitor, WorkloadState
-
-
-@dataclass(frozen=True, slots=True)
-class RestSettings:
-    enabled: bool = True
-    p95_fraction: float = 0.5
-    """The incumbent rests only while its window's p95 is at most this fraction of the SLO."""
-    max_interval_s: float = 4.0
-    """The longest decision interval while resting (it doubles from the shortest)."""
-    recheck_s: float = 30.0
-    """A rest this long ends by itself and the gate is asked again (its calibration may have
-    become sure enough to see a gain); every recheck that changes nothing doubles it, a wake
-    resets it."""
-    wake_alpha: float = 1e-4
-    wake_factor: float = 2.0
-    """Arrivals consistent with a rate within this factor of the rested rate do not wake it."""
-    wake_size_levels: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)

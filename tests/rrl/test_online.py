@@ -18,11 +18,11 @@ import pytest
 
 from gateway.main import Gateway
 from gateway.tuning import TunedService
+from rrl.agent_settings import RestSettings
 from rrl.decisions import Step, log_line
 from rrl.gate import needs_rebuild
 from rrl.memory import StateKey
 from rrl.online import AgentSettings, ModelAgent
-from rrl.rest import RestSettings
 from rrl.space import Config, ConfigSpace, expert_default
 from rrl.trial import Trial
 from tests.rrl.live import (

@@ -18,10 +18,11 @@ import pytest
 
 from gateway.main import Gateway
 from gateway.tuning import TunedService
+from rrl.agent_settings import RestSettings
 from rrl.objective import make_objective
 from rrl.online import AgentSettings, ModelAgent
 from rrl.queueing import Arrivals, QueueModel
-from rrl.rest import Rest, RestSettings
+from rrl.rest import Rest
 from rrl.space import Config, ConfigSpace, expert_default
 from tests.rrl.live import gateway, poisson_load
 
