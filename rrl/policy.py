@@ -165,10 +165,12 @@ class Policy(RestRules):
         )
         self.verdict, self._gated_at = verdict, time.monotonic()
         candidate = verdict.candidate
-        if candidate is None and self.queue_model.calibrated and verdict.considered:
-            self._asked = (self._key(), self.incumbent)  # nothing to try at this load: rest
         if candidate is None:
-            reason = verdict.reason + self._held_back(arrivals)
+            held_back = self._held_back(arrivals)
+            if self.queue_model.calibrated and verdict.considered and not held_back:
+                # Nothing to try at this load (and no cores wanted from the budget): rest.
+                self._asked = (self._key(), self.incumbent)
+            reason = verdict.reason + held_back
             return Step(self.incumbent, "exploit", reason, verdict.incumbent, verdict)
         rebuild = needs_rebuild(self.incumbent, candidate)
         if rebuild and not urgent and not self._rebuild_allowed():
