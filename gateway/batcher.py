@@ -29,6 +29,7 @@ from typing import Literal
 
 import numpy as np
 
+from gateway.answer_lag import AnswerLag
 from gateway.arrivals import ArrivalEstimate
 from gateway.errors import (
     BatchTimeout,
@@ -83,6 +84,7 @@ class _Pending:
     deadline: float = field(compare=False)
     enqueued: float = field(compare=False)
     future: asyncio.Future[tuple[Outputs, float, float]] = field(compare=False)
+    done_at: float = field(compare=False, default=0.0)  # when its batch's outputs came back
 
 
 class Batcher:
@@ -117,6 +119,7 @@ class Batcher:
         self._dispatched = 0  # batches launched: tells the supervisor a restarted loop works
         self.service_time = ServiceTimeEstimate()
         self.arrivals = ArrivalEstimate()
+        self.answer_lag = AnswerLag()
 
     @property
     def queue_depth(self) -> int:
@@ -180,7 +183,9 @@ class Batcher:
         self.arrivals.arrived(now)
         self._arrival.set()
         try:
-            return await future
+            result = await future
+            self.answer_lag.observe(self._clock() - item.done_at)
+            return result
         finally:
             self.arrivals.left(self._clock())
 
@@ -194,7 +199,7 @@ class Batcher:
         batches = math.ceil((self._queued_rows + rows) / knobs.max_batch_size)
         waves = math.ceil((batches + self._pool.busy) / max(self._pool.size, 1))
         fill_wait = knobs.batch_timeout_s if self._queued_rows + rows < knobs.max_batch_size else 0
-        return waves * per_batch + fill_wait
+        return waves * per_batch + fill_wait + self.answer_lag.high
 
     def drain_time(self) -> float:
         """Seconds until the queue, as it stands, is worked off (at least 1): a retry hint."""
@@ -332,22 +337,28 @@ class Batcher:
 
     def _refuse_late(self, batch: list[_Pending], now: float, rows: int) -> list[_Pending]:
         """Refuse (503 deadline, with a retry hint) the requests of a batch about to start that
-        it would answer after their deadlines at the recent pace of batches of its size:
+        it would answer after their deadlines at the recent pace of batches of its size (and
+        of the event loop in resuming their callers, ``answer_lag``):
         admission plans with the fastest pace, so a request can reach its batch with less time
         left than the batch takes. A late answer is an SLO violation all the same, and
         refusing now tells the client while a retry can still help."""
         typical = self.service_time.typical(rows) if batch else None
-        if typical is None or all(item.deadline >= now + typical for item in batch):
+        if typical is None:
+            return batch
+        finish = now + typical + self.answer_lag.high  # outputs back, then the caller resumed
+        if all(item.deadline >= finish for item in batch):
             return batch
         kept = []
         for item in batch:
-            if item.deadline >= now + typical:
+            if item.deadline >= finish:
                 kept.append(item)
                 continue
             item.future.set_exception(
                 DeadlineUnmeetable(
                     f"model {self.name}: a batch of {rows} rows takes about "
-                    f"{typical * 1e3:.1f} ms, {(item.deadline - now) * 1e3:.1f} ms were left "
+                    f"{typical * 1e3:.1f} ms and an answer then waits up to "
+                    f"{self.answer_lag.high * 1e3:.1f} ms for the event loop; "
+                    f"{(item.deadline - now) * 1e3:.1f} ms were left "
                     f"after {(now - item.enqueued) * 1e3:.1f} ms in the queue",
                     retry_after=self._drain_time(),
                 )
@@ -439,7 +450,8 @@ class Batcher:
         infer_s: float,
         fill: Fill,
     ) -> None:
-        compute = self._clock() - started
+        done = self._clock()
+        compute = done - started
         # The call's own duration, not the wait for an executor thread (a session rebuild may
         # hold one): admission plans with what a batch costs.
         self.service_time.observe(rows, infer_s)
@@ -450,6 +462,7 @@ class Batcher:
             offset += item.rows
             queue_s = started - item.enqueued
             queue_times.append(queue_s)
+            item.done_at = done
             if not item.future.done():
                 item.future.set_result((part, queue_s, compute))
         if self._on_batch is not None:

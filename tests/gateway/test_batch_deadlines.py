@@ -71,3 +71,23 @@ async def test_a_request_that_cannot_make_it_even_at_the_fastest_pace_is_refused
         assert (refused.value.status, refused.value.reason) == (503, "deadline")
         assert "cannot be met (estimated" in refused.value.message  # at admission
         assert host.queue_depth == 0
+
+
+async def test_the_event_loop_s_recent_delay_in_resuming_answers_counts_against_the_deadline(
+    source: Path, tmp_path: Path, reference: Runtime
+) -> None:
+    async with gated_service(mlp_repo(tmp_path / "repo", source, **BATCHING), Gate()) as service:
+        host = service.host(MODEL)
+        for _ in range(3):
+            host._batcher.service_time.observe(1, FASTEST_S)
+            host._batcher.answer_lag.observe(TYPICAL_S)  # e.g. a loop saturated by a flood
+        # Batches are fast, but answers lately waited 10 s for the loop: 5 s is not enough.
+        request = InferenceRequest(MODEL, features(1, 0), timeout_s=5.0)
+        with pytest.raises(GatewayError) as refused:
+            await service.infer(request, transport="test")
+        assert (refused.value.status, refused.value.reason) == (503, "deadline")
+        assert "cannot be met (estimated" in refused.value.message
+        timely = InferenceRequest(MODEL, features(1, 1), timeout_s=60.0)
+        response = await service.infer(timely, transport="test")
+        want = reference.infer(features(1, 1))["probabilities"]
+        np.testing.assert_array_equal(response.outputs["probabilities"], want)
