@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gateway.answer_lag import AnswerLag
 from gateway.errors import GatewayError
 from gateway.types import InferenceRequest
 from models.runtime import Runtime
@@ -91,3 +92,17 @@ async def test_the_event_loop_s_recent_delay_in_resuming_answers_counts_against_
         response = await service.infer(timely, transport="test")
         want = reference.infer(features(1, 1))["probabilities"]
         np.testing.assert_array_equal(response.outputs["probabilities"], want)
+
+
+def test_the_answer_lag_is_a_high_percentile_of_the_recent_waits() -> None:
+    lag = AnswerLag(window=10, every=5)
+    assert lag.high == 0.0
+    for seconds in (0.001, 0.001, 0.001, 0.001, 0.050):  # one slow pass of the loop ...
+        lag.observe(seconds)
+    assert lag.high == 0.001  # ... is not the 90th percentile of five
+    for _ in range(5):  # a saturated loop: half the recent waits are long
+        lag.observe(0.050)
+    assert lag.high == 0.050
+    for _ in range(10):  # and it is forgotten once the window holds only short ones
+        lag.observe(0.001)
+    assert lag.high == 0.001
