@@ -247,8 +247,8 @@ class MqttAdapter:
         """Beyond the in-flight limit and a full backlog (a broker that does not enforce
         Receive Maximum: MQTT 3.1.1, and Mosquitto 2.0 under a sustained flood): answered at
         once with a retryable error, never dropped in silence and never buffered without
-        bound. The refusal holds no serving slot while its reply awaits the broker's PUBACK:
-        under a flood, refusals would otherwise take every slot and nothing would be served."""
+        bound. The refusal holds no serving slot (under a flood, refusals would otherwise take
+        every slot and nothing would be served) and goes out at QoS 0 (``_reply``)."""
         self._in_flight += 1
         self._idle.clear()
         try:
@@ -347,7 +347,10 @@ class MqttAdapter:
             info = connection.client.publish(
                 route.reply_topic,
                 body,
-                qos=self._reply_qos,
+                # An overflow refusal goes at QoS 0: the broker's window for our QoS 1 replies
+                # (its Receive Maximum) would otherwise hold the replies of served requests
+                # behind a flood of refusals, each costing a PUBACK to process.
+                qos=0 if delivery.refusal else self._reply_qos,
                 properties=cast(Properties | None, properties),
             )
         except ValueError as exc:  # e.g. a Response Topic with wildcards: never answerable
@@ -366,7 +369,7 @@ class MqttAdapter:
             self._seen.forget(delivery.key)  # retryable: a retry is a new attempt, not a repeat
         else:
             self._seen.remember_reply(delivery.key, (body, binary, status))
-        if self._reply_qos == 0:
+        if self._reply_qos == 0 or delivery.refusal:
             self._end(delivery, acknowledge=True)
         else:
             connection.awaiting_puback[info.mid] = delivery
