@@ -16,6 +16,11 @@ settle period after the load (``settle_s``, ended early once every id has its re
   Mosquitto and on ``iotgw serve``'s embedded default broker (requests carry the model's SLO
   as their deadline, so the excess must be answered with 503s);
 - e (``--soak`` only): a 30-minute run with the gateway's RSS read every 10 s.
+
+``--cases d`` (any letters of a-d) runs those cases only and writes ``chaos_<cases>.json``.
+Case d also records what the gateway itself saw (``gateway_side``: requests by outcome, its own
+latency, queue and batch times from ``/metrics``) and the offered rate over the measured
+capacity, so an admitted request's time can be placed inside or outside the gateway.
 """
 
 from __future__ import annotations
