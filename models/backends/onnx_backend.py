@@ -27,10 +27,11 @@ from models.backends.devices import (
     onnx_expected,
     onnx_providers,
 )
+from models.backends.loaded_runtime import LoadedRuntime
 from models.backends.ort_options import session_options
 from models.repository import ModelVersion
 from models.runtime import InferenceFailed, ModelLoadError, ModelMetadata, TensorSpec, Threads
-from models.serving_plan import ServingPlan, log_once
+from models.serving_plan import ServingPlan
 
 if TYPE_CHECKING:
     import onnx
@@ -93,7 +94,7 @@ def _preload_cuda_libraries() -> None:
         log.warning("onnxruntime.preload_dlls failed: %s", exc)
 
 
-class OnnxRuntime:
+class OnnxRuntime(LoadedRuntime):
     """A loaded ONNX model; satisfies ``models.runtime.Runtime``."""
 
     def __init__(self, version: ModelVersion, threads: Threads) -> None:
@@ -139,33 +140,8 @@ class OnnxRuntime:
             outputs=_specs(self._session.get_outputs(), self._what),
             serving_plan=plan,
         )
-        if plan is not None:
-            log_once(self._what, plan)
         self._output_names = [o.name for o in self._metadata.outputs]
-        log.info(
-            "loaded %s on %s (%s, intra_op=%d inter_op=%d)",
-            self._what,
-            self._placement.device,
-            self._placement.engine,
-            threads.intra_op,
-            threads.inter_op,
-        )
-
-    @property
-    def metadata(self) -> ModelMetadata:
-        return self._metadata
-
-    @property
-    def threads(self) -> Threads:
-        return self._threads
-
-    @property
-    def device(self) -> str:
-        return self._placement.device
-
-    @property
-    def placement(self) -> Placement:
-        return self._placement
+        self._announce(log, self._placement.engine)
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         session = self._session

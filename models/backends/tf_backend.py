@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from models.backends import checkpoint_errors, describe, plan_options
 from models.backends.devices import Placement, tf_expected
+from models.backends.loaded_runtime import LoadedRuntime
 from models.backends.tf_config import session_config
 from models.repository import ModelVersion
 from models.runtime import (
@@ -35,7 +36,7 @@ from models.runtime import (
     TensorSpec,
     Threads,
 )
-from models.serving_plan import ServingPlan, log_once
+from models.serving_plan import ServingPlan
 
 PLATFORM = "tensorflow_savedmodel"
 SIGNATURE = "serving_default"
@@ -86,7 +87,7 @@ class _Signature:
     fetches: list[tf.Tensor]
 
 
-class TfRuntime:
+class TfRuntime(LoadedRuntime):
     """A loaded SavedModel or checkpoint; satisfies ``models.runtime.Runtime``."""
 
     def __init__(self, version: ModelVersion, threads: Threads) -> None:
@@ -135,33 +136,9 @@ class TfRuntime:
             outputs=sig.outputs,
             serving_plan=plan,
         )
-        if plan is not None:
-            log_once(self._what, plan)
         self._input_names = [s.name for s in sig.inputs]
         self._output_names = [s.name for s in sig.outputs]
-        log.info(
-            "loaded %s on %s (intra_op=%d inter_op=%d)",
-            self._what,
-            self._placement.device,
-            threads.intra_op,
-            threads.inter_op,
-        )
-
-    @property
-    def metadata(self) -> ModelMetadata:
-        return self._metadata
-
-    @property
-    def threads(self) -> Threads:
-        return self._threads
-
-    @property
-    def device(self) -> str:
-        return self._placement.device
-
-    @property
-    def placement(self) -> Placement:
-        return self._placement
+        self._announce(log)
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self._session is None:
