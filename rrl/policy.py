@@ -19,9 +19,7 @@
   the SLO.
 - **Drain**: an interval that started with a backlog and ended with a shorter queue measured
   the backlog draining, not its configuration: not learned, and what drains it keeps running.
-- **Rest** (``rrl.rest``): once the gate let nothing through at this load and the incumbent
-  meets the SLO with margin, nothing is simulated and the interval backs off, until the load
-  moves.
+- **Rest** (``rrl.rest``): nothing simulated, the interval backing off, while nothing moves.
 
 Every decision records what the model predicted, what was measured, and why
 (``rrl.decisions``).
@@ -314,38 +312,14 @@ class Policy(RestRules):
         start, end = queued
         self._draining = self._is_backlog(start) and end < start
         if self._draining:
-            reason = (
-                f"{step.kind}: queue {start} -> {end} requests, measured the backlog "
-                "draining (not learned)"
-            )
-            return self._record(
-                Decision(
-                    time.time(),
-                    self.model,
-                    "drain",
-                    step.config,
-                    self.workload,
-                    reason,
-                    measurement=measurement,
-                    rebuilt=rebuilt,
-                    predicted=step.predicted,
-                )
-            )
+            return self._record_drain(step, measurement, rebuilt, queued)
         config = step.config
         value = self.objective(config, measurement)
         self._last_measured = (config, value)
         if self.budget is not None:
             self.budget.report(self.model, config, measurement.rate_per_s)
         self.tuner.observe(config, measurement)
-        seen = Arrivals(measurement.rate_per_s, self.dispersion(), measurement.rows_per_request)
-        # On the event loop: only a cached prediction calibrates now; the next step that may
-        # simulate calibrates with the rest (``_calibrate_pending``), none while resting.
-        predicted = self.queue_model.cached(config, seen)
-        if predicted is not None:
-            self.queue_model.calibrate(predicted, measurement)
-        elif not self.rest.resting:
-            self._pending.append((config, seen, measurement))
-            del self._pending[: -self.queue_model.settings.residuals_kept]
+        self._calibrate(config, measurement)
         reason = step.reason
         incumbent_window = False
         outcome = self._trial_window(config, value, measurement)
@@ -372,6 +346,39 @@ class Policy(RestRules):
         if incumbent_window:  # after the window's own record: rest longer, or wake
             self._after_incumbent_window(measurement)
         return decision
+
+    def _record_drain(
+        self, step: Step, measurement: Measurement, rebuilt: bool, queued: tuple[int, int]
+    ) -> Decision:
+        start, end = queued
+        reason = (
+            f"{step.kind}: queue {start} -> {end} requests, measured the backlog "
+            "draining (not learned)"
+        )
+        return self._record(
+            Decision(
+                time.time(),
+                self.model,
+                "drain",
+                step.config,
+                self.workload,
+                reason,
+                measurement=measurement,
+                rebuilt=rebuilt,
+                predicted=step.predicted,
+            )
+        )
+
+    def _calibrate(self, config: Config, measurement: Measurement) -> None:
+        """On the event loop, only a cached prediction calibrates now; the rest at the next
+        step that may simulate (``_calibrate_pending``), none while resting."""
+        seen = Arrivals(measurement.rate_per_s, self.dispersion(), measurement.rows_per_request)
+        predicted = self.queue_model.cached(config, seen)
+        if predicted is not None:
+            self.queue_model.calibrate(predicted, measurement)
+        elif not self.rest.resting:
+            self._pending.append((config, seen, measurement))
+            del self._pending[: -self.queue_model.settings.residuals_kept]
 
     def _trial_window(self, config: Config, value: float, m: Measurement) -> Outcome | None:
         trial = self.trial
