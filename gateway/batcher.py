@@ -40,7 +40,7 @@ from gateway.errors import (
 )
 from gateway.instances import Instance, InstancePool
 from gateway.knobs import Knobs
-from gateway.service_time import ServiceTimeEstimate
+from gateway.service_time import STALE_AFTER_S, ServiceTimeEstimate
 
 log = logging.getLogger("gateway.batcher")
 
@@ -117,9 +117,9 @@ class Batcher:
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
         self._dispatched = 0  # batches launched: tells the supervisor a restarted loop works
-        self.service_time = ServiceTimeEstimate()
+        self.service_time = ServiceTimeEstimate(clock=clock)
         self.arrivals = ArrivalEstimate()
-        self.answer_lag = AnswerLag()
+        self.answer_lag = AnswerLag(clock=clock)
 
     @property
     def queue_depth(self) -> int:
@@ -164,7 +164,7 @@ class Batcher:
         remaining = deadline - now
         if remaining <= 0:
             raise DeadlineUnmeetable(f"model {self.name}: the request's deadline has passed")
-        estimate = self._estimate_completion(rows)
+        estimate = None if self._pace_is_stale(self._pool.busy) else self._estimate_completion(rows)
         if estimate is not None and estimate > remaining:
             raise DeadlineUnmeetable(
                 f"model {self.name}: deadline cannot be met (estimated {estimate * 1e3:.1f} ms "
@@ -188,6 +188,13 @@ class Batcher:
             return result
         finally:
             self.arrivals.left(self._clock())
+
+    def _pace_is_stale(self, running: int) -> bool:
+        """Whether the pace figures can no longer be corrected by what runs: no other batch
+        running and none measured for ``STALE_AFTER_S``. Refusing on them then could last for
+        good (after a stall, every request refused, so no batch runs to correct them): the
+        next batch runs as a probe, and its measurement starts the figures afresh."""
+        return running <= 0 and self._clock() - self.service_time.observed_at > STALE_AFTER_S
 
     def _estimate_completion(self, rows: int) -> float | None:
         """Seconds until a request of ``rows`` arriving now would be answered, pessimistically:
@@ -343,7 +350,7 @@ class Batcher:
         left than the batch takes. A late answer is an SLO violation all the same, and
         refusing now tells the client while a retry can still help."""
         typical = self.service_time.typical(rows) if batch else None
-        if typical is None:
+        if typical is None or self._pace_is_stale(self._pool.busy - 1):  # this one's instance
             return batch
         finish = now + typical + self.answer_lag.high  # outputs back, then the caller resumed
         if all(item.deadline >= finish for item in batch):

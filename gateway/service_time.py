@@ -6,26 +6,44 @@ Kept per power-of-two size bucket, because compute time grows with batch size bu
 deadline, so batches slowed by something else (a session's first calls, a rebuild next to them,
 another process on the cores) do not refuse requests that would have made it, as an average
 that a few outliers set would. A lasting slowdown shows once it is the whole window.
+
+Figures are refreshed only by batches that run, and refusals based on them stop batches from
+running: after a stall (every recent batch slow), every request could be refused for good. So a
+batch measured after ``STALE_AFTER_S`` without any describes another time: the windows start
+afresh from it, and the batcher lets a batch through as a probe once the figures are that old
+with nothing running (``Batcher``).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
+from collections.abc import Callable
+
+STALE_AFTER_S = 1.0
 
 
 class ServiceTimeEstimate:
-    def __init__(self, *, window: int = 15) -> None:
+    def __init__(self, *, window: int = 15, clock: Callable[[], float] = time.monotonic) -> None:
         self._window = window
+        self._clock = clock
         self._recent: dict[int, deque[float]] = {}
         self._by_bucket: dict[int, float] = {}  # each bucket's fastest, updated on observe
         self._typical: dict[int, float] = {}  # each bucket's median, updated on observe
+        self.observed_at = -math.inf  # clock of the last batch measured
 
     @staticmethod
     def _bucket(rows: int) -> int:
         return max(0, math.ceil(math.log2(max(rows, 1))))
 
     def observe(self, rows: int, seconds: float) -> None:
+        now = self._clock()
+        if now - self.observed_at > STALE_AFTER_S:  # the old figures describe another time
+            self._recent.clear()
+            self._by_bucket.clear()
+            self._typical.clear()
+        self.observed_at = now
         b = self._bucket(rows)
         recent = self._recent.get(b)
         if recent is None:

@@ -8,6 +8,7 @@ slow ones), so what is refused follows from the rule, not from how fast this mac
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ import pytest
 
 from gateway.answer_lag import AnswerLag
 from gateway.errors import GatewayError
+from gateway.service_time import STALE_AFTER_S
 from gateway.types import InferenceRequest
 from models.runtime import Runtime
 from tests.gateway.gated_runtime import (  # noqa: F401 (*_fixture: pytest fixtures)
@@ -92,6 +94,32 @@ async def test_the_event_loop_s_recent_delay_in_resuming_answers_counts_against_
         response = await service.infer(timely, transport="test")
         want = reference.infer(features(1, 1))["probabilities"]
         np.testing.assert_array_equal(response.outputs["probabilities"], want)
+
+
+async def test_refusals_on_a_stalled_pace_end_once_nothing_can_correct_it(
+    source: Path, tmp_path: Path, reference: Runtime
+) -> None:
+    """After a stall (recent batches and answers slow), refusing on that pace stops every batch,
+    so nothing would ever correct it. Once nothing has run for STALE_AFTER_S, the next request
+    runs as a probe, and what it measures replaces the stall's figures."""
+    async with gated_service(mlp_repo(tmp_path / "repo", source, **BATCHING), Gate()) as service:
+        batcher = service.host(MODEL)._batcher
+        for _ in range(3):
+            batcher.service_time.observe(1, TYPICAL_S)
+            batcher.answer_lag.observe(TYPICAL_S)
+        refused = InferenceRequest(MODEL, features(1, 0), timeout_s=5.0)
+        with pytest.raises(GatewayError) as error:
+            await service.infer(refused, transport="test")
+        assert (error.value.status, error.value.reason) == (503, "deadline")
+        await asyncio.sleep(STALE_AFTER_S * 1.2)  # nothing runs meanwhile: the figures age
+        for i in (1, 2):  # the probe, then a request admitted on the probe's pace
+            request = InferenceRequest(MODEL, features(1, i), timeout_s=5.0)
+            response = await service.infer(request, transport="test")
+            want = reference.infer(features(1, i))["probabilities"]
+            np.testing.assert_array_equal(response.outputs["probabilities"], want)
+        typical = batcher.service_time.typical(1)
+        assert typical is not None and typical < TYPICAL_S
+        assert batcher.answer_lag.high < TYPICAL_S
 
 
 def test_the_answer_lag_is_a_high_percentile_of_the_recent_waits() -> None:
