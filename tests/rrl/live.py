@@ -92,6 +92,30 @@ async def poisson_load(
     return statuses
 
 
+@contextlib.asynccontextmanager
+async def running_agent(
+    gw: Gateway, space: ConfigSpace, start: Any, **settings: Any
+) -> AsyncIterator[ModelAgent]:
+    """An agent of the test's own on sensor_mlp (SLO 100 ms, 2 cores, 0.4 s windows), on a
+    gateway whose tuner is off, running until the block ends."""
+    agent = ModelAgent(
+        TunedService(gw.service),
+        "sensor_mlp",
+        space=space,
+        slo_ms=100.0,
+        cores=2,
+        settings=AgentSettings(start=start, interval_s=0.4, min_requests=30, **settings),
+    )
+    task = asyncio.create_task(agent.run())
+    await asyncio.wait_for(agent.started.wait(), timeout=60.0)
+    try:
+        yield agent
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 async def tuner_state(url: str, model: str = "sensor_mlp") -> dict[str, Any]:
     async with (
         aiohttp.ClientSession() as http,

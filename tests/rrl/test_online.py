@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +17,11 @@ import aiohttp
 import pytest
 
 from gateway.main import Gateway
-from gateway.tuning import TunedService
 from rrl.agent_settings import RestSettings
 from rrl.decisions import Step, log_line
 from rrl.gate import needs_rebuild
 from rrl.memory import StateKey
-from rrl.online import AgentSettings, ModelAgent
+from rrl.online import ModelAgent
 from rrl.space import Config, ConfigSpace, expert_default
 from rrl.trial import Trial
 from tests.rrl.live import (
@@ -31,6 +30,7 @@ from tests.rrl.live import (
     hand_built_agent,
     measurement,
     poisson_load,
+    running_agent,
     started,
     tuner_state,
 )
@@ -60,28 +60,14 @@ async def until(
         await asyncio.sleep(0.05)
 
 
-@contextlib.asynccontextmanager
-async def running(gw: Gateway, start: Config, **settings: Any) -> AsyncIterator[ModelAgent]:
+def running(
+    gw: Gateway, start: Config, **settings: Any
+) -> contextlib.AbstractAsyncContextManager[ModelAgent]:
     """An agent of our own on a gateway whose tuner is off, started from ``start``. It rests
     (``rrl.rest``) as the gateway's would, but asks the gate again every few seconds: these
     tests are about what the gate and the trials do once asked."""
     settings.setdefault("rest", RestSettings(recheck_s=2.0))
-    agent = ModelAgent(
-        TunedService(gw.service),
-        "sensor_mlp",
-        space=GRID,
-        slo_ms=100.0,
-        cores=2,
-        settings=AgentSettings(start=start, interval_s=0.4, min_requests=30, **settings),
-    )
-    task = asyncio.create_task(agent.run())
-    await asyncio.wait_for(agent.started.wait(), timeout=60.0)
-    try:
-        yield agent
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    return running_agent(gw, GRID, start, **settings)
 
 
 def settled(agent: ModelAgent) -> bool:

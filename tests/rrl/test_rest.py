@@ -10,21 +10,20 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gateway.main import Gateway
-from gateway.tuning import TunedService
 from rrl.agent_settings import RestSettings
 from rrl.objective import make_objective
-from rrl.online import AgentSettings, ModelAgent
+from rrl.online import ModelAgent
 from rrl.queueing import Arrivals, QueueModel
 from rrl.rest import Rest
 from rrl.space import Config, ConfigSpace, expert_default
-from tests.rrl.live import gateway, poisson_load
+from tests.rrl.live import gateway, poisson_load, running_agent
 
 EXPERT = expert_default(len(os.sched_getaffinity(0)), max_batch_size=32)
 GRID = ConfigSpace.for_machine(2, max_batch_size=32, max_timeout_ms=8.0)
@@ -40,27 +39,9 @@ async def until(condition: Callable[[], bool], what: str, timeout_s: float = 60.
         await asyncio.sleep(0.05)
 
 
-@contextlib.asynccontextmanager
-async def running(gw: Gateway, **settings: Any) -> AsyncIterator[ModelAgent]:
+def running(gw: Gateway, **settings: Any) -> contextlib.AbstractAsyncContextManager[ModelAgent]:
     """An agent of our own (from the expert default) on a gateway whose tuner is off."""
-    agent = ModelAgent(
-        TunedService(gw.service),
-        "sensor_mlp",
-        space=GRID,
-        slo_ms=100.0,
-        cores=2,
-        settings=AgentSettings(
-            start=EXPERT, interval_s=0.4, min_requests=30, rest=REST, **settings
-        ),
-    )
-    task = asyncio.create_task(agent.run())
-    await asyncio.wait_for(agent.started.wait(), timeout=60.0)
-    try:
-        yield agent
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    return running_agent(gw, GRID, EXPERT, rest=REST, **settings)
 
 
 def resting_windows(agent: ModelAgent) -> int:
