@@ -159,3 +159,17 @@ async def device(
 
 def json_payload(inputs: Mapping[str, np.ndarray], id: str) -> bytes:
     return json.dumps(json_request(inputs, id=id)).encode()
+
+
+async def flood(
+    port: int, model: str, inputs: Mapping[str, np.ndarray], *, requests: int, device_id: str
+) -> list[dict[str, Any]]:
+    """``requests`` published back to back at QoS 1 by one MQTT 3.1.1 device (each with a
+    generous deadline, so that only the gateway's bounds can refuse one), then every reply."""
+    async with device(port, device_id, v5=False) as dev:
+        futures = []
+        for i in range(requests):
+            body = json.loads(json_payload(inputs, f"flood-{i}"))
+            body["parameters"] = {"timeout": GENEROUS_TIMEOUT_US}
+            futures.append(await dev.publish(model, json.dumps(body).encode(), body["id"]))
+        return [await asyncio.wait_for(f, 30) for f in futures]

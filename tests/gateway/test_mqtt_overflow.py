@@ -11,7 +11,6 @@ from the rule alone."""
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +20,8 @@ import pytest
 from gateway.main import Gateway
 from gateway.settings import GatewaySettings
 from tests.brokers import mosquitto
-from tests.gateway.helpers import GENEROUS_TIMEOUT_US, Reference, make_repo, random_inputs
-from tests.gateway.mqtt_client import device, json_payload
+from tests.gateway.helpers import Reference, make_repo, random_inputs
+from tests.gateway.mqtt_client import flood
 
 MODEL = "sensor_mlp"
 REQUESTS = 20  # Mosquitto's default in-flight window for a 3.1.1 client
@@ -68,10 +67,4 @@ async def test_the_oldest_waiting_are_refused_and_the_newest_served(
 
 async def _flood(port: int, reference: Reference) -> list[dict[str, Any]]:
     inputs = random_inputs(reference.metadata(MODEL), rows=1, rng=np.random.default_rng(2))
-    async with device(port, "dev-overflow", v5=False) as dev:
-        futures = []
-        for i in range(REQUESTS):
-            body = json.loads(json_payload(inputs, f"flood-{i}"))
-            body["parameters"] = {"timeout": GENEROUS_TIMEOUT_US}
-            futures.append(await dev.publish(MODEL, json.dumps(body).encode(), body["id"]))
-        return [await asyncio.wait_for(f, 30) for f in futures]
+    return await flood(port, MODEL, inputs, requests=REQUESTS, device_id="dev-overflow")
