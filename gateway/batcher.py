@@ -344,15 +344,16 @@ class Batcher:
 
     def _refuse_late(self, batch: list[_Pending], now: float, rows: int) -> list[_Pending]:
         """Refuse (503 deadline, with a retry hint) the requests of a batch about to start that
-        it would answer after their deadlines at the recent pace of batches of its size (and
-        of the event loop in resuming their callers, ``answer_lag``):
+        it could answer after their deadlines at the recent pace of batches of its size (its
+        90th percentile) and of the event loop in resuming their callers (``answer_lag``):
         admission plans with the fastest pace, so a request can reach its batch with less time
         left than the batch takes. A late answer is an SLO violation all the same, and
-        refusing now tells the client while a retry can still help."""
-        typical = self.service_time.typical(rows) if batch else None
-        if typical is None or self._pace_is_stale(self._pool.busy - 1):  # this one's instance
+        refusing now tells the client while a retry can still help. The median pace left one
+        admitted answer in ten late whenever the queue ran up to the deadlines (overload)."""
+        high = self.service_time.high(rows) if batch else None
+        if high is None or self._pace_is_stale(self._pool.busy - 1):  # this one's instance
             return batch
-        finish = now + typical + self.answer_lag.high  # outputs back, then the caller resumed
+        finish = now + high + self.answer_lag.high  # outputs back, then the caller resumed
         if all(item.deadline >= finish for item in batch):
             return batch
         kept = []
@@ -362,8 +363,8 @@ class Batcher:
                 continue
             item.future.set_exception(
                 DeadlineUnmeetable(
-                    f"model {self.name}: a batch of {rows} rows takes about "
-                    f"{typical * 1e3:.1f} ms and an answer then waits up to "
+                    f"model {self.name}: a batch of {rows} rows takes up to about "
+                    f"{high * 1e3:.1f} ms and an answer then waits up to "
                     f"{self.answer_lag.high * 1e3:.1f} ms for the event loop; "
                     f"{(item.deadline - now) * 1e3:.1f} ms were left "
                     f"after {(now - item.enqueued) * 1e3:.1f} ms in the queue",

@@ -57,13 +57,26 @@ def _bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--quick", action="store_true", help="a few seconds, to check it still works")
     p.add_argument("--out", type=Path, help="results directory (default benchmarks/results)")
     p.add_argument("--soak", action="store_true", help="chaos: add the 30-minute soak run")
+    p.add_argument("--cases", help="chaos: which of the cases a-d to run (e.g. 'd'; default all)")
+    p.add_argument("--overload-model", help="chaos: the demo model case d overloads")
 
 
 def _run_bench(args: argparse.Namespace) -> int:
     import importlib
 
     module = importlib.import_module(f"benchmarks.{args.name}")
-    extra = {"soak": True} if args.soak else {}  # only the chaos bench takes it
+    chaos_only = {"soak": args.soak or None, "cases": args.cases}
+    chaos_only["overload_model"] = args.overload_model
+    extra = {k: v for k, v in chaos_only.items() if v is not None}
+    if extra and args.name != "chaos":
+        print(f"iotgw bench {args.name}: --soak, --cases and --overload-model are chaos options")
+        return 2
+    if "cases" in extra:
+        try:
+            extra["cases"] = module.parse_cases(extra["cases"])
+        except ValueError as exc:
+            print(f"iotgw bench chaos: {exc}")
+            return 2
     return int(module.main(quick=args.quick, out_dir=args.out, **extra) or 0)
 
 

@@ -216,7 +216,13 @@ class ModelHost:
         await self.unload(publish=not replaced)
 
     async def infer(
-        self, inputs: dict[str, np.ndarray], *, rows: int, timeout_s: float | None, priority: int
+        self,
+        inputs: dict[str, np.ndarray],
+        *,
+        rows: int,
+        timeout_s: float | None,
+        priority: int,
+        delivery_s: float = 0.0,
     ) -> tuple[dict[str, np.ndarray], float, float]:
         if self.state is not ModelState.READY:
             raise ModelUnavailable(
@@ -226,6 +232,9 @@ class ModelHost:
         started = time.monotonic()
         self._arrived.append((started, rows))
         budget = timeout_s if timeout_s is not None else self.config.slo_ms / 1000.0
+        # The answer must be ready before the reply's own way to the client starts eating the
+        # budget; never more than half of it, so one slow acknowledgement cannot refuse all.
+        budget -= min(delivery_s, budget / 2)
         self._in_flight += 1
         self._idle.clear()
         try:

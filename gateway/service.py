@@ -340,6 +340,7 @@ class InferenceService:
                         rows=rows,
                         timeout_s=request.timeout_s,
                         priority=request.priority,
+                        delivery_s=request.delivery_s,
                     )
             except BackendError as exc:  # backend failure surfaced outside a batch
                 raise ModelUnavailable(str(exc)) from exc

@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Callable
 
 STALE_AFTER_S = 1.0
+HIGH_QUANTILE = 0.9
 
 
 class ServiceTimeEstimate:
@@ -30,7 +31,7 @@ class ServiceTimeEstimate:
         self._clock = clock
         self._recent: dict[int, deque[float]] = {}
         self._by_bucket: dict[int, float] = {}  # each bucket's fastest, updated on observe
-        self._typical: dict[int, float] = {}  # each bucket's median, updated on observe
+        self._high: dict[int, float] = {}  # each bucket's 90th percentile, updated on observe
         self.observed_at = -math.inf  # clock of the last batch measured
 
     @staticmethod
@@ -42,7 +43,7 @@ class ServiceTimeEstimate:
         if now - self.observed_at > STALE_AFTER_S:  # the old figures describe another time
             self._recent.clear()
             self._by_bucket.clear()
-            self._typical.clear()
+            self._high.clear()
         self.observed_at = now
         b = self._bucket(rows)
         recent = self._recent.get(b)
@@ -51,18 +52,18 @@ class ServiceTimeEstimate:
         recent.append(seconds)
         self._by_bucket[b] = min(recent)
         ordered = sorted(recent)
-        self._typical[b] = ordered[len(ordered) // 2]
+        self._high[b] = ordered[int(HIGH_QUANTILE * (len(ordered) - 1))]
 
     def samples(self) -> dict[int, tuple[float, ...]]:
         """The recent batch times of each bucket, keyed by the bucket's largest batch size."""
         return {2**b: tuple(recent) for b, recent in sorted(self._recent.items())}
 
-    def typical(self, rows: int) -> float | None:
-        """Seconds a batch of ``rows`` takes at the recent pace (the median of its bucket's
-        window, robust to a few slow batches too): what a batch about to start will most
-        likely take. Sizes not measured fall back to ``predict``."""
-        typical = self._typical.get(self._bucket(rows))
-        return typical if typical is not None else self.predict(rows)
+    def high(self, rows: int) -> float | None:
+        """Seconds that nine in ten recent batches of ``rows`` stayed within (the 90th
+        percentile of its bucket's window): what a batch about to start is planned with when a
+        late answer counts as a failure. Sizes not measured fall back to ``predict``."""
+        high = self._high.get(self._bucket(rows))
+        return high if high is not None else self.predict(rows)
 
     def predict(self, rows: int) -> float | None:
         """Seconds for one batch of ``rows``; None before anything was measured."""

@@ -16,6 +16,10 @@ class InferenceRequest:
     outputs: list[str] | None = None  # None: every output
     timeout_s: float | None = None  # None: the model's SLO
     priority: int = 0  # 0: default level; 1 is the most urgent
+    # The transport's recent estimate of how long a reply takes to leave it once handed over
+    # (MQTT: publish to the broker's PUBACK): the deadline is met only if the answer is ready
+    # this much sooner.
+    delivery_s: float = 0.0
 
 
 @dataclass(slots=True)

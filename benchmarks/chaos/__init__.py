@@ -46,9 +46,10 @@ from benchmarks.chaos.scenarios import (
     request_body,
     soak,
 )
-from benchmarks.chaos.stack import MODEL, demo_repository
+from benchmarks.chaos.stack import MODEL, OVERLOAD_MODEL, demo_repository
 from benchmarks.clients import ClientProcesses
 from benchmarks.common import load_average, machine_info, write_results
+from models.repository import read_config
 
 DEVICE_PROCESSES = 2
 
@@ -57,25 +58,32 @@ CASES = "abcd"
 
 
 def run(
-    plan: Plan, *, quick: bool, soak_run: bool, out_dir: Path | None, cases_run: str = CASES
+    plan: Plan,
+    *,
+    quick: bool,
+    soak_run: bool,
+    out_dir: Path | None,
+    cases_run: str = CASES,
+    overload_model: str = OVERLOAD_MODEL,
 ) -> Path:
-    from models.repository import read_config
-
     machine = machine_info()
     cases: list[Case] = []
     with tempfile.TemporaryDirectory(prefix="iotgw-bench-chaos-") as tmp:
         folder = Path(tmp)
         repo = demo_repository(folder)
         slo_ms = read_config(repo / MODEL / "1" / "config.toml").slo_ms
-        body = request_body(np.random.default_rng(0))
         with ClientProcesses(DEVICE_PROCESSES, run_devices, name="chaos-devices") as clients:
-            load = Load(clients, plan, body, slo_s=slo_ms / 1000.0)
+            load = _load(clients, plan, repo, MODEL)
             chaos = (("a", gateway_kills), ("b", broker_restart), ("c", replicas))
             for letter, scenario in chaos:
                 if letter in cases_run:
                     cases.append(_announce(scenario(load, repo, folder)))
-            for embedded in (False, True) if "d" in cases_run else ():
-                cases.append(_announce(overload(load, repo, folder, embedded=embedded)))
+            if "d" in cases_run:
+                overload_repo = demo_repository(folder, overload_model)
+                flood = _load(clients, plan, overload_repo, overload_model)
+                for embedded in (False, True):
+                    case = overload(flood, overload_repo, folder, embedded=embedded)
+                    cases.append(_announce(case))
             if soak_run:
                 cases.append(_announce(soak(load, repo, folder)))
     machine["load_average_at_end"] = load_average()
@@ -94,6 +102,7 @@ def run(
         config={
             "model": MODEL,
             "slo_ms": slo_ms,
+            "overload_model": overload_model if "d" in cases_run else None,
             "plan": plan.__dict__,
             "soak": soak_run,
             "cases": cases_run,
@@ -103,6 +112,20 @@ def run(
     return path
 
 
+def parse_cases(text: str) -> str:
+    """``--cases``: letters of a-d, in order, each once."""
+    cases = "".join(sorted(set(text)))
+    if not cases or set(cases) - set(CASES):
+        raise ValueError(f"--cases takes letters of {CASES!r}, got {text!r}")
+    return cases
+
+
+def _load(clients: ClientProcesses, plan: Plan, repo: Path, model: str) -> Load:
+    slo_ms = read_config(repo / model / "1" / "config.toml").slo_ms
+    body = request_body(np.random.default_rng(0), model)
+    return Load(clients, plan, body, slo_s=slo_ms / 1000.0, model=model)
+
+
 def _announce(case: Case) -> Case:
     sent = sum(len(led["sent_at"]) for led in case.ledgers)
     print(f"{case.name}: {sent} requests sent", flush=True)
@@ -110,10 +133,21 @@ def _announce(case: Case) -> Case:
 
 
 def main(
-    quick: bool = False, out_dir: Path | None = None, soak: bool = False, cases: str = CASES
+    quick: bool = False,
+    out_dir: Path | None = None,
+    soak: bool = False,
+    cases: str = CASES,
+    overload_model: str = OVERLOAD_MODEL,
 ) -> int:
     plan = QUICK if quick else FULL
-    run(plan, quick=quick, soak_run=soak and not quick, out_dir=out_dir, cases_run=cases)
+    run(
+        plan,
+        quick=quick,
+        soak_run=soak and not quick,
+        out_dir=out_dir,
+        cases_run=cases,
+        overload_model=overload_model,
+    )
     return 0
 
 
@@ -127,8 +161,20 @@ def cli(argv: list[str] | None = None) -> int:
         default=CASES,
         help="which of the cases a-d to run (e.g. 'd'); a subset writes chaos_<cases>.json",
     )
+    p.add_argument(
+        "--overload-model",
+        default=OVERLOAD_MODEL,
+        help="the demo model case d overloads (default: a model whose capacity is its compute)",
+    )
     args = p.parse_args(argv)
-    cases = "".join(sorted(set(args.cases)))
-    if not cases or set(cases) - set(CASES):
-        p.error(f"--cases takes letters of {CASES!r}, got {args.cases!r}")
-    return main(quick=args.quick, out_dir=args.out, soak=args.soak, cases=cases)
+    try:
+        cases = parse_cases(args.cases)
+    except ValueError as exc:
+        p.error(str(exc))
+    return main(
+        quick=args.quick,
+        out_dir=args.out,
+        soak=args.soak,
+        cases=cases,
+        overload_model=args.overload_model,
+    )

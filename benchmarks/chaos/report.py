@@ -48,7 +48,9 @@ def account(case: Case, slo_ms: float) -> dict[str, Any]:
         **case.config,
     }
     if case.name.startswith("d_"):
-        out["admitted_p99_over_slo"] = _round(pct["p99"] / slo_ms, 3)
+        # The case's own model's SLO (case d may overload another model than a-c's).
+        case_slo_ms = float(case.config.get("slo_ms", slo_ms))
+        out["admitted_p99_over_slo"] = _round(pct["p99"] / case_slo_ms, 3)
         out["errors_503"] = int((status == 503).sum())
         # What the devices really offered, in multiples of the capacity the ramp measured.
         capacity = case.config.get("capacity_ok_per_s")

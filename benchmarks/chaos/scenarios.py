@@ -53,23 +53,33 @@ class Case:
     config: dict[str, Any]
 
 
-def request_body(rng: np.random.Generator) -> OipBody:
-    """One binary-framed 1x32 FP32 ``sensor_mlp`` request; each device stamps the model's SLO
-    on it as an absolute deadline (``deadline_unix_ms``) when it publishes."""
-    features = rng.standard_normal((1, 32)).astype(np.float32)
-    return encode_request({"features": features}, binary=True)
+def request_body(rng: np.random.Generator, model: str = MODEL) -> OipBody:
+    """One binary-framed batch-1 FP32 request for the demo model ``model``; each device stamps
+    the model's SLO on it as an absolute deadline (``deadline_unix_ms``) when it publishes."""
+    from models.demo import FLOAT_DEMO_MODELS
+
+    (spec,) = {m.spec for m in FLOAT_DEMO_MODELS if m.name == model}
+    tensors = {i.name: rng.standard_normal((1, *i.shape)).astype(np.float32) for i in spec.inputs}
+    return encode_request(tensors, binary=True)
 
 
 class Load:
     """Device processes (spawned once, reused by every case) and the way a case drives them."""
 
     def __init__(
-        self, clients: ClientProcesses, plan: Plan, body: OipBody, *, slo_s: float
+        self,
+        clients: ClientProcesses,
+        plan: Plan,
+        body: OipBody,
+        *,
+        slo_s: float,
+        model: str = MODEL,
     ) -> None:
         self.clients = clients
         self.plan = plan
         self.body = body
         self.slo_s = slo_s
+        self.model = model
         self._names = iter(range(1 << 30))
 
     def jobs(
@@ -90,7 +100,7 @@ class Load:
                 port=port,
                 protocol=protocol,
                 devices=tuple(f"chaos-{run}-{p}-{d}" for d in range(self.plan.devices_per_process)),
-                model=MODEL,
+                model=self.model,
                 body=self.body,
                 duration_s=duration_s,
                 settle_s=self.plan.settle_s if settle_s is None else settle_s,
@@ -248,14 +258,16 @@ def overload(load: Load, repo: Path, folder: Path, *, embedded: bool) -> Case:
         best, steps = capacity(load, port, protocol)
         rate = max(best, 1.0) * plan.overload_factor
         jobs = load.jobs(port, duration_s=plan.overload_s, rate=rate, protocol=protocol)
-        before = gateway_side(gateway.metrics(), MODEL)
+        before = gateway_side(gateway.metrics(), load.model)
         ledgers, events = load.run(jobs)
-        after = gateway_side(gateway.metrics(), MODEL)
+        after = gateway_side(gateway.metrics(), load.model)
     finally:
         gateway.stop()
         if broker is not None:
             broker.stop()
     config = {
+        "model": load.model,
+        "slo_ms": round(load.slo_s * 1000.0, 3),
         "broker": kind,
         # Mosquitto's warning when a client's queue is full and it starts dropping (silently
         # for the publisher): the requests the device ledger then finds lost.

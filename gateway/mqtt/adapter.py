@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
@@ -24,6 +25,7 @@ import aiomqtt
 import paho.mqtt.client as paho
 from paho.mqtt.properties import Properties
 
+from gateway.answer_lag import AnswerLag
 from gateway.codecs import json_codec, oip
 from gateway.core import ServingCore
 from gateway.edge import OFFLOAD_BYTES, Edge, Phase, error_document
@@ -61,6 +63,7 @@ class _Delivery:
     key: tuple[str, bytes] | None = None
     ended: bool = False
     refusal: bool = False  # an overflow refusal: holds no serving slot
+    handed_at: float = 0.0  # when its QoS 1 reply went to paho (monotonic)
 
 
 @dataclass(slots=True)
@@ -106,6 +109,9 @@ class MqttAdapter:
         self._tasks: set[asyncio.Task[None]] = set()
         self._router = Router(settings, v5=self._v5)
         self._seen = SeenRequests(settings.dedupe_window_s)
+        # Publish to PUBACK of recent replies (high percentile): a request's answer must be
+        # ready this much before its deadline, or its reply reaches the device late.
+        self._reply_leg = AnswerLag()
         self._connection: _Connection | None = None
         self._stopping = asyncio.Event()
         self._session = BrokerSession(
@@ -128,6 +134,11 @@ class MqttAdapter:
         """Requests taken from the broker and not yet ended (answered and acknowledged, or
         released for redelivery)."""
         return self._in_flight
+
+    @property
+    def reply_leg(self) -> AnswerLag:
+        """Publish-to-PUBACK times of recent replies; ``high`` comes off each deadline."""
+        return self._reply_leg
 
     @property
     def request_filter(self) -> str:
@@ -217,6 +228,7 @@ class MqttAdapter:
         delivery = connection.awaiting_puback.pop(mid, None) if connection is not None else None
         if delivery is None:
             return False
+        self._reply_leg.observe(time.monotonic() - delivery.handed_at)
         self._end(delivery, acknowledge=True)
         return True
 
@@ -326,6 +338,7 @@ class MqttAdapter:
             expiry = _property(message, "MessageExpiryInterval")
             if expiry:
                 request.timeout_s = float(expiry)
+        request.delivery_s = self._reply_leg.high
         # A binary request gets binary outputs unless it chose otherwise.
         if header_length is not None and not fmt.binary and request.outputs is None:
             fmt = oip.OutputFormat(binary_all=True)
@@ -372,6 +385,7 @@ class MqttAdapter:
         if self._reply_qos == 0 or delivery.refusal:
             self._end(delivery, acknowledge=True)
         else:
+            delivery.handed_at = time.monotonic()
             connection.awaiting_puback[info.mid] = delivery
 
     def _answer_repeat(

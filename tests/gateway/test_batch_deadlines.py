@@ -38,16 +38,18 @@ async def test_a_request_its_batch_would_answer_late_is_refused_when_the_batch_s
 ) -> None:
     async with gated_service(mlp_repo(tmp_path / "repo", source, **BATCHING), Gate()) as service:
         host = service.host(MODEL)
-        for seconds in (FASTEST_S, TYPICAL_S, TYPICAL_S):  # one-row batches
+        # One-row batches: most fast, but two in ten slow, so one answer in ten or more would
+        # come late: planned with the 90th percentile, not the median (which is fast here).
+        for seconds in (FASTEST_S,) * 8 + (TYPICAL_S,) * 2:
             host._batcher.service_time.observe(1, seconds)
 
-        # 5 s left: the fastest pace would make it (admitted), the recent one would not.
+        # 5 s left: the fastest pace would make it (admitted), the slow tenth would not.
         late = InferenceRequest(MODEL, features(1, 0), timeout_s=5.0)
         with pytest.raises(GatewayError) as refused:
             await service.infer(late, transport="test")
         error = refused.value
         assert (error.status, error.reason) == (503, "deadline")
-        assert "takes about 10000.0 ms" in error.message  # refused at the batch, not at the door
+        assert "takes up to about 10000.0 ms" in error.message  # refused at the batch, not at the door
         assert error.retry_after is not None and error.retry_after > 0
 
         # With time enough for the recent pace, a request is served, and correctly.
@@ -117,8 +119,8 @@ async def test_refusals_on_a_stalled_pace_end_once_nothing_can_correct_it(
             response = await service.infer(request, transport="test")
             want = reference.infer(features(1, i))["probabilities"]
             np.testing.assert_array_equal(response.outputs["probabilities"], want)
-        typical = batcher.service_time.typical(1)
-        assert typical is not None and typical < TYPICAL_S
+        high = batcher.service_time.high(1)
+        assert high is not None and high < TYPICAL_S
         assert batcher.answer_lag.high < TYPICAL_S
 
 

@@ -1,0 +1,92 @@
+"""A reply's own way out counts against its request's deadline. The MQTT adapter measures how
+long its replies take from publish to the broker's PUBACK (a high percentile of the recent ones),
+and a request must be answerable that much before its deadline: otherwise its reply would reach
+the device late, however fast its batch ran. Live gateway, real Mosquitto.
+
+The batch pace and the reply leg are set by hand after the real ones were measured, so what is
+refused follows from the rule, not from how fast this machine is."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import pytest_asyncio
+
+from gateway.main import Gateway
+from gateway.settings import GatewaySettings
+from tests.brokers import Broker, mosquitto
+from tests.gateway.helpers import Reference, make_repo, random_inputs
+from tests.gateway.mqtt_client import device, json_payload
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+MODEL = "sensor_mlp"
+PACE_S = 3.0  # the batch pace set by hand: a request needs 3 s of its budget
+TIMEOUT_US = 5_000_000  # each request's budget: 5 s, enough for the pace alone
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    with mosquitto(tmp_path_factory.mktemp("mosquitto")) as b:
+        yield b
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def gw(
+    broker: Broker, demo_repo: Path, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Gateway]:
+    tmp = tmp_path_factory.mktemp("reply-leg")
+    settings = GatewaySettings.load(
+        http={"port": 0, "host": "127.0.0.1"},
+        serving={"model_repo": make_repo(tmp / "repo", demo_repo, {MODEL: None}), "cache_dir": tmp},
+        mqtt={"broker": broker.url, "client_id": "gw-reply-leg", "reconnect_min_s": 0.05},
+    )
+    async with Gateway(settings) as gateway:
+        await gateway.wait_loaded()
+        assert gateway.mqtt is not None
+        await asyncio.wait_for(gateway.mqtt.connected.wait(), 30)
+        yield gateway
+
+
+def _payload(inputs: dict[str, np.ndarray], key: str) -> bytes:
+    body = json.loads(json_payload(inputs, key))
+    body["parameters"] = {"timeout": TIMEOUT_US}
+    return json.dumps(body).encode()
+
+
+async def test_a_reply_s_way_out_counts_against_the_deadline(
+    gw: Gateway, broker: Broker, reference: Reference
+) -> None:
+    assert gw.mqtt is not None
+    inputs = random_inputs(reference.metadata(MODEL), 1, np.random.default_rng(3))
+    async with device(broker.port, "dev-leg") as dev:
+        for i in range(3):  # answered: their replies' PUBACKs are measured
+            assert (await dev.request(MODEL, _payload(inputs, f"warm-{i}"), f"warm-{i}"))[
+                "status"
+            ] == 200
+        assert await gw.mqtt.wait_idle(30)
+        assert gw.mqtt.reply_leg.high > 0.0
+
+        batcher = gw.service.host(MODEL)._batcher
+        for _ in range(3):
+            batcher.service_time.observe(1, PACE_S)
+        # The pace alone fits the budget (3 s of 5 s) ...
+        for _ in range(3):
+            gw.mqtt.reply_leg.observe(0.001)
+        fits = await dev.request(MODEL, _payload(inputs, "fits"), "fits")
+        assert fits["status"] == 200, fits
+        # ... but not once the replies' way out takes 2.5 s: refused before it runs, on the
+        # device's reply topic, with the reason.
+        for _ in range(3):
+            batcher.service_time.observe(1, PACE_S)
+        for _ in range(64):
+            gw.mqtt.reply_leg.observe(2.5)
+        late = await dev.request(MODEL, _payload(inputs, "late"), "late")
+        assert late["status"] == 503, late
+        assert late["reason"] == "deadline", late
+    assert await gw.mqtt.wait_idle(30), gw.mqtt.in_flight
