@@ -51,6 +51,9 @@ class Target:
 
     base: str
     broker: str | None = None
+    pid: int | None = None
+    """The gateway process (its main thread runs the event loop)."""
+    broker_pid: int | None = None
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,7 @@ def gateway(
             repo, workdir, 120.0, tuner_args=tuner, log_name=log_name
         )
         with server:
-            yield Target(base)
+            yield Target(base, pid=server.pid)
         return
     folder = workdir / log_name.removesuffix(".log")
     folder.mkdir(parents=True, exist_ok=True)
@@ -101,7 +104,7 @@ def gateway(
             client_id="bench-tuner-gateway",
         )
         with server:
-            yield Target(base, f"mqtt://{HOST}:{port}")
+            yield Target(base, f"mqtt://{HOST}:{port}", server.pid, broker.pid)
 
 
 def write_scenario(phases: tuple[Phase, ...], path: Path) -> None:

@@ -1,32 +1,33 @@
-"""Trace replay with the cores shared: ``rrl.replay``'s batcher model, one lane per model, with
-the gateway's own CPU competing with the runtime for the cores.
+"""Trace replay with the gateway's event loop as one serial server and the cores shared: the
+batcher of ``rrl.replay`` (eager or timed dispatch, early dispatch when no arrival is expected,
+refusal of what waited out its SLO), one lane per model, all lanes on one loop.
 
-Why not ``rrl.replay.simulate``: it treats the gateway's per-request cost (HTTP or MQTT, decoding,
-the reply, and the load generator's own work on the same machine) as a delay that takes no core,
-so it sees capacity that is not there wherever that cost is large against inference: on
-vision_cnn (12 KB tensors) it predicted 5 ms p95 for batch 1 on one 2-thread instance, measured
-263 ms. Here the machine is ``cores`` cores shared by processor sharing between
+Why not ``rrl.replay.simulate``: it treats the gateway's per-request and per-batch costs as
+delays that take no core and that each instance pays in parallel. The gateway pays them on one
+event loop, one thread at most: four instances do not make four front ends. Charged in parallel,
+those costs made many instances with small batches look best on sensor_mlp (about 10 us of
+inference against about 1 ms of loop work per request), and they measured twice the expert
+default's p95. Here:
 
-- the **front end**: ``per_request_s`` CPU-seconds per request (calibrated from the measured
-  capacity, ``servicetimes.calibrate``) at the rate requests arrive in the last ``WINDOW_S``,
-  plus ``per_batch_s`` per batch started in that window (the executor crossing, concatenation and
-  fan-out run on the event loop), a fluid demand of ``u`` cores;
-- the **instances**: a batch running on an instance with ``t`` intra-op threads demands ``t``
-  cores.
+- the **loop** serves its work first come, first served: a request's decoding when it arrives
+  (``INGRESS_SHARE`` of ``per_request_s``); a batch's forming and crossing when an instance
+  takes it (``DISPATCH_SHARE`` of ``per_batch_s``), after which the batch runs on its instance;
+  its fan-out (the rest of ``per_batch_s``) and each of its requests' replies (the rest of
+  ``per_request_s``) when the batch returns. The instance is free again once the loop has taken
+  its result (the batcher releases it before the fan-out). So while the loop lags, batches
+  form late and carry more rows, as in the gateway;
+- the **cores** are shared by the loop (one thread while it works), the instances' threads
+  (``t`` per running batch) and the bench's other processes (``background_s`` CPU per request
+  at the rate requests arrive in the last ``WINDOW_S``, a fluid load): a piece of work starts at
+  the speed ``min(1, cores / demand)`` of that moment and keeps it.
 
-A batch starts at the speed ``min(1, cores / (busy threads + its own + u))`` and keeps it (the
-model does not slow running batches when more start: cheap, and the error is one batch). The
-measured service times (c sessions of t threads calling at once) are turned into full-speed
+The measured service times (c sessions of t threads calling at once) are turned into full-speed
 times by undoing the oversubscription they were measured under (``c x t > cores``), so it is not
-counted twice. A request reaches its batcher after its front-end CPU at the speed of that moment.
-
-Several models replay jointly: their lanes interleave in start order, so one model's burst slows
-the other's batches: what a per-gateway configuration must be chosen against.
+counted twice. Latency runs from the arrival to the end of the request's reply on the loop.
 """
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import itertools
 from collections import deque
@@ -39,6 +40,11 @@ from rrl.replay import Figures, ServiceTimes, batch_start, figures
 from rrl.space import Config
 
 WINDOW_S = 0.25
+INGRESS_SHARE = 0.5
+"""Of a request's loop cost, the part paid when it arrives (decoding); the rest is its reply."""
+DISPATCH_SHARE = 0.5
+"""Of a batch's loop cost, the part paid when it starts (forming, concatenation, the crossing
+to the executor); the rest is its fan-out."""
 
 
 @dataclass(frozen=True)
@@ -69,61 +75,98 @@ class JointScored:
         return sum(f.objective(slo) / slo for f, slo in zip(figs, slos_ms, strict=True))
 
 
+def background_s(times: ServiceTimes) -> float:
+    """CPU per request of the bench's other processes (``servicetimes.Costs``; 0 otherwise)."""
+    return float(getattr(times, "background_s", 0.0))
+
+
+@dataclass
+class _Machine:
+    """The cores, the loop's queue and the threads running batches."""
+
+    cores: int
+    background: np.ndarray
+    """Cores the other processes use, per ``WINDOW_S`` bin."""
+    loop_free: float = 0.0
+    loop_cpu_s: float = 0.0
+    """The loop's work so far, CPU-seconds."""
+    threads: int = 0
+    running: list[tuple[float, int]] = field(default_factory=list)
+    """(end, threads) of the batches running, a heap."""
+
+    def _demand(self, t: float) -> float:
+        while self.running and self.running[0][0] <= t:
+            self.threads -= heapq.heappop(self.running)[1]
+        others = self.background[min(int(t / WINDOW_S), self.background.size - 1)]
+        return self.threads + float(others)
+
+    def loop(self, t: float, cpu_s: float) -> tuple[float, float]:
+        """Queue ``cpu_s`` of loop work at ``t``: (when it starts, its speed); the loop is
+        then busy until ``loop_free``."""
+        start = max(t, self.loop_free)
+        speed = min(1.0, self.cores / (1.0 + self._demand(start)))
+        self.loop_free = start + cpu_s / speed
+        self.loop_cpu_s += cpu_s
+        return start, speed
+
+    def compute(self, t: float, seconds: float, threads: int) -> float:
+        """A batch of ``seconds`` at full speed on ``threads`` from ``t``: when it ends."""
+        loop_busy = 1.0 if self.loop_free > t else 0.0
+        speed = min(1.0, self.cores / (self._demand(t) + threads + loop_busy))
+        end = t + seconds / speed
+        heapq.heappush(self.running, (end, threads))
+        self.threads += threads
+        return end
+
+
 @dataclass
 class _Lane:
-    """One model's batcher (``rrl.replay.simulate``'s rules) stepped one batch at a time."""
+    """One model's batcher: its queue (requests the loop has decoded), its idle instances and
+    the one dispatch it may have pending (the batcher's loop waits for one batch at a time)."""
 
-    arrivals: np.ndarray
-    ready: list[float]
+    stream: Stream
     config: Config
     samples: dict[int, list[float]]
-    per_batch_s: float
-    slo_s: float
     rng: np.random.Generator
-    head: int = 0
-    free: list[float] = field(default_factory=list)
-    batches: list[tuple[int, int, float]] = field(default_factory=list)
+    ready: list[float]
+    """When each request reaches the queue: an estimate (arrival + decoding) until the loop
+    has decoded it, which the timed dispatch reads ahead."""
+    idle: int = 0
+    pending: bool = False
+    batches: int = 0
+    queue: deque[int] = field(default_factory=deque)
+    done: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
-        self.free = [0.0] * self.config.concurrency
+        self.idle = self.config.concurrency
         self.sizes = sorted(self.samples)
+        self.done = np.full(len(self.ready), np.inf)
 
-    def next_start(self) -> float | None:
-        """When the next batch starts (refusing what already waited out its deadline)."""
-        n = len(self.ready)
-        while self.head < n:
-            start = batch_start(
-                self.ready,
-                self.head,
-                self.free[0],
-                self.config.max_batch_size,
-                self.config.batch_timeout_ms / 1e3,
-            )
-            if start - self.arrivals[self.head] <= self.slo_s:
-                return start
-            self.head += 1  # refused: the gateway answers it at once, no service time
-        return None
-
-    def run(self, start: float, speed: float) -> float:
-        end = min(
-            bisect.bisect_right(self.ready, start, lo=self.head),
-            self.head + self.config.max_batch_size,
-        )
-        rows = max(end - self.head, 1)
-        i = min(bisect.bisect_left(self.sizes, rows), len(self.sizes) - 1)
+    def draw(self, rows: int) -> float:
+        i = min(int(np.searchsorted(self.sizes, rows)), len(self.sizes) - 1)
         drawn = self.samples[self.sizes[i]]
-        seconds = drawn[int(self.rng.integers(len(drawn)))] * max(1.0, rows / self.sizes[i])
-        done = start + seconds / speed + self.per_batch_s
-        self.batches.append((self.head, rows, done))
-        self.head += rows
-        heapq.heapreplace(self.free, done)
-        return done
+        return drawn[int(self.rng.integers(len(drawn)))] * max(1.0, rows / self.sizes[i])
 
-    def latencies(self) -> np.ndarray:
-        out = np.full(len(self.arrivals), np.inf)
-        for head, rows, done in self.batches:
-            out[head : head + rows] = done - self.arrivals[head : head + rows]
-        return out
+    def leave_at(self, t: float) -> float:
+        """When an instance free at ``t`` leaves with the queue's head (``rrl.replay``)."""
+        cfg = self.config
+        return batch_start(
+            self.ready, self.queue[0], t, cfg.max_batch_size, cfg.batch_timeout_ms / 1e3
+        )
+
+    def take(self, t: float) -> tuple[list[int], int]:
+        """(the requests of a batch formed at ``t``, how many were refused instead: they had
+        waited past the SLO)."""
+        arrivals, slo = self.stream.arrivals_s, self.stream.slo_s
+        rows: list[int] = []
+        refused = 0
+        while self.queue and len(rows) < self.config.max_batch_size:
+            i = self.queue.popleft()
+            if t - arrivals[i] > slo:
+                refused += 1  # refused: the gateway answers it at once, no service time
+            else:
+                rows.append(i)
+        return rows, refused
 
 
 def full_speed(times: ServiceTimes, setting: tuple[int, int], cores: int) -> dict[int, list[float]]:
@@ -133,58 +176,127 @@ def full_speed(times: ServiceTimes, setting: tuple[int, int], cores: int) -> dic
     return {b: [s / factor for s in v] for b, v in times.samples[setting].items()}
 
 
-def _front_end_load(streams: Sequence[Stream], horizon_s: float) -> np.ndarray:
-    """Cores the front end needs per ``WINDOW_S`` bin, from the arrivals alone."""
+def _background_load(streams: Sequence[Stream], horizon_s: float) -> np.ndarray:
+    """Cores the bench's other processes need per ``WINDOW_S`` bin, from the arrivals alone."""
     bins = int(horizon_s / WINDOW_S) + 2
     load = np.zeros(bins)
     for s in streams:
         counts = np.bincount((s.arrivals_s / WINDOW_S).astype(int), minlength=bins)[:bins]
-        load += counts * s.times.per_request_s / WINDOW_S
+        load += counts * background_s(s.times) / WINDOW_S
     return load
+
+
+_ARRIVE, _COMPLETE, _TRY, _DISPATCH = range(4)
+"""Event kinds; at equal times a completion frees its instance before a dispatch is tried."""
+
+
+@dataclass(frozen=True)
+class Replayed:
+    latencies: list[np.ndarray]
+    """Per stream, each request's latency in seconds (``inf``: refused)."""
+    batches: list[int]
+    loop_cpu_s: float
+    """The work the loop did, CPU-seconds, all streams together."""
 
 
 def simulate(
     streams: Sequence[Stream], configs: Sequence[Config], cores: int, *, seed: int = 0
 ) -> list[np.ndarray]:
     """Each stream's latencies in seconds (``inf``: refused) under ``configs``, jointly."""
+    return replay(streams, configs, cores, seed=seed).latencies
+
+
+def replay(
+    streams: Sequence[Stream], configs: Sequence[Config], cores: int, *, seed: int = 0
+) -> Replayed:
+    """``configs`` (one per stream) replayed jointly over the streams' arrivals."""
     horizon = max((float(s.arrivals_s[-1]) for s in streams if s.arrivals_s.size), default=0.0)
-    fe_load = _front_end_load(streams, horizon)
-
-    def u_at(t: float) -> float:
-        return float(fe_load[min(int(t / WINDOW_S), fe_load.size - 1)])
-
-    lanes = []
+    machine = _Machine(cores, _background_load(streams, horizon))
     rng = np.random.default_rng(seed)
+    lanes = []
     for s, cfg in zip(streams, configs, strict=True):
-        # Front end: each request's CPU at the speed the fluid load leaves it (one thread).
-        slow = np.array([max(1.0, (u_at(a) + 1.0) / cores) for a in s.arrivals_s])
-        ready = (s.arrivals_s + s.times.per_request_s * slow).tolist()
-        setting = (cfg.concurrency, cfg.intra_op_threads)
-        samples = full_speed(s.times, setting, cores)
-        lanes.append(_Lane(s.arrivals_s, ready, cfg, samples, s.times.per_batch_s, s.slo_s, rng))
-    running: list[tuple[float, int]] = []  # (done, threads) of batches in flight
-    busy = 0
-    recent: deque[tuple[float, float]] = deque()  # (start, per-batch CPU) in the last window
-    recent_cpu = 0.0
-    starts = [lane.next_start() for lane in lanes]
-    while any(s is not None for s in starts):
-        k = min((i for i, s in enumerate(starts) if s is not None), key=lambda i: starts[i])  # type: ignore[arg-type,return-value]
-        start = starts[k]
-        assert start is not None
-        while running and running[0][0] <= start:
-            busy -= heapq.heappop(running)[1]
-        while recent and recent[0][0] < start - WINDOW_S:
-            recent_cpu -= recent.popleft()[1]
+        samples = full_speed(s.times, (cfg.concurrency, cfg.intra_op_threads), cores)
+        ready = (s.arrivals_s + INGRESS_SHARE * s.times.per_request_s).tolist()
+        lanes.append(_Lane(s, cfg, samples, rng, ready))
+    seq = itertools.count()
+    events: list[tuple[float, int, int, int, object]] = [
+        (float(a), _ARRIVE, next(seq), k, i)
+        for k, s in enumerate(streams)
+        for i, a in enumerate(s.arrivals_s)
+    ]
+    heapq.heapify(events)
+
+    def try_dispatch(k: int, t: float) -> None:
         lane = lanes[k]
-        threads = lane.config.intra_op_threads
-        demand = busy + threads + u_at(start) + recent_cpu / WINDOW_S
-        done = lane.run(start, min(1.0, cores / demand))
-        heapq.heappush(running, (done, threads))
-        busy += threads
-        recent.append((start, lane.per_batch_s))
-        recent_cpu += lane.per_batch_s
-        starts[k] = lane.next_start()
-    return [lane.latencies() for lane in lanes]
+        if lane.idle and not lane.pending and lane.queue:
+            lane.pending = True
+            lane.idle -= 1
+            heapq.heappush(events, (max(t, lane.leave_at(t)), _DISPATCH, next(seq), k, None))
+
+    while events:
+        t, kind, _, k, data = heapq.heappop(events)
+        lane = lanes[k]
+        times = lane.stream.times
+        if kind == _ARRIVE:
+            assert isinstance(data, int)
+            machine.loop(t, INGRESS_SHARE * times.per_request_s)
+            lane.ready[data] = machine.loop_free
+            lane.queue.append(data)
+            heapq.heappush(events, (machine.loop_free, _TRY, next(seq), k, None))
+        elif kind == _TRY:
+            try_dispatch(k, t)
+        elif kind == _DISPATCH:
+            _dispatch(machine, lane, t, events, seq, k)
+        else:
+            assert isinstance(data, list)
+            _complete(machine, lane, t, data)
+            lane.idle += 1
+            # The batcher releases the instance before the fan-out: the next dispatch is
+            # queued on the loop behind this completion.
+            heapq.heappush(events, (machine.loop_free, _TRY, next(seq), k, None))
+    return Replayed(
+        [lane.done - lane.stream.arrivals_s for lane in lanes],
+        [lane.batches for lane in lanes],
+        machine.loop_cpu_s,
+    )
+
+
+def _dispatch(
+    machine: _Machine,
+    lane: _Lane,
+    t: float,
+    events: list[tuple[float, int, int, int, object]],
+    seq: itertools.count[int],
+    k: int,
+) -> None:
+    """The batcher's loop takes a batch: what the loop has decoded by the time it runs this."""
+    times = lane.stream.times
+    lane.pending = False
+    start = max(t, machine.loop_free)
+    rows, refused = lane.take(start)
+    reply = (1.0 - INGRESS_SHARE) * times.per_request_s
+    if not rows:  # every request it held was refused: the instance goes back
+        machine.loop(t, refused * reply)
+        lane.idle += 1
+        heapq.heappush(events, (machine.loop_free, _TRY, next(seq), k, None))
+        return
+    machine.loop(t, DISPATCH_SHARE * times.per_batch_s + refused * reply)
+    lane.batches += 1
+    threads = lane.config.intra_op_threads
+    end = machine.compute(machine.loop_free, lane.draw(len(rows)), threads)
+    heapq.heappush(events, (end, _COMPLETE, next(seq), k, rows))
+    # The batcher's loop goes round: another idle instance may take what is still queued.
+    heapq.heappush(events, (machine.loop_free, _TRY, next(seq), k, None))
+
+
+def _complete(machine: _Machine, lane: _Lane, t: float, rows: list[int]) -> None:
+    """A batch returns: its fan-out, then each request's reply, on the loop."""
+    times = lane.stream.times
+    fan_out = (1.0 - DISPATCH_SHARE) * times.per_batch_s
+    reply = (1.0 - INGRESS_SHARE) * times.per_request_s
+    start, speed = machine.loop(t, fan_out + len(rows) * reply)
+    first = start + (fan_out + reply) / speed
+    lane.done[rows] = first + np.arange(len(rows)) * (reply / speed)
 
 
 def score(

@@ -26,6 +26,7 @@ from benchmarks.common import (
 from benchmarks.servers import set_knobs
 from benchmarks.tuner import arms as arm_runs
 from benchmarks.tuner import report
+from benchmarks.tuner.cpu import CpuUse, Meter
 from benchmarks.tuner.scenarios import (
     RAMP_START,
     SCENARIOS,
@@ -96,11 +97,12 @@ def build_repo(models: tuple[str, ...], root: Path) -> Path:
 
 def measure_capacity(
     scenario: Scenario, model: Model, expert: Config, repo: Path, workdir: Path, quick: bool
-) -> Capacity:
+) -> tuple[Capacity, dict[str, CpuUse]]:
     """The ramp through one gateway, the model alone, per reference configuration (see
-    ``scenarios``)."""
+    ``scenarios``), and where the CPU went on each ramp (``cpu``)."""
     rps: dict[str, float] = {}
     ramps: dict[str, list[dict[str, Any]]] = {}
+    cpu: dict[str, CpuUse] = {}
     steps, step_s = (9, 1.0) if quick else (13, 1.5)
     log_name = f"gateway-capacity-{scenario.name}-{model.name}.log"
     with arm_runs.gateway(scenario, repo, workdir, agent=False, log_name=log_name) as target:
@@ -116,13 +118,17 @@ def measure_capacity(
                 model.slo_ms,
                 workdir / f"ramp-{scenario.name}-{model.name}-{ref}",
             )
+            assert target.pid is not None
+            meter = Meter(target.base, model.name, target.pid, target.broker_pid)
+            meter.start()
             (summary,) = arm_runs.run_sims(scenario, target, [load])
+            cpu[ref] = meter.stop(summary["requests"]["sent"])
             served, ramps[ref] = capacity_from_ramp(summary, model.slo_ms)
             rps[ref] = max(served, RAMP_START[model.name])
     # Eager batching serves at least what batch 1 does (it runs batch 1 when that keeps up):
     # a lower figure is noise in the max ramp.
     rps["max"] = max(rps.values())
-    return Capacity(rps, ramps)
+    return Capacity(rps, ramps), cpu
 
 
 def thread_settings(cores: int, expert: Config) -> list[tuple[int, int]]:
@@ -279,7 +285,7 @@ def _model_plan(
     """One model's capacity (alone, with the expert default for all the cores), phases and
     calibrated service times."""
     cores = usable_cores()
-    capacity = measure_capacity(scenario, model, solo_expert, repo, workdir, opts.quick)
+    capacity, cpu = measure_capacity(scenario, model, solo_expert, repo, workdir, opts.quick)
     phases: tuple[Phase, ...] = resolve(stream, capacity)
     print(
         f"{scenario.name} {model.name}: capacity {capacity.rps}, phases {phases}",
@@ -293,7 +299,7 @@ def _model_plan(
     samples = measure_samples(
         repo, model.name, settings, sizes, seconds_per_cell=0.05 if opts.quick else 0.3
     )
-    service = calibrate(samples, solo_expert, capacity.rps, cores)
+    service = calibrate(samples, cpu)
     plan = ModelPlan(model.name, model.slo_ms, phases, service, model.configured, expert)
     config = {
         "slo_ms": model.slo_ms,
@@ -301,6 +307,7 @@ def _model_plan(
         "expert_default": expert.knob_changes(),
         "capacity_rps": capacity.rps,
         "capacity_ramps": capacity.ramps,
+        "capacity_cpu": {ref: use.as_dict() for ref, use in cpu.items()},
         "phases": [vars(p) for p in phases],
         "steps": [vars(s) for s in stream.steps],
         "service_times": service.as_dict(),

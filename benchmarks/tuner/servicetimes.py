@@ -1,30 +1,37 @@
-"""Service times for the trace replay (``rrl.replay``), measured in the same run as the arms.
+"""Service times for the trace replay (``benchmarks.tuner.replay``), measured in the same run as
+the arms.
 
 Per thread setting (concurrency c, intra-op threads t), c ONNX Runtime sessions of the model with
 t threads each run batches of every size back to back from c Python threads at once, so the
 contention between instances is in every sample. The gateway's own costs are then calibrated
-from the capacities measured through it on the ramp (``scenarios``), seen as CPU on the shared
-cores (``benchmarks.tuner.replay``):
+from the CPU measured on the capacity ramps (``scenarios``; ``cpu``), the model alone on the
+gateway:
 
-- ``per_request_s``: CPU-seconds per request of everything but inference (HTTP or MQTT, decoding,
-  the reply, the load generator): at the max capacity the cores are saturated, so
-  ``cores / max = per_request + inference CPU per request`` of the expert default's instances
-  at its largest batch (wall time x the cores its threads occupy, over the rows);
-- ``per_batch_s`` (when the batch-1 capacity was measured): at batch 1 the instances are the
-  bottleneck, each busy for ``c / batch1`` per batch, of which ``s_c(1)`` slowed by the front
-  end's share of the cores is inference; the rest is the gateway's cost per batch.
+- the **event loop** (the gateway's main thread) does every request's decoding and reply and
+  every batch's forming, crossing and fan-out, serially. On the batch-1 ramp each request is its
+  own batch; on the max ramp (eager batching) a batch carries several. Its CPU per request on
+  each ramp, ``loop = per_request + per_batch x batches/request``, is two equations for the two
+  costs;
+- the **other processes** of the bench (the load generator, the broker over MQTT) take
+  ``background_s`` CPU per request on the same cores.
+
+Earlier the costs were inferred from the capacities alone and charged in parallel on each
+instance, so four instances looked like four front ends: on sensor_mlp the replay preferred 4
+instances x batch 8, which measured 25.2 ms p95 over MQTT against the expert default's 10.6 (one
+loop serves them all).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks.tuner.cpu import CpuUse
 from rrl.replay import ServiceTimes, ThreadSetting
-from rrl.space import Config
 
 
 def measure_samples(
@@ -80,25 +87,36 @@ def _concurrent_calls(runtimes: list, inputs: dict, seconds: float) -> list[floa
     return [s for per in samples for s in per]
 
 
+@dataclass(frozen=True)
+class Costs(ServiceTimes):
+    """Service times and the gateway's costs as ``benchmarks.tuner.replay`` charges them:
+    ``per_request_s`` and ``per_batch_s`` are CPU-seconds on the one event-loop thread;
+    ``background_s`` is CPU per request of the bench's other processes on the same cores."""
+
+    background_s: float = 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        return {**super().as_dict(), "background_ms": round(self.background_s * 1e3, 4)}
+
+
+MIN_BATCH_SPREAD = 0.2
+"""Batches per request must differ this much between the two ramps for the loop's cost to be
+split into per request and per batch; else it is all charged per request."""
+
+
 def calibrate(
-    samples: dict[ThreadSetting, dict[int, list[float]]],
-    expert: Config,
-    capacity_rps: dict[str, float],
-    cores: int,
-) -> ServiceTimes:
-    """The gateway's per-request CPU and per-batch costs from the measured capacities (see the
-    module docstring)."""
-    setting = (expert.concurrency, expert.intra_op_threads)
-    raw = ServiceTimes(samples)
-    b = expert.max_batch_size
-    c, t = setting
-    occupied = min(c * t, cores)  # cores the instances' threads hold while all are busy
-    inference_cpu = raw.median_s(setting, b) * occupied / (b * c)
-    per_request = max(0.0, cores / capacity_rps["max"] - inference_cpu)
+    samples: dict[ThreadSetting, dict[int, list[float]]], cpu: dict[str, CpuUse]
+) -> Costs:
+    """The loop's CPU per request and per batch, from its CPU on the two ramps (see the
+    module docstring), and the other processes' CPU per request."""
+    one, top = cpu["batch1"], cpu["max"]
+    loop1, loop_top = one.per_request(one.loop_s), top.per_request(top.loop_s)
+    beta1, beta_top = one.batches / max(one.requests, 1), top.batches / max(top.requests, 1)
     per_batch = 0.0
-    if capacity_rps.get("batch1"):
-        s1 = raw.median_s(setting, 1) / max(1.0, c * t / cores)
-        front_end = capacity_rps["batch1"] * per_request
-        speed = min(1.0, cores / (c * t + front_end))
-        per_batch = max(0.0, c / capacity_rps["batch1"] - s1 / speed)
-    return ServiceTimes(samples, per_batch_s=per_batch, per_request_s=per_request)
+    if beta1 - beta_top >= MIN_BATCH_SPREAD:
+        per_batch = max(0.0, (loop1 - loop_top) / (beta1 - beta_top))
+    per_request = max(0.0, loop1 - per_batch * beta1)
+    if per_request == 0.0 and beta1 > 0:
+        per_batch = loop1 / beta1
+    background = (one.others_s + top.others_s) / max(one.requests + top.requests, 1)
+    return Costs(samples, per_batch_s=per_batch, per_request_s=per_request, background_s=background)
