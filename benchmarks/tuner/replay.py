@@ -28,6 +28,7 @@ counted twice. Latency runs from the arrival to the end of the request's reply o
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 from collections import deque
@@ -135,17 +136,17 @@ class _Lane:
     pending: bool = False
     batches: int = 0
     queue: deque[int] = field(default_factory=deque)
-    done: np.ndarray = field(init=False)
+    done: list[float] = field(init=False)
 
     def __post_init__(self) -> None:
         self.idle = self.config.concurrency
         self.sizes = sorted(self.samples)
-        self.done = np.full(len(self.ready), np.inf)
+        self.done = [np.inf] * len(self.ready)
 
     def draw(self, rows: int) -> float:
-        i = min(int(np.searchsorted(self.sizes, rows)), len(self.sizes) - 1)
+        i = min(bisect.bisect_left(self.sizes, rows), len(self.sizes) - 1)
         drawn = self.samples[self.sizes[i]]
-        return drawn[int(self.rng.integers(len(drawn)))] * max(1.0, rows / self.sizes[i])
+        return drawn[int(self.rng.random() * len(drawn))] * max(1.0, rows / self.sizes[i])
 
     def leave_at(self, t: float) -> float:
         """When an instance free at ``t`` leaves with the queue's head (``rrl.replay``)."""
@@ -255,7 +256,7 @@ def replay(
             # queued on the loop behind this completion.
             heapq.heappush(events, (machine.loop_free, _TRY, next(seq), k, None))
     return Replayed(
-        [lane.done - lane.stream.arrivals_s for lane in lanes],
+        [np.asarray(lane.done) - lane.stream.arrivals_s for lane in lanes],
         [lane.batches for lane in lanes],
         machine.loop_cpu_s,
     )
@@ -295,8 +296,10 @@ def _complete(machine: _Machine, lane: _Lane, t: float, rows: list[int]) -> None
     fan_out = (1.0 - DISPATCH_SHARE) * times.per_batch_s
     reply = (1.0 - INGRESS_SHARE) * times.per_request_s
     start, speed = machine.loop(t, fan_out + len(rows) * reply)
-    first = start + (fan_out + reply) / speed
-    lane.done[rows] = first + np.arange(len(rows)) * (reply / speed)
+    at = start + fan_out / speed
+    for i in rows:
+        at += reply / speed
+        lane.done[i] = at
 
 
 def score(
