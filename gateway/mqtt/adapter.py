@@ -14,7 +14,6 @@ reply to paho; the request is acknowledged from that reply's PUBACK.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections import deque
@@ -28,7 +27,7 @@ from paho.mqtt.properties import Properties
 from gateway.answer_lag import AnswerLag
 from gateway.codecs import json_codec, oip
 from gateway.core import ServingCore
-from gateway.edge import OFFLOAD_BYTES, Edge, Phase, error_document
+from gateway.edge import Edge, Phase, error_document
 from gateway.errors import (
     BadRequest,
     DuplicateRequestId,
@@ -38,7 +37,7 @@ from gateway.errors import (
     Undeliverable,
 )
 from gateway.mqtt.paho_seam import Message, install_fast_path
-from gateway.mqtt.routes import Route, Router, dedupe_key
+from gateway.mqtt.routes import Route, Router, dedupe_key, peek_id, unread_id
 from gateway.mqtt.seen import MAX_REPLY_ATTEMPTS, Earlier, SeenRequests, digest
 from gateway.mqtt.session import BrokerAddress, BrokerSession
 from gateway.mqtt.wire import reply_properties, with_status
@@ -279,7 +278,7 @@ class MqttAdapter:
             retry_after=1.0,
         )
         # Without Correlation Data (MQTT 3.1.1) the reply is matched by the request's id alone.
-        request_id = _peek_id(bytes(message.payload)) if route.correlation is None else None
+        request_id = peek_id(bytes(message.payload)) if route.correlation is None else None
         self._reply_error(delivery, self._edge.reject(busy, phase="decode"), request_id)
 
     async def _serve(self, delivery: _Delivery, message: Message) -> None:
@@ -304,7 +303,7 @@ class MqttAdapter:
                 raise
             except Exception as exc:  # RecursionError and MemoryError included
                 err = self._edge.reject(exc, phase=phase, model=route.model)
-                self._reply_error(delivery, err, _unread_id(route, err, message))
+                self._reply_error(delivery, err, unread_id(route, err, message))
                 return
             if json_len is None:
                 self._reply(delivery, with_status(reply), False, 200)
@@ -470,27 +469,6 @@ class MqttAdapter:
         )
         self._reply_error(delivery, self._edge.reject(err, phase="infer"), None)
         return True
-
-
-def _unread_id(route: Route, err: GatewayError, message: Message) -> str | None:
-    """The id of a request refused before its payload was read (an unknown model), when the
-    device has no Correlation Data to match the reply by: without it an MQTT 3.1.1 device
-    could match the refusal to none of its requests. Not looked for in large payloads."""
-    if route.correlation is not None or err.request_id is not None:
-        return None
-    payload = bytes(message.payload)
-    return _peek_id(payload) if len(payload) < OFFLOAD_BYTES else None
-
-
-def _peek_id(payload: bytes) -> str | None:
-    """The request's ``id`` when its JSON header reads (for refusals made without decoding)."""
-    try:
-        body, header_length = oip.unframe(payload)
-        doc = json.loads(body if header_length is None else body[:header_length])
-    except Exception:  # malformed in any way (RecursionError included): no id to give
-        return None
-    value = doc.get("id") if isinstance(doc, dict) else None
-    return value if isinstance(value, str) else None
 
 
 def _property(message: Message, name: str) -> Any:

@@ -4,8 +4,11 @@ and the key a request is known by for duplicate detection."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
+from gateway.codecs import oip
+from gateway.edge import OFFLOAD_BYTES
 from gateway.errors import GatewayError
 from gateway.mqtt.paho_seam import Message
 from gateway.mqtt_trust import DeviceTrust, ReplyNamespace
@@ -95,3 +98,24 @@ def dedupe_key(route: Route, request_id: str | None) -> tuple[str, bytes] | None
         return None
     topic = route.reply_topic.encode()
     return route.device, kind + len(topic).to_bytes(2, "big") + topic + value
+
+
+def unread_id(route: Route, err: GatewayError, message: Message) -> str | None:
+    """The id of a request refused before its payload was read (an unknown model), when the
+    device has no Correlation Data to match the reply by: without it an MQTT 3.1.1 device
+    could match the refusal to none of its requests. Not looked for in large payloads."""
+    if route.correlation is not None or err.request_id is not None:
+        return None
+    payload = bytes(message.payload)
+    return peek_id(payload) if len(payload) < OFFLOAD_BYTES else None
+
+
+def peek_id(payload: bytes) -> str | None:
+    """The request's ``id`` when its JSON header reads (for refusals made without decoding)."""
+    try:
+        body, header_length = oip.unframe(payload)
+        doc = json.loads(body if header_length is None else body[:header_length])
+    except Exception:  # malformed in any way (RecursionError included): no id to give
+        return None
+    value = doc.get("id") if isinstance(doc, dict) else None
+    return value if isinstance(value, str) else None
