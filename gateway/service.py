@@ -121,6 +121,7 @@ class InferenceService:
         self._hosts: dict[str, dict[int, ModelHost]] = {}
         self._broken: dict[str, dict[int, BrokenVersion]] = {}
         self._unloaded: dict[str, tuple[int, ...]] = {}  # model -> its versions when unloaded
+        self._model_watchers: list[Callable[[str], None]] = []
         # Repository control (load, reload, unload) runs one operation at a time.
         self.control_lock = asyncio.Lock()
         self.drain_s = serving.shutdown_grace_s  # a retired version's requests get this long
@@ -199,6 +200,18 @@ class InferenceService:
     def versions(self, model: str) -> dict[int, ModelHost]:
         return dict(self._hosts.get(model, {}))
 
+    def watch_models(self, watcher: Callable[[str], None]) -> None:
+        """Call ``watcher(model)`` each time the repository API installs or unloads a model's
+        versions (the tuner follows them)."""
+        self._model_watchers.append(watcher)
+
+    def _models_changed(self, model: str) -> None:
+        for watcher in self._model_watchers:
+            try:
+                watcher(model)
+            except Exception:  # a watcher's bug must not fail the load that notified it
+                log.exception("model %s: a watcher of model changes failed", model)
+
     def install(
         self, model: str, hosts: dict[int, ModelHost], broken: dict[int, BrokenVersion]
     ) -> list[ModelHost]:
@@ -211,6 +224,7 @@ class InferenceService:
             self._hosts[model] = dict(hosts)
         if broken:
             self._broken[model] = dict(broken)
+        self._models_changed(model)
         return [h for h in old.values() if hosts.get(h.version) is not h]
 
     async def unload_model(self, model: str) -> None:
@@ -224,6 +238,7 @@ class InferenceService:
         versions = set(hosts) | set(self._broken.pop(model, {}))
         self._unloaded[model] = tuple(sorted(versions))
         log.info("model %s unloading (versions %s)", model, sorted(versions))
+        self._models_changed(model)
         await asyncio.gather(*(h.retire(self.drain_s, replaced=False) for h in hosts.values()))
 
     # -- queries ---------------------------------------------------------------------------

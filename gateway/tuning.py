@@ -8,7 +8,9 @@ Each model's served (default) version is tuned over the grid ``rrl.space.ConfigS
 for this machine, capped by the model's own limits. An agent starts deciding only once its
 model has traffic (see ``rrl.online``), so an idle model keeps its configured knobs. An operator
 who sets a model's knobs by hand pauses its agent (``/admin/models/{m}/knobs``); it resumes with
-``PUT /admin/tuner/{m} {"paused": false}``.
+``PUT /admin/tuner/{m} {"paused": false}``. Agents follow the repository API: a model loaded
+after start is tuned, an unloaded one's agent stops and gives its cores back to the joint budget,
+and a new version keeps its model's agent unless its limits change the grid.
 """
 
 from __future__ import annotations
@@ -76,19 +78,25 @@ class TuningService:
         self.metrics = metrics
         self.agents: dict[str, ModelAgent] = {}
         self._versions: dict[str, str] = {}
-        self._tasks: list[asyncio.Task[None]] = []
+        self._spaces: dict[str, ConfigSpace] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._ended: set[asyncio.Task[None]] = set()  # agents stopped, awaited by ``stop``
         self._model_pool: ProcessPoolExecutor | None = None
+        self._budget: CoreBudget | None = None
+        self._cores = 1
 
     def start(self) -> None:
-        """Start an agent for every ready model chosen by the settings (call once loaded)."""
+        """Start an agent for every ready model chosen by the settings (call once loaded), and
+        follow the repository API from then on: a model loaded later is tuned too, an unloaded
+        one's agent stops and leaves the core budget."""
         s = self.settings
         if absent := missing(TUNER_MODULES):  # a base install: the tuner is iotgw[tune]
             log.warning("tuner: off, serving the configured knobs: %s", install_hint(absent))
             return
-        cores = _usable_cores()
+        self._cores = _usable_cores()
         # One coordinator for the cores every tuned model shares (rrl.budget), and one process
         # for every agent's queueing model.
-        budget = CoreBudget(cores)
+        self._budget = CoreBudget(self._cores)
         self._model_pool = model_process()
         wanted = s.models if s.models is not None else self.service.model_names()
         for name in wanted:
@@ -100,31 +108,8 @@ class TuningService:
             if not host.ready:
                 log.warning("tuner: not tuning %s: version %d is not ready", name, host.version)
                 continue
-            space = _space(
-                cores,
-                _floor_pow2(min(s.max_batch_size, host.limits.max_batch_size)),
-                s.max_batch_timeout_ms,
-                min(2 * cores, host.limits.max_concurrency),
-            )
-            agent = ModelAgent(
-                TunedService(self.service),
-                name,
-                space=space,
-                slo_ms=host.config.slo_ms,
-                cores=cores,
-                settings=self._agent_settings(cores, space),
-                seed=s.seed,
-                listener=self._on_decision,
-                priors=self._priors_of(name, host.config.runtime, cores, space)
-                if s.profiles
-                else None,
-                budget=budget,
-                model_pool=self._model_pool,
-            )
-            self.agents[name] = agent
-            self._versions[name] = str(host.version)
-            self._publish_config(agent)
-            self._tasks.append(asyncio.create_task(agent.run(), name=f"tuner-{name}"))
+            self._add(name)
+        self.service.watch_models(self._model_changed)
         if self.agents:
             log.info(
                 "tuner: %s (%s objective) on %d model(s), %d configurations each at most",
@@ -133,6 +118,75 @@ class TuningService:
                 len(self.agents),
                 max(a.space.size for a in self.agents.values()),
             )
+
+    def _space_of(self, name: str) -> ConfigSpace:
+        s, host = self.settings, self.service.host(name)
+        return _space(
+            self._cores,
+            _floor_pow2(min(s.max_batch_size, host.limits.max_batch_size)),
+            s.max_batch_timeout_ms,
+            min(2 * self._cores, host.limits.max_concurrency),
+        )
+
+    def _add(self, name: str) -> None:
+        """Start an agent for ``name``'s served version (ready)."""
+        s, host = self.settings, self.service.host(name)
+        space = self._space_of(name)
+        agent = ModelAgent(
+            TunedService(self.service),
+            name,
+            space=space,
+            slo_ms=host.config.slo_ms,
+            cores=self._cores,
+            settings=self._agent_settings(self._cores, space),
+            seed=s.seed,
+            listener=self._on_decision,
+            priors=self._priors_of(name, host.config.runtime, self._cores, space)
+            if s.profiles
+            else None,
+            budget=self._budget,
+            model_pool=self._model_pool,
+        )
+        self.agents[name] = agent
+        self._versions[name] = str(host.version)
+        self._spaces[name] = space
+        self._publish_config(agent)
+        self._tasks[name] = asyncio.create_task(agent.run(), name=f"tuner-{name}")
+
+    def _drop(self, name: str, why: str) -> None:
+        self.agents.pop(name, None)
+        self._spaces.pop(name, None)
+        task = self._tasks.pop(name, None)
+        if task is not None:
+            task.cancel()
+            self._ended.add(task)
+            task.add_done_callback(self._ended.discard)
+        if self._budget is not None:
+            self._budget.leave(name)
+        log.info("tuner: stopped tuning %s (%s)", name, why)
+
+    def _model_changed(self, name: str) -> None:
+        """The repository API loaded, reloaded or unloaded ``name``: its agent follows."""
+        if self._model_pool is None or (
+            self.settings.models is not None and name not in self.settings.models
+        ):
+            return
+        try:
+            host = self.service.host(name)
+            ready = host.ready
+        except Exception:  # unloaded, or no version serves
+            ready = False
+        if name in self.agents:
+            if not ready:
+                self._drop(name, "unloaded")
+                return
+            if self._space_of(name) == self._spaces[name]:
+                self._versions[name] = str(host.version)  # the same grid: it tunes on
+                return
+            self._drop(name, f"version {host.version} has other limits")
+        if ready:
+            self._add(name)
+            log.info("tuner: tuning %s version %s", name, self._versions[name])
 
     def _agent_settings(self, cores: int, space: ConfigSpace) -> AgentSettings:
         s = self.settings
@@ -171,9 +225,10 @@ class TuningService:
         return load
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = [*self._tasks.values(), *self._ended]
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()

@@ -47,6 +47,13 @@ class CoreBudget:
             if self._wants.get(model, 0) <= self._claims[model]:
                 self._wants.pop(model, None)  # what it wanted, it has
 
+    def leave(self, model: str) -> None:
+        """``model`` is no longer tuned (unloaded): its cores are free for the others."""
+        with self._lock:
+            self._claims.pop(model, None)
+            self._rates.pop(model, None)
+            self._wants.pop(model, None)
+
     def want(self, model: str, threads: int) -> None:
         """``model``'s gate would have tried a candidate with ``threads`` threads."""
         with self._lock:

@@ -138,7 +138,7 @@ async def test_reload_and_new_version_under_load(served: tuple[Gateway, Path]) -
         if gw.tuning is not None and MODEL in gw.tuning.agents:
             async with http.get(f"{url}/admin/tuner/{MODEL}", headers=AUTH) as resp:
                 assert resp.status == 200
-            assert all(not t.done() for t in gw.tuning._tasks)
+            assert all(not t.done() for t in gw.tuning._tasks.values())
 
 
 async def test_reload_keeps_knobs_set_at_run_time(served: tuple[Gateway, Path]) -> None:
@@ -161,9 +161,12 @@ async def test_unload_then_infer_then_load_again(served: tuple[Gateway, Path]) -
     inputs = random_inputs(gw.service.metadata(MODEL), 1, np.random.default_rng(1))
     infer_url = f"{url}/v2/models/{MODEL}/infer"
     async with aiohttp.ClientSession() as http:
+        tuned = gw.tuning is not None and MODEL in gw.tuning.agents
         status, body = await _post(http, f"{url}/v2/repository/models/{MODEL}/unload", headers=AUTH)
         assert status == 200
         assert body["versions"] == [{"version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}]
+        if tuned:  # its agent stopped with it (and its cores left the budget)
+            assert await _tuner_status(http, url) == 404
         status, body = await _post(http, infer_url, json=json_request(inputs))
         assert status == 503
         assert (
@@ -184,6 +187,14 @@ async def test_unload_then_infer_then_load_again(served: tuple[Gateway, Path]) -
         assert status == 200
         status, body = await _post(http, infer_url, json=json_request(inputs))
         assert status == 200, body
+        if tuned:  # loaded again through the API: tuned again
+            assert await _tuner_status(http, url) == 200
+            assert gw.tuning is not None and not gw.tuning._tasks[MODEL].done()
+
+
+async def _tuner_status(http: aiohttp.ClientSession, url: str) -> int:
+    async with http.get(f"{url}/admin/tuner/{MODEL}", headers=AUTH) as resp:
+        return resp.status
 
 
 async def test_unknown_model_and_admin_token(served: tuple[Gateway, Path]) -> None:
