@@ -48,7 +48,8 @@ def resolve_model_repo(settings: GatewaySettings) -> Path:
     except ImportError as exc:  # a base install: the demo is built with iotgw[demo]
         raise RepositoryError(
             f"no --model-repo given and the bundled demo cannot be built here ({exc}): "
-            "pip install 'iotgw[demo]', or serve your models with --model-repo"
+            "install the iotgw[demo] extra (pip install '.[demo]' in the iotgw source folder), "
+            "or serve your models with --model-repo"
         ) from exc
     root = ensure_demo_repository(settings.serving.cache_dir / "demo-repo-v1")
     log.info("no --model-repo given: serving the bundled demo repository at %s", root)

@@ -49,13 +49,20 @@ def missing(modules: Iterable[str]) -> list[str]:
 
 
 def install_hint(modules: Iterable[str]) -> str:
-    """``"TensorFlow is not installed: pip install 'iotgw[tf]'"`` for the given module names."""
+    """``"TensorFlow is not installed: install the iotgw[tf] extra (pip install '.[tf]' in the
+    iotgw source folder)"`` for the given module names. (iotgw is installed from its source or a
+    wheel built from it, not from an index, so ``pip install 'iotgw[tf]'`` alone finds nothing.)"""
     names = list(modules)
     known = [OPTIONAL.get(m.split(".")[0], OptionalPackage(m, "")) for m in names]
     labels = " and ".join(dict.fromkeys(k.label for k in known))
     extras = ",".join(dict.fromkeys(k.extra for k in known if k.extra))
     verb = "is" if len(known) == 1 else "are"
-    fix = f": pip install 'iotgw[{extras}]'" if extras else ""
+    fix = (
+        f": install the iotgw[{extras}] extra (pip install '.[{extras}]' in the iotgw source "
+        "folder)"
+        if extras
+        else ""
+    )
     return f"{labels} {verb} not installed{fix}"
 
 

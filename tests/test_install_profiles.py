@@ -155,7 +155,10 @@ def test_base_install_serves_onnx_and_names_the_missing_extras(
         assert states["sensor_mlp"]["state"] == "READY"
         tf_model = states["sensor_mlp_tf"]
         assert tf_model["state"] == "UNAVAILABLE"
-        assert tf_model["reason"].endswith("TensorFlow is not installed: pip install 'iotgw[tf]'")
+        assert tf_model["reason"].endswith(
+            "TensorFlow is not installed: install the iotgw[tf] extra (pip install '.[tf]' in "
+            "the iotgw source folder)"
+        )
         features = {"name": "features", "datatype": "FP32", "shape": [2, 32], "data": [0.1] * 64}
         status, reply = _post(f"{url}/v2/models/sensor_mlp/infer", {"inputs": [features]})
         assert status == 200 and reply["outputs"][0]["shape"] == [2, 8]
@@ -163,7 +166,7 @@ def test_base_install_serves_onnx_and_names_the_missing_extras(
         assert status == 503 and "iotgw[tf]" in json.dumps(reply)
         text = log.read_text()
     assert "tuner: off, serving the configured knobs" in text
-    assert "pip install 'iotgw[tune]'" in text
+    assert "pip install '.[tune]'" in text
 
 
 def test_bundled_demo_without_its_extras_says_which_to_install(tmp_path: Path) -> None:
@@ -171,4 +174,4 @@ def test_bundled_demo_without_its_extras_says_which_to_install(tmp_path: Path) -
     argv = ["serve", "--cache-dir", str(tmp_path), "--http-port", "0", "--no-mqtt"]
     proc = _start(argv, log)
     assert proc.wait(timeout=DEADLINE_S) != 0
-    assert "pip install 'iotgw[demo]'" in log.read_text()
+    assert "pip install '.[demo]'" in log.read_text()

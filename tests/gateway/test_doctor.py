@@ -20,6 +20,16 @@ from tests.gateway.helpers import make_repo
 ROOT = Path(__file__).resolve().parents[2]
 
 
+TF_HINT = (
+    "TensorFlow is not installed: install the iotgw[tf] extra (pip install '.[tf]' in the iotgw "
+    "source folder)"
+)
+QUANT_HINT = (
+    "onnx is not installed: install the iotgw[quant] extra (pip install '.[quant]' in the iotgw "
+    "source folder)"
+)
+
+
 @pytest.fixture
 def repo(demo_repo: Path, tmp_path: Path) -> Path:
     """An ONNX model, a TensorFlow model, and a block-quantized ONNX Runtime checkpoint (whose
@@ -93,7 +103,7 @@ def test_missing_libraries_name_the_extra(repo: Path) -> None:
     report = _without("tensorflow,keras,onnx", "--model-repo", str(repo), "--json")
     assert report["tensorflow"] == {
         "installed": False,
-        "note": "TensorFlow is not installed: pip install 'iotgw[tf]'",
+        "note": TF_HINT,
     }
     rows = {r["model"]: r for r in report["models"]}
     assert rows["sensor_mlp"]["state"] == "READY"
@@ -102,9 +112,9 @@ def test_missing_libraries_name_the_extra(repo: Path) -> None:
         "version": 1,
         "runtime": "tensorflow",
         "state": "UNAVAILABLE",
-        "reason": "TensorFlow is not installed: pip install 'iotgw[tf]'",
+        "reason": TF_HINT,
     }
-    assert rows["sensor_mlp_int8"]["reason"] == "onnx is not installed: pip install 'iotgw[quant]'"
+    assert rows["sensor_mlp_int8"]["reason"] == QUANT_HINT
 
 
 def test_without_a_repository_it_says_so(
