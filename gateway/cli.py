@@ -55,7 +55,12 @@ def _bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="which benchmark",
     )
     p.add_argument("--quick", action="store_true", help="a few seconds, to check it still works")
-    p.add_argument("--out", type=Path, help="results directory (default benchmarks/results)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="results directory (default: the checkout's benchmarks/results; installed: "
+        "$IOTGW_RESULTS_DIR or ./iotgw-results)",
+    )
     p.add_argument("--soak", action="store_true", help="chaos: add the 30-minute soak run")
     p.add_argument("--cases", help="chaos: which of the cases a-d to run (e.g. 'd'; default all)")
     p.add_argument("--overload-model", help="chaos: the demo model case d overloads")

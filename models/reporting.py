@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,17 @@ from models.machine import load_average
 
 # The checkout's benchmarks/results: where every results file goes unless told otherwise.
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+
+
+def default_results_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    """``$IOTGW_RESULTS_DIR``; else the checkout's ``benchmarks/results`` when running from a
+    checkout; else ``./iotgw-results`` (an installed package has no checkout to write into,
+    and its own folder in site-packages is no place for results)."""
+    if environ.get("IOTGW_RESULTS_DIR"):
+        return Path(environ["IOTGW_RESULTS_DIR"])
+    if (RESULTS_DIR.parents[1] / "pyproject.toml").is_file():
+        return RESULTS_DIR
+    return Path.cwd() / "iotgw-results"
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +82,7 @@ def now_iso() -> str:
 
 
 def results_path(name: str, *, quick: bool, out_dir: Path | None) -> Path:
-    directory = RESULTS_DIR if out_dir is None else Path(out_dir)
+    directory = default_results_dir() if out_dir is None else Path(out_dir)
     return directory / (f"{name}.quick.json" if quick else f"{name}.json")
 
 

@@ -41,3 +41,14 @@ def test_cases_are_chosen_by_letter() -> None:
         cli(["--cases", "dx"])
     with pytest.raises(SystemExit):
         cli(["--cases", ""])
+
+
+def test_iotgw_bench_takes_the_chaos_options_for_chaos_only(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from gateway.cli import main
+
+    assert main(["bench", "http", "--cases", "d"]) == 2
+    assert "chaos options" in capsys.readouterr().out
+    assert main(["bench", "chaos", "--cases", "dx"]) == 2
+    assert "letters of 'abcd'" in capsys.readouterr().out
