@@ -2,7 +2,7 @@
 any change to the replay's model, without a full ``iotgw bench tuner``.
 
 For one single-model scenario (default sensor_mlp), shortened to about ``--seconds`` of trace:
-measure capacity and where the CPU goes (the bench's quick ramps), measure service times,
+measure capacity and where the CPU goes (the bench's ramps), measure service times,
 calibrate, then run a few static configurations for real (each a fresh gateway, the same
 seeded trace: the bench's own arm runner) and replay the same trace for each. Prints both
 orders (by p95 and by the bench's objective) and writes everything measured to a JSON file, so
@@ -28,12 +28,13 @@ from benchmarks.tuner import arms as arm_runs
 from benchmarks.tuner import report
 from benchmarks.tuner.replay import score
 from benchmarks.tuner.run import (
+    Model,
     build_repo,
     measure_capacity,
     read_model,
     thread_settings,
 )
-from benchmarks.tuner.scenarios import SCENARIOS, resolve
+from benchmarks.tuner.scenarios import SCENARIOS, Phase, Scenario, resolve
 from benchmarks.tuner.search import ModelPlan, streams
 from benchmarks.tuner.servicetimes import calibrate, measure_samples
 from rrl.space import Config, expert_default
@@ -51,7 +52,9 @@ def configs(cores: int, max_batch: int) -> dict[str, Config]:
     }
 
 
-def run_check(scenario_name: str, seconds: float, seed: int, rounds: int, workdir: Path) -> dict:
+def run_check(
+    scenario_name: str, seconds: float, seed: int, rounds: int, workdir: Path, quick_ramp: bool
+) -> dict:
     base = SCENARIOS[scenario_name]
     total = sum(s.duration_s for s in base.streams[0].steps)
     scenario = base.scaled(seconds / total)
@@ -60,7 +63,9 @@ def run_check(scenario_name: str, seconds: float, seed: int, rounds: int, workdi
     model = read_model(repo, stream.model)
     cores = usable_cores()
     expert = expert_default(cores, model.max_batch_size)
-    capacity, cpu = measure_capacity(scenario, model, expert, repo, workdir, quick=True)
+    # The full ramp reaches overload, where eager batching forms large batches: the loop's
+    # cost per batch is told apart from its cost per request only then.
+    capacity, cpu = measure_capacity(scenario, model, expert, repo, workdir, quick=quick_ramp)
     phases = resolve(stream, capacity)
     chosen = configs(cores, model.max_batch_size)
     settings = set(thread_settings(cores, expert))
@@ -75,6 +80,37 @@ def run_check(scenario_name: str, seconds: float, seed: int, rounds: int, workdi
         name: {"p95_ms": s.overall[0].p95_ms, "objective": s.objective([model.slo_ms])}
         for name, s in zip(chosen, replayed, strict=True)
     }
+    measured = measure(scenario, model, phases, chosen, seed, rounds, repo, workdir)
+    return {
+        "scenario": scenario_name,
+        "seconds": seconds,
+        "seed": seed,
+        "slo_ms": model.slo_ms,
+        "configs": {n: c.knob_changes() for n, c in chosen.items()},
+        "capacity_rps": capacity.rps,
+        "capacity_cpu": {ref: use.as_dict() for ref, use in cpu.items()},
+        "cpu_raw": {ref: vars(use) for ref, use in cpu.items()},
+        "samples": {f"{c}x{t}": v for (c, t), v in samples.items()},
+        "phases": [vars(p) for p in phases],
+        "costs": costs.as_dict(),
+        "predicted": predicted,
+        "measured": measured,
+        "orders": orders(predicted, measured),
+    }
+
+
+def measure(
+    scenario: Scenario,
+    model: Model,
+    phases: tuple[Phase, ...],
+    chosen: dict[str, Config],
+    seed: int,
+    rounds: int,
+    repo: Path,
+    workdir: Path,
+) -> dict[str, list[dict[str, Any]]]:
+    """Each configuration's figures over the trace, per round, each on a fresh gateway; the
+    rounds interleave the configurations, so a slow spell of the machine hits them alike."""
     measured: dict[str, list[dict[str, Any]]] = {name: [] for name in chosen}
     for r in range(rounds):
         for name, config in chosen.items():
@@ -93,22 +129,7 @@ def run_check(scenario_name: str, seconds: float, seed: int, rounds: int, workdi
                 file=sys.stderr,
                 flush=True,
             )
-    return {
-        "scenario": scenario_name,
-        "seconds": seconds,
-        "seed": seed,
-        "slo_ms": model.slo_ms,
-        "configs": {n: c.knob_changes() for n, c in chosen.items()},
-        "capacity_rps": capacity.rps,
-        "capacity_cpu": {ref: use.as_dict() for ref, use in cpu.items()},
-        "cpu_raw": {ref: vars(use) for ref, use in cpu.items()},
-        "samples": {f"{c}x{t}": v for (c, t), v in samples.items()},
-        "phases": [vars(p) for p in phases],
-        "costs": costs.as_dict(),
-        "predicted": predicted,
-        "measured": measured,
-        "orders": orders(predicted, measured),
-    }
+    return measured
 
 
 def orders(
@@ -136,12 +157,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rounds", type=int, default=1, help="runs of every configuration")
     p.add_argument("--out", type=Path, required=True, help="the JSON file to write")
+    p.add_argument("--quick-ramp", action="store_true", help="the bench's --quick capacity ramp")
     args = p.parse_args(argv)
     if len(SCENARIOS[args.scenario].streams) != 1:
         p.error("one model only")
     started = {"created": now_iso(), "load_average_start": load_average()}
     with TemporaryDirectory(prefix="iotgw-rankcheck-") as tmp:
-        doc = run_check(args.scenario, args.seconds, args.seed, args.rounds, Path(tmp))
+        doc = run_check(
+            args.scenario, args.seconds, args.seed, args.rounds, Path(tmp), args.quick_ramp
+        )
     doc.update(started, load_average_end=load_average(), machine=machine_info())
     args.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     for key, order in doc["orders"].items():
