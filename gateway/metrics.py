@@ -204,6 +204,13 @@ class GatewayMetrics:
             "Redelivered MQTT requests recognised as already answered (acknowledged, not run).",
             registry=r,
         )
+        self.mqtt_read_pauses = Counter(
+            "iotgw_mqtt_read_pauses",
+            "Times the gateway stopped reading MQTT requests because more than "
+            "mqtt.max_unsent_packets waited to be written to the broker (a flood answered "
+            "faster than the broker reads).",
+            registry=r,
+        )
         self.ingest_requests = Counter(
             "iotgw_ingest_requests",
             "Inference requests the serving process took from each ingest process.",

@@ -257,6 +257,14 @@ class MqttSettings(BaseModel):
         description="Requests held waiting for an in-flight slot when the broker sends more "
         "than receive_maximum (MQTT 3.1.1 brokers do); beyond it they get a 503 error reply.",
     )
+    max_unsent_packets: int = Field(
+        4096,
+        ge=16,
+        description="Packets (replies, acknowledgements) waiting to be written to the broker "
+        "at most: beyond it the gateway stops reading requests until half are written, so a "
+        "flood answered faster than the broker reads holds bounded memory here (the broker "
+        "queues the rest within its own limits).",
+    )
     dedupe_window_s: float = Field(
         60.0,
         ge=0,

@@ -165,6 +165,8 @@ class MqttAdapter:
             on_message=self._on_message,
             on_reply_acked=self._reply_acked,
             loop=asyncio.get_running_loop(),
+            max_unsent=self._settings.max_unsent_packets,
+            on_read_paused=self._service.metrics.mqtt_read_pauses.inc,
         )
         self._connection = _Connection(inner)
 

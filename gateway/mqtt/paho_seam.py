@@ -12,7 +12,12 @@ What the fast path does, and why:
   aiomqtt's own handler only gets the publishes it made itself;
 - paho asks for a write after every packet it queues, which aiomqtt answers with a thread-safe
   wake-up and an epoll writer each time; here the first packet of an event-loop pass schedules
-  one write of everything queued by then (replies and acks together), corked into few segments.
+  one write of everything queued by then (replies and acks together), corked into few segments;
+- paho's queue of packets to write has no bound: when a flood is answered (with replies or
+  refusals) faster than the broker reads them, more than ``max_unsent`` would wait in it, and
+  then reading from the broker stops (``_ReadGate``) until half of them are written. The broker
+  holds what is not read, within its own limits, and answered requests' replies stop queueing
+  behind an ever longer line of refusals.
 """
 
 from __future__ import annotations
@@ -38,13 +43,14 @@ log = logging.getLogger("gateway.mqtt")
 PAHO_SERIES = "2.2."
 AIOMQTT_SERIES = "2.5."
 PRIVATE_ATTRIBUTES = {
-    "aiomqtt.Client": ("_client",),
+    "aiomqtt.Client": ("_client", "_disconnected"),
     "paho.mqtt.client.Client": ("_handle_publish", "_in_packet", "_out_packet"),
 }
 
 Message = paho.MQTTMessage | ReceivedPublish
 MessageHandler = Callable[[paho.Client, object, Message], None]
 _TCP_CORK: int | None = getattr(socket, "TCP_CORK", None)  # Linux
+_RECHECK_S = 0.002  # while reading is paused: how often the write queue is looked at
 
 
 async def check_paho() -> None:
@@ -77,6 +83,8 @@ def install_fast_path(
     on_message: MessageHandler,
     on_reply_acked: Callable[[int], bool],
     loop: asyncio.AbstractEventLoop,
+    max_unsent: int = 4096,
+    on_read_paused: Callable[[], None] = lambda: None,
 ) -> paho.Client:
     """Wire the fast path into ``client`` before it connects (a persistent session's backlog
     arrives right after the CONNACK, before aiomqtt hands the client over). ``on_reply_acked``
@@ -88,12 +96,22 @@ def install_fast_path(
     # aiomqtt has no manual-ack option of its own; paho's is the documented way to ack a QoS 1
     # message after it was processed rather than on receipt.
     inner.manual_ack_set(True)
-    inner.on_message = on_message
+    gate = _ReadGate(client, inner, loop, max_unsent, on_read_paused)
+
+    def received(client: paho.Client, userdata: object, message: Message) -> None:
+        # Each request read may add replies: looked at here, because once the socket is full
+        # paho stops asking for writes (aiomqtt's writer drains it) and no flush runs.
+        gate.check()
+        on_message(client, userdata, message)
+
+    inner.on_message = received
     if v5:
         # An instance attribute: paho's packet dispatch calls ``self._handle_publish()``.
-        inner._handle_publish = _publish_reader(inner, on_message)  # type: ignore[method-assign]
+        inner._handle_publish = _publish_reader(inner, received)  # type: ignore[method-assign]
     inner.on_publish = _puback_router(on_reply_acked, inner.on_publish)
-    inner.on_socket_register_write = _coalesced_writes(inner, loop, inner.on_socket_register_write)
+    inner.on_socket_register_write = _coalesced_writes(
+        inner, loop, inner.on_socket_register_write, gate.check
+    )
     return inner
 
 
@@ -132,6 +150,7 @@ def _coalesced_writes(
     client: paho.Client,
     loop: asyncio.AbstractEventLoop,
     aiomqtt_register: Callable[..., None] | None,
+    after_write: Callable[[], None],
 ) -> Callable[..., None]:
     assert aiomqtt_register is not None
     loop_thread = threading.get_ident()
@@ -158,6 +177,7 @@ def _coalesced_writes(
         sock = client.socket()
         if client.want_write() and sock is not None:
             aiomqtt_register(client, None, sock)
+        after_write()
 
     def register(c: paho.Client, userdata: object, sock: Any) -> None:
         nonlocal scheduled
@@ -168,3 +188,63 @@ def _coalesced_writes(
             loop.call_soon(flush)
 
     return register
+
+
+class _ReadGate:
+    """Stops reading from the broker while more than ``high`` packets wait to be written, and
+    reads again once no more than half of that do. aiomqtt reads through an event-loop reader
+    on the socket: the gate removes it, and puts back one that reads as aiomqtt's does (a
+    failed read ends the connection the same way)."""
+
+    def __init__(
+        self,
+        outer: aiomqtt.Client,
+        client: paho.Client,
+        loop: asyncio.AbstractEventLoop,
+        high: int,
+        on_pause: Callable[[], None],
+    ) -> None:
+        self._outer, self._client, self._loop = outer, client, loop
+        self._high = high
+        self._on_pause = on_pause
+        self._fd: int | None = None  # the socket whose reading is paused
+
+    @property
+    def paused(self) -> bool:
+        return self._fd is not None
+
+    def check(self) -> None:
+        if self._fd is not None or len(self._client._out_packet) <= self._high:
+            return
+        sock = self._client.socket()
+        if sock is None:
+            return
+        self._fd = sock.fileno()
+        self._loop.remove_reader(self._fd)
+        self._on_pause()
+        log.debug("MQTT: %d packets unsent; reading paused", len(self._client._out_packet))
+        self._loop.call_later(_RECHECK_S, self._recheck)
+
+    def _recheck(self) -> None:
+        sock = self._client.socket()
+        if sock is None or sock.fileno() != self._fd:
+            self._fd = None  # the connection is gone: its teardown removed the reader
+            return
+        if len(self._client._out_packet) > self._high // 2:
+            self._loop.call_later(_RECHECK_S, self._recheck)
+            return
+        self._loop.add_reader(self._fd, self._read)
+        self._fd = None
+
+    def _read(self) -> None:
+        client = self._client
+        try:
+            client.loop_read()
+            # TLS: bytes already decrypted are not signalled by the socket again.
+            pending = getattr(client._sock, "pending", None)
+            while pending is not None and pending() > 0:
+                client.loop_read()
+        except Exception as exc:  # as aiomqtt's reader: a failed read ends the connection
+            disconnected: asyncio.Future[None] = self._outer._disconnected
+            if not disconnected.done():
+                disconnected.set_exception(exc)
