@@ -211,6 +211,13 @@ class GatewayMetrics:
             "faster than the broker reads).",
             registry=r,
         )
+        self.ingest_mqtt = Gauge(
+            "iotgw_ingest_mqtt",
+            "Each ingest process's MQTT session, as it last reported (every 0.5 s): connected "
+            "(1/0), requests in flight, requests in its backlog.",
+            ["process", "state"],
+            registry=r,
+        )
         self.ingest_requests = Counter(
             "iotgw_ingest_requests",
             "Inference requests the serving process took from each ingest process.",

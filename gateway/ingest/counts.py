@@ -1,6 +1,7 @@
 """Counters an ingest process keeps (error replies, MQTT duplicates and reconnects) travel to
 the serving process as increments, so ``/metrics`` (served there) counts the whole gateway.
-Gauges stay where they are: the serving process's gauges describe the serving process."""
+Gauges stay where they are (the serving process's describe the serving process), except each
+ingest process's MQTT session state, which it reports itself (``frames.STATE``)."""
 
 from __future__ import annotations
 

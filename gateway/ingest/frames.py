@@ -35,6 +35,7 @@ REPLY = "reply"  # serving -> ingest: (REPLY, seq, InferenceResponse)
 ERROR = "error"  # serving -> ingest: (ERROR, seq, error class name, message, retry_after)
 COUNTS = "counts"  # ingest -> serving: (COUNTS, {counter: {labels: increment}})
 LIVE = "live"  # ingest -> serving: (LIVE, {"http": bool, "mqtt": bool | None})
+STATE = "state"  # ingest -> serving: (STATE, {"mqtt_connected" | "mqtt_in_flight" | ...: number})
 
 
 class FrameError(Exception):

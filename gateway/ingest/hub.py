@@ -37,6 +37,7 @@ class _Link:
         self.index: int | None = None
         self.pid: int | None = None
         self.live: dict[str, bool | None] = {}
+        self.states: set[str] = set()  # the gauges it reported (``iotgw_ingest_mqtt``)
         self.tasks: set[asyncio.Task[None]] = set()
         self.count: Callable[[], None] = lambda: None  # counts its requests once it said hello
 
@@ -101,6 +102,7 @@ class IngestHub:
             log.warning("ingest process %s: connection dropped: %s", link.index, exc)
         finally:
             self._links.discard(link)
+            self._forget_state(link)
             for task in link.tasks:
                 task.cancel()
             writer.close()
@@ -119,6 +121,8 @@ class IngestHub:
                 self._add_counts(message[1])
             elif kind == frames.LIVE:
                 link.live = dict(message[1])
+            elif kind == frames.STATE:
+                self._set_state(link, message[1])
             elif kind == frames.HELLO:
                 link.index, link.pid = message[1], message[2]
                 link.count = self._service.metrics.ingest_requests.labels(str(link.index)).inc
@@ -151,6 +155,19 @@ class IngestHub:
             if self._current_catalog() != before:
                 for link in list(self._links):
                     link.send((frames.CATALOG, self._catalog, self.setup))
+
+    def _set_state(self, link: _Link, state: dict[str, float]) -> None:
+        gauge = self._service.metrics.ingest_mqtt
+        for name, value in state.items():
+            gauge.labels(str(link.index), name).set(value)
+            link.states.add(name)
+
+    def _forget_state(self, link: _Link) -> None:
+        """A process gone: its figures are no longer anyone's (its replacement reports anew)."""
+        for name in link.states:
+            with contextlib.suppress(KeyError):
+                self._service.metrics.ingest_mqtt.remove(str(link.index), name)
+        link.states.clear()
 
     def _add_counts(self, increments: counts.Counts) -> None:
         counts.add(self._counters, increments)

@@ -82,6 +82,10 @@ class RemoteService:
     def report_live(self, **parts: bool | None) -> None:
         self._send((frames.LIVE, parts))
 
+    def report_state(self, state: dict[str, float]) -> None:
+        """This process's own gauges (its MQTT session's), for the serving process's /metrics."""
+        self._send((frames.STATE, state))
+
     async def close(self) -> None:
         for task in self._tasks:
             task.cancel()

@@ -89,6 +89,14 @@ class IngestProcess:
     def report_live(self) -> None:
         mqtt = None if self.mqtt is None else self.mqtt.connected.is_set()
         self.remote.report_live(http=self._http_listening, mqtt=mqtt)
+        if self.mqtt is not None:
+            self.remote.report_state(
+                {
+                    "mqtt_connected": float(bool(mqtt)),
+                    "mqtt_in_flight": float(self.mqtt.in_flight),
+                    "mqtt_backlog": float(self.mqtt.backlog),
+                }
+            )
 
     async def drain(self, grace_s: float) -> bool:
         """Stop taking MQTT requests and answer those taken; let HTTP requests finish."""

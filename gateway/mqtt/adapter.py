@@ -125,7 +125,7 @@ class MqttAdapter:
             f"{address.host}:{address.port}",
             connected=self.connected.is_set,
             in_flight=lambda: self._in_flight,
-            backlog=lambda: len(self._backlog),
+            backlog=lambda: self.backlog,
         )
 
     @property
@@ -133,6 +133,11 @@ class MqttAdapter:
         """Requests taken from the broker and not yet ended (answered and acknowledged, or
         released for redelivery)."""
         return self._in_flight
+
+    @property
+    def backlog(self) -> int:
+        """Requests received beyond the in-flight limit, waiting to be taken."""
+        return len(self._backlog)
 
     @property
     def reply_leg(self) -> AnswerLag:

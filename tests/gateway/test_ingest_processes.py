@@ -88,6 +88,16 @@ async def eventually(url: str, name: str, want: float, **labels: str) -> float:
         await asyncio.sleep(0.2)
 
 
+async def settles(url: str, name: str, want: float, **labels: str) -> float:
+    """The gauge's value once it equals ``want``, or the last value seen after 20 s."""
+    deadline = time.monotonic() + 20
+    while True:
+        value = total(await scrape(url), name, **labels)
+        if value == want or time.monotonic() > deadline:
+            return value
+        await asyncio.sleep(0.2)
+
+
 async def infer_on_new_connection(url: str, inputs: dict[str, np.ndarray]) -> dict[str, object]:
     # A fresh connection each time: the kernel picks the ingest process per connection.
     connector = aiohttp.TCPConnector(force_close=True)
@@ -153,6 +163,13 @@ async def test_http_and_mqtt_are_served_by_the_ingest_processes(
     per_process = [total(samples, "iotgw_ingest_requests_total", process=str(i)) for i in (0, 1)]
     assert sum(per_process) == 100
     assert all(n > 0 for n in per_process), per_process  # both processes took connections
+    # Each ingest process's MQTT session, as it reports it (every 0.5 s): connected, and once
+    # the last acknowledgement's bookkeeping is reported, nothing in flight or waiting.
+    for process in ("0", "1"):
+        assert total(samples, "iotgw_ingest_mqtt", process=process, state="mqtt_connected") == 1
+        for state in ("mqtt_in_flight", "mqtt_backlog"):
+            labels = {"process": process, "state": state}
+            assert await settles(gw.url, "iotgw_ingest_mqtt", 0, **labels) == 0, labels
 
 
 def _broker_port(gw: Serve) -> int:
