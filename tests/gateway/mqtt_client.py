@@ -9,6 +9,7 @@ import json
 import socket
 import struct
 from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import aiomqtt
@@ -16,6 +17,8 @@ import numpy as np
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from gateway.main import Gateway
+from gateway.settings import GatewaySettings
 from tests.gateway.helpers import GENEROUS_TIMEOUT_US, json_request
 
 NODELAY = ((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),)
@@ -173,3 +176,19 @@ async def flood(
             body["parameters"] = {"timeout": GENEROUS_TIMEOUT_US}
             futures.append(await dev.publish(model, json.dumps(body).encode(), body["id"]))
         return [await asyncio.wait_for(f, 30) for f in futures]
+
+
+@contextlib.asynccontextmanager
+async def mqtt_gateway(repo: Path, cache_dir: Path, **mqtt: Any) -> AsyncIterator[Gateway]:
+    """An in-process gateway serving ``repo`` over HTTP (a free port) and MQTT (``mqtt``
+    settings: at least ``broker``), yielded once its models are loaded and it is subscribed."""
+    settings = GatewaySettings.load(
+        http={"port": 0, "host": "127.0.0.1"},
+        serving={"model_repo": repo, "cache_dir": cache_dir},
+        mqtt={"reconnect_min_s": 0.05, **mqtt},
+    )
+    async with Gateway(settings) as gateway:
+        await gateway.wait_loaded()
+        assert gateway.mqtt is not None
+        await asyncio.wait_for(gateway.mqtt.connected.wait(), 30)
+        yield gateway

@@ -49,7 +49,8 @@ async def test_a_request_its_batch_would_answer_late_is_refused_when_the_batch_s
             await service.infer(late, transport="test")
         error = refused.value
         assert (error.status, error.reason) == (503, "deadline")
-        assert "takes up to about 10000.0 ms" in error.message  # refused at the batch, not at the door
+        # Refused at the batch, not at the door.
+        assert "takes up to about 10000.0 ms" in error.message
         assert error.retry_after is not None and error.retry_after > 0
 
         # With time enough for the recent pace, a request is served, and correctly.

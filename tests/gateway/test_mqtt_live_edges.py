@@ -20,7 +20,14 @@ from gateway.main import Gateway
 from gateway.settings import GatewaySettings
 from tests.brokers import Broker, mosquitto
 from tests.gateway.helpers import Reference, make_repo, random_inputs
-from tests.gateway.mqtt_client import Device, device, json_payload, outputs_of, response_topic
+from tests.gateway.mqtt_client import (
+    Device,
+    device,
+    json_payload,
+    mqtt_gateway,
+    outputs_of,
+    response_topic,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -41,20 +48,13 @@ async def gw(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[Gateway]:
     tmp = tmp_path_factory.mktemp("edges")
-    settings = GatewaySettings.load(
-        http={"port": 0, "host": "127.0.0.1"},
-        serving={"model_repo": make_repo(tmp / "repo", demo_repo, {MODEL: None}), "cache_dir": tmp},
-        mqtt={
-            "broker": broker.url,
-            "protocol": request.param,
-            "client_id": f"gw-edges-{request.param}",
-            "reconnect_min_s": 0.05,
-        },
-    )
-    async with Gateway(settings) as gateway:
-        await gateway.wait_loaded()
-        assert gateway.mqtt is not None
-        await asyncio.wait_for(gateway.mqtt.connected.wait(), 30)
+    async with mqtt_gateway(
+        make_repo(tmp / "repo", demo_repo, {MODEL: None}),
+        tmp,
+        broker=broker.url,
+        protocol=request.param,
+        client_id=f"gw-edges-{request.param}",
+    ) as gateway:
         yield gateway
 
 

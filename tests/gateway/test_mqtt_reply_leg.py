@@ -8,7 +8,6 @@ refused follows from the rule, not from how fast this machine is."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -18,10 +17,9 @@ import pytest
 import pytest_asyncio
 
 from gateway.main import Gateway
-from gateway.settings import GatewaySettings
 from tests.brokers import Broker, mosquitto
 from tests.gateway.helpers import Reference, make_repo, random_inputs
-from tests.gateway.mqtt_client import device, json_payload
+from tests.gateway.mqtt_client import device, json_payload, mqtt_gateway
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -41,15 +39,8 @@ async def gw(
     broker: Broker, demo_repo: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Gateway]:
     tmp = tmp_path_factory.mktemp("reply-leg")
-    settings = GatewaySettings.load(
-        http={"port": 0, "host": "127.0.0.1"},
-        serving={"model_repo": make_repo(tmp / "repo", demo_repo, {MODEL: None}), "cache_dir": tmp},
-        mqtt={"broker": broker.url, "client_id": "gw-reply-leg", "reconnect_min_s": 0.05},
-    )
-    async with Gateway(settings) as gateway:
-        await gateway.wait_loaded()
-        assert gateway.mqtt is not None
-        await asyncio.wait_for(gateway.mqtt.connected.wait(), 30)
+    repo = make_repo(tmp / "repo", demo_repo, {MODEL: None})
+    async with mqtt_gateway(repo, tmp, broker=broker.url, client_id="gw-reply-leg") as gateway:
         yield gateway
 
 

@@ -18,7 +18,6 @@ import pytest_asyncio
 
 import gateway.edge
 from gateway.main import Gateway
-from gateway.settings import GatewaySettings
 from tests.brokers import Broker, mosquitto
 from tests.gateway.helpers import (
     GENEROUS_TIMEOUT_US,
@@ -28,7 +27,7 @@ from tests.gateway.helpers import (
     metric_samples,
     random_inputs,
 )
-from tests.gateway.mqtt_client import device, json_payload, outputs_of
+from tests.gateway.mqtt_client import device, json_payload, mqtt_gateway, outputs_of
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -47,15 +46,8 @@ async def gw(
     broker: Broker, demo_repo: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Gateway]:
     repo = make_repo(tmp_path_factory.mktemp("repo"), demo_repo, {MODEL: None})
-    settings = GatewaySettings.load(
-        http={"port": 0, "host": "127.0.0.1"},
-        serving={"model_repo": repo, "cache_dir": tmp_path_factory.mktemp("cache")},
-        mqtt={"broker": broker.url, "client_id": "gw-poison", "reconnect_min_s": 0.05},
-    )
-    async with Gateway(settings) as gateway:
-        await gateway.wait_loaded()
-        assert gateway.mqtt is not None
-        await asyncio.wait_for(gateway.mqtt.connected.wait(), 10)
+    cache = tmp_path_factory.mktemp("cache")
+    async with mqtt_gateway(repo, cache, broker=broker.url, client_id="gw-poison") as gateway:
         yield gateway
 
 
