@@ -84,6 +84,8 @@ async def test_dashboard_metrics_and_probes_exist_on_a_live_gateway(
         "iotgw_mqtt_in_flight",
         "iotgw_mqtt_backlog",
         "iotgw_mqtt_duplicates_total",
+        "iotgw_mqtt_read_pauses_total",
+        "iotgw_ingest_mqtt",
     }
     assert wanted <= queried, f"the dashboard does not show {sorted(wanted - queried)}"
     assert queried <= exposed, f"queried but not exposed: {sorted(queried - exposed)}"
