@@ -108,9 +108,10 @@ class MqttAdapter:
         self._tasks: set[asyncio.Task[None]] = set()
         self._router = Router(settings, v5=self._v5)
         self._seen = SeenRequests(settings.dedupe_window_s)
-        # Publish to PUBACK of recent replies (high percentile): a request's answer must be
-        # ready this much before its deadline, or its reply reaches the device late.
-        self._reply_leg = AnswerLag()
+        # Publish to PUBACK of recent replies (99th percentile): a request's answer must be
+        # ready this much before its deadline, or its reply reaches the device late. (At the
+        # 90th, admitted answers of a 3x overload ended 0.5-3% past the SLO at the device.)
+        self._reply_leg = AnswerLag(quantile=0.99)
         self._connection: _Connection | None = None
         self._stopping = asyncio.Event()
         self._session = BrokerSession(
