@@ -16,7 +16,16 @@ import pytest
 import pytest_asyncio
 
 from gateway.main import Gateway
+from tests.brokers import Broker, mosquitto
 from tests.gateway.helpers import Reference, base_url, running_gateway
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    """A real Mosquitto per test module (modules that need another configuration define their
+    own ``broker``)."""
+    with mosquitto(tmp_path_factory.mktemp("mosquitto")) as b:
+        yield b
 
 
 @pytest.fixture(scope="session")

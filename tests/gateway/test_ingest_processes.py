@@ -9,7 +9,7 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -80,20 +80,19 @@ def total(samples: list[tuple[str, dict[str, str], float]], name: str, **labels:
 async def eventually(url: str, name: str, want: float, **labels: str) -> float:
     """The counter's value once it reached ``want`` (ingest processes report counts each
     second), or the last value seen after 20 s."""
-    deadline = time.monotonic() + 20
-    while True:
-        value = total(await scrape(url), name, **labels)
-        if value >= want or time.monotonic() > deadline:
-            return value
-        await asyncio.sleep(0.2)
+    return await _polled(url, name, lambda value: value >= want, **labels)
 
 
 async def settles(url: str, name: str, want: float, **labels: str) -> float:
     """The gauge's value once it equals ``want``, or the last value seen after 20 s."""
+    return await _polled(url, name, lambda value: value == want, **labels)
+
+
+async def _polled(url: str, name: str, done: Callable[[float], bool], **labels: str) -> float:
     deadline = time.monotonic() + 20
     while True:
         value = total(await scrape(url), name, **labels)
-        if value == want or time.monotonic() > deadline:
+        if done(value) or time.monotonic() > deadline:
             return value
         await asyncio.sleep(0.2)
 

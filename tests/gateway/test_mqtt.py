@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +13,7 @@ import pytest_asyncio
 
 from gateway.main import Gateway
 from gateway.settings import GatewaySettings
-from tests.brokers import Broker, mosquitto
+from tests.brokers import Broker
 from tests.gateway.helpers import Reference, metric_samples, random_inputs
 from tests.gateway.mqtt_client import (
     device,
@@ -23,12 +23,6 @@ from tests.gateway.mqtt_client import (
 )
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    with mosquitto(tmp_path_factory.mktemp("mosquitto")) as b:
-        yield b
 
 
 def mqtt_settings(repo: Path, cache: Path, **mqtt: object) -> GatewaySettings:

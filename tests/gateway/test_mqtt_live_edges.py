@@ -6,7 +6,7 @@ device to answer, acknowledged and dropped), and the gateway keeps serving."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from paho.mqtt.properties import Properties
 
 from gateway.main import Gateway
 from gateway.settings import GatewaySettings
-from tests.brokers import Broker, mosquitto
+from tests.brokers import Broker
 from tests.gateway.helpers import Reference, make_repo, random_inputs
 from tests.gateway.mqtt_client import (
     Device,
@@ -32,12 +32,6 @@ from tests.gateway.mqtt_client import (
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 MODEL = "sensor_mlp"
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    with mosquitto(tmp_path_factory.mktemp("mosquitto")) as b:
-        yield b
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module", params=["5", "3.1.1"])

@@ -9,7 +9,7 @@ refused follows from the rule, not from how fast this machine is."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +17,7 @@ import pytest
 import pytest_asyncio
 
 from gateway.main import Gateway
-from tests.brokers import Broker, mosquitto
+from tests.brokers import Broker
 from tests.gateway.helpers import Reference, make_repo, random_inputs
 from tests.gateway.mqtt_client import device, json_payload, mqtt_gateway
 
@@ -26,12 +26,6 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 MODEL = "sensor_mlp"
 PACE_S = 3.0  # the batch pace set by hand: a request needs 3 s of its budget
 TIMEOUT_US = 5_000_000  # each request's budget: 5 s, enough for the pace alone
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    with mosquitto(tmp_path_factory.mktemp("mosquitto")) as b:
-        yield b
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -64,19 +58,21 @@ async def test_a_reply_s_way_out_counts_against_the_deadline(
         assert gw.mqtt.reply_leg.high > 0.0
 
         batcher = gw.service.host(MODEL)._batcher
-        for _ in range(3):
-            batcher.service_time.observe(1, PACE_S)
-        # The pace alone fits the budget (3 s of 5 s) ...
-        for _ in range(3):
-            gw.mqtt.reply_leg.observe(0.001)
+        leg = gw.mqtt.reply_leg
+
+        def recent(pace_s: float, leg_s: float, legs: int) -> None:
+            """The batch pace and the replies' way out, as if just measured."""
+            for _ in range(3):
+                batcher.service_time.observe(1, pace_s)
+            for _ in range(legs):
+                leg.observe(leg_s)
+
+        recent(PACE_S, 0.001, 3)  # the pace alone fits the budget (3 s of 5 s) ...
         fits = await dev.request(MODEL, _payload(inputs, "fits"), "fits")
         assert fits["status"] == 200, fits
         # ... but not once the replies' way out takes 2.5 s: refused before it runs, on the
         # device's reply topic, with the reason.
-        for _ in range(3):
-            batcher.service_time.observe(1, PACE_S)
-        for _ in range(64):
-            gw.mqtt.reply_leg.observe(2.5)
+        recent(PACE_S, 2.5, 64)
         late = await dev.request(MODEL, _payload(inputs, "late"), "late")
         assert late["status"] == 503, late
         assert late["reason"] == "deadline", late

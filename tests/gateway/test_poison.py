@@ -7,7 +7,7 @@ import asyncio
 import json
 import struct
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ import pytest_asyncio
 
 import gateway.edge
 from gateway.main import Gateway
-from tests.brokers import Broker, mosquitto
+from tests.brokers import Broker
 from tests.gateway.helpers import (
     GENEROUS_TIMEOUT_US,
     Reference,
@@ -33,12 +33,6 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 MODEL = "sensor_mlp"
 NESTED_12K = b"[" * 12_000
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    with mosquitto(tmp_path_factory.mktemp("mosquitto")) as b:
-        yield b
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
