@@ -78,7 +78,6 @@ class TuningService:
         self.metrics = metrics
         self.agents: dict[str, ModelAgent] = {}
         self._versions: dict[str, str] = {}
-        self._spaces: dict[str, ConfigSpace] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._ended: set[asyncio.Task[None]] = set()  # agents stopped, awaited by ``stop``
         self._model_pool: ProcessPoolExecutor | None = None
@@ -149,13 +148,11 @@ class TuningService:
         )
         self.agents[name] = agent
         self._versions[name] = str(host.version)
-        self._spaces[name] = space
         self._publish_config(agent)
         self._tasks[name] = asyncio.create_task(agent.run(), name=f"tuner-{name}")
 
     def _drop(self, name: str, why: str) -> None:
         self.agents.pop(name, None)
-        self._spaces.pop(name, None)
         task = self._tasks.pop(name, None)
         if task is not None:
             task.cancel()
@@ -180,7 +177,7 @@ class TuningService:
             if not ready:
                 self._drop(name, "unloaded")
                 return
-            if self._space_of(name) == self._spaces[name]:
+            if self._space_of(name) == self.agents[name].space:
                 self._versions[name] = str(host.version)  # the same grid: it tunes on
                 return
             self._drop(name, f"version {host.version} has other limits")
