@@ -88,3 +88,13 @@ def test_the_expert_default_never_oversubscribes_the_cores(cores: int) -> None:
     assert (config.batch_timeout_ms, config.inter_op_threads) == (0.0, 1)
     assert config.max_batch_size == 32
     assert expert_default(cores, max_batch_size=12).max_batch_size == 8
+
+
+@pytest.mark.parametrize(
+    ("cores", "instances", "threads"), [(1, 1, 1), (2, 1, 2), (4, 2, 2), (16, 4, 4)]
+)
+def test_the_expert_default_leaves_the_event_loop_a_core_per_instance(
+    cores: int, instances: int, threads: int
+) -> None:
+    config = expert_default(cores, max_batch_size=128)
+    assert (config.concurrency, config.intra_op_threads) == (instances, threads)
