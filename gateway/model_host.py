@@ -138,6 +138,8 @@ class ModelHost:
         self._done: deque[tuple[float, float, int, bool]] = deque(maxlen=_STATS_WINDOW)
         self._rejected: deque[float] = deque(maxlen=_STATS_WINDOW)
         self._arrived: deque[tuple[float, int]] = deque(maxlen=_STATS_WINDOW)  # (time, rows)
+        self.arrived_total = 0
+        """Requests that reached ``infer`` since the start (the tuner's loop meter)."""
         # Requests inside ``infer``: a version swapped out is closed only once they are answered.
         self._in_flight = 0
         self._idle = asyncio.Event()
@@ -231,6 +233,7 @@ class ModelHost:
             )
         started = time.monotonic()
         self._arrived.append((started, rows))
+        self.arrived_total += 1
         budget = timeout_s if timeout_s is not None else self.config.slo_ms / 1000.0
         # The answer must be ready before the reply's own way to the client starts eating the
         # budget; never more than half of it, so one slow acknowledgement cannot refuse all.

@@ -26,6 +26,7 @@ from typing import Any
 
 from gateway.errors import NotFound
 from gateway.knobs import Knobs
+from gateway.loop_meter import LoopMeter
 from gateway.metrics import GatewayMetrics
 from gateway.model_host import WindowStats
 from gateway.service import InferenceService
@@ -45,10 +46,12 @@ log = logging.getLogger("gateway.tuning")
 
 class TunedService:
     """The service as the agent's control (``rrl.control``): its knobs and window stats, plus
-    the batch service times its queueing model reads (``rrl.control.ServiceTimesSource``)."""
+    the batch service times and the event loop's cost per request its queueing model reads
+    (``rrl.control.ServiceTimesSource``, ``FrontEndSource``)."""
 
     def __init__(self, service: InferenceService) -> None:
         self._service = service
+        self._loop_meter = LoopMeter(self._arrived)
 
     def knobs(self, model: str, version: int | str | None = None) -> Knobs:
         return self._service.knobs(model, version)
@@ -67,6 +70,17 @@ class TunedService:
         self, model: str, version: int | str | None = None
     ) -> dict[int, tuple[float, ...]]:
         return self._service.host(model, version).service_samples()
+
+    def front_end_s(self) -> float | None:
+        return self._loop_meter.per_request_s()
+
+    def _arrived(self) -> int:
+        """Requests that reached the served versions of every model so far."""
+        total = 0
+        for name in self._service.model_names():
+            with contextlib.suppress(Exception):  # unloaded or unavailable: nothing arrives
+                total += self._service.host(name).arrived_total
+        return total
 
 
 class TuningService:

@@ -54,6 +54,22 @@ def service_samples(control: ModelControl, model: str) -> Mapping[int, Sequence[
     return {}
 
 
+@runtime_checkable
+class FrontEndSource(Protocol):
+    """A gateway that also reports what its event loop spends per request (CPU seconds, over
+    its recent requests of every model), which the queueing model charges on its one loop.
+    Optional: without it the model keeps its prior."""
+
+    def front_end_s(self) -> float | None: ...
+
+
+def front_end_s(control: ModelControl) -> float | None:
+    """The event loop's CPU per request lately, or None when the gateway does not say (yet)."""
+    if isinstance(control, FrontEndSource):
+        return control.front_end_s()
+    return None
+
+
 def current_config(control: ModelControl, model: str, space: ConfigSpace) -> Config:
     """The model's knobs now, on the grid (snapped if they were set off it)."""
     return space.snap(Config.from_knobs(control.knobs(model)))

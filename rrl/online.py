@@ -48,7 +48,14 @@ from typing import Any
 
 from rrl.agent_settings import ONLINE_TUNERS, AgentSettings
 from rrl.budget import CoreBudget
-from rrl.control import ModelControl, apply_config, current_config, measure, service_samples
+from rrl.control import (
+    ModelControl,
+    apply_config,
+    current_config,
+    front_end_s,
+    measure,
+    service_samples,
+)
 from rrl.decisions import Decision, Step
 from rrl.gate import needs_rebuild
 from rrl.measurement import Measurement
@@ -243,6 +250,8 @@ class ModelAgent(Policy):
         if samples and (self._service_fresh or not self.queue_model.measured_settings()):
             setting = (self.current.concurrency, self.current.intra_op_threads)
             self.queue_model.observe_service(setting, samples)
+        if (per_request_s := front_end_s(self.control)) is not None:
+            self.queue_model.observe_front_end(per_request_s)
 
     def _record_workload(self, config: Config, rebuilt: bool) -> None:
         reason = f"rate {self._change_rate():.1f}/s"

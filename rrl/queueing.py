@@ -1,8 +1,8 @@
 """The online agent's prediction: a configuration's latency under the arrivals seen now, without
 running it.
 
-The model is a GI/G/c queue with batch service, the gateway's batcher in a few dozen lines
-(``rrl.replay.simulate``):
+The model is a GI/G/c queue with batch service behind one serial server, the gateway's batcher
+and event loop (``rrl.serial_loop``):
 
 - **arrivals**: a renewal process with the rate and the burstiness the gateway sees now.
   Inter-arrival gaps are gamma distributed with mean ``1 / rate`` and squared coefficient of
@@ -15,14 +15,19 @@ The model is a GI/G/c queue with batch service, the gateway's batcher in a few d
   thread setting never measured, the times of the nearest measured one are scaled by how the
   cores are shared (``c x t`` threads on ``cores`` cores time-slice once ``c x t > cores``) and
   by the intra-op speed-up, and carry a wide relative uncertainty (``unmeasured_rel`` of the
-  predicted p95).
+  predicted p95);
+- **the event loop**: every request's decoding and reply (``per_request_s``: the loop's CPU per
+  request the gateway measured, ``observe_front_end``) and every batch's forming and fan-out
+  (``per_batch_s``, a prior) are served one at a time on one thread that shares the cores with
+  the instances: more instances do not make more front ends, and more, smaller batches cost the
+  loop more. An instance is free again only once the loop has taken its result.
 
-What the model leaves out (the HTTP/MQTT front end, the executor crossing) is the same for every
-configuration at a given load, so it is learned as an additive offset on p95: the median of
-``measured p95 - predicted p95`` over the recent windows (``calibrate``). The spread of those
-residuals is the model's proven error; a candidate's uncertainty is that, plus the simulation's
-own sampling spread (``replicas`` traces), plus the relative uncertainty of derived service
-times. The gate (``rrl.gate``) tries a candidate only when its predicted gain clears it.
+What the model still leaves out (the network, the client's side, the crossings' wake-ups) is
+learned as an additive offset on p95: the median of ``measured p95 - predicted p95`` over the
+recent windows (``calibrate``). The spread of those residuals is the model's proven error; a
+candidate's uncertainty is that, plus the simulation's own sampling spread (``replicas``
+traces), plus the relative uncertainty of derived service times. The gate (``rrl.gate``) tries
+a candidate only when its predicted gain clears it.
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ import numpy as np
 
 from rrl.measurement import Measurement
 from rrl.objective import Objective
-from rrl.replay import ServiceTimes, ThreadSetting, simulate
+from rrl.replay import ServiceTimes, ThreadSetting
+from rrl.serial_loop import Stream, simulate
 from rrl.space import Config
 
 
@@ -105,9 +111,13 @@ class ModelSettings:
     """Service time scales as ``threads ** -speedup`` with intra-op threads (0.5: sub-linear; the
     small graphs served at the edge parallelise poorly)."""
     per_batch_s: float = 0.0005
-    """The gateway's own cost per batch (executor crossing, concatenation, fan-out), which the
-    service times it measures inside the runtime call leave out: a prior, so batch size 1 is
-    not predicted to keep up with any rate a tiny model's call time would allow."""
+    """The gateway's own cost per batch on its event loop (forming, the executor crossing and
+    its wake-ups, concatenation, fan-out), which the service times it measures inside the
+    runtime call leave out: a prior, so batch size 1 is not predicted to keep up with any rate
+    a tiny model's call time would allow (with the loop's 0.3 ms per request measured on
+    sensor_mlp over HTTP, it puts one instance's batch-1 capacity near the 1,100/s measured)."""
+    per_request_s: float = 0.0
+    """The loop's CPU per request until the gateway has measured it (``observe_front_end``)."""
     min_error_ms: float = 0.2
     """Floor of the model's proven error on p95 (a handful of windows under-states it)."""
     min_residuals: int = 3
@@ -144,6 +154,8 @@ class QueueModel:
         self._cache: dict[CacheKey, Simulated | None] = {}
         self._medians: dict[ThreadSetting, dict[int, float]] = {}
         """Per setting and batch size, the median service time the cache was simulated with."""
+        self.per_request_s = self.settings.per_request_s
+        """The event loop's CPU per request (``observe_front_end``)."""
         self.simulations = 0
         self.cache_hits = 0
         self.executor: Executor | None = None
@@ -174,6 +186,15 @@ class QueueModel:
         )
         if moved:
             self._medians[setting] = now
+            self._cache.clear()
+
+    def observe_front_end(self, per_request_s: float) -> None:
+        """The event loop's CPU per request, as the gateway measured it lately. The cached
+        predictions are dropped when it moves by more than ``service_change``."""
+        per_request_s = max(float(per_request_s), 0.0)
+        then = self.per_request_s
+        if abs(per_request_s - then) > self.settings.service_change * max(then, 1e-5):
+            self.per_request_s = per_request_s
             self._cache.clear()
 
     def measured_settings(self) -> list[ThreadSetting]:
@@ -297,8 +318,8 @@ class QueueModel:
         )
         figures = []
         for seed in range(replicas):
-            trace = self._trace(arrivals, seed, length)
-            lat = np.asarray(simulate(trace, as_requests, times, slo_s=slo_s, seed=seed))
+            trace = Stream(self._trace(arrivals, seed, length), times, slo_s)
+            (lat,) = simulate([trace], [as_requests], self.cores, seed=seed)
             figures.append(self._figures(lat, slo_s))
         return tuple(figures), rel, measured
 
@@ -348,11 +369,11 @@ class QueueModel:
             - self._objective(config, p95_ms, violating)
         )
 
-    def _trace(self, arrivals: Arrivals, seed: int, n: int) -> list[float]:
+    def _trace(self, arrivals: Arrivals, seed: int, n: int) -> np.ndarray:
         cv2 = min(max(arrivals.cv2, 0.05), 20.0)
         rng = np.random.default_rng(seed)
         gaps = rng.gamma(1.0 / cv2, cv2 / arrivals.rate_per_s, size=n)
-        return np.cumsum(gaps).tolist()
+        return np.cumsum(gaps)
 
     def _service_for(
         self, config: Config, rows_per_request: float
@@ -373,7 +394,11 @@ class QueueModel:
             max(1, int(size / rows)): [t * scale for t in seconds]
             for size, seconds in self._samples[source].items()
         }
-        times = ServiceTimes({setting: per_request}, per_batch_s=self.settings.per_batch_s)
+        times = ServiceTimes(
+            {setting: per_request},
+            per_batch_s=self.settings.per_batch_s,
+            per_request_s=self.per_request_s,
+        )
         return times, rel, rel == 0.0
 
     def _scale(self, source: ThreadSetting, target: ThreadSetting) -> float:

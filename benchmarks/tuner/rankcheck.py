@@ -71,7 +71,9 @@ def run_check(
     settings = set(thread_settings(cores, expert))
     settings |= {(c.concurrency, c.intra_op_threads) for c in chosen.values()}
     samples = measure_samples(repo, model.name, sorted(settings), SIZES, seconds_per_cell=0.05)
-    costs = calibrate(samples, cpu)
+    costs = calibrate(
+        samples, cpu, (capacity.rps["batch1"], (expert.concurrency, expert.intra_op_threads))
+    )
     plan = ModelPlan(model.name, model.slo_ms, phases, costs, model.configured, expert)
     windows = report.phase_windows([vars(p) for p in phases])
     (lane,) = streams(scenario, [plan], windows, seed)

@@ -299,7 +299,8 @@ def _model_plan(
     samples = measure_samples(
         repo, model.name, settings, sizes, seconds_per_cell=0.05 if opts.quick else 0.3
     )
-    service = calibrate(samples, cpu)
+    batch1 = (capacity.rps["batch1"], (solo_expert.concurrency, solo_expert.intra_op_threads))
+    service = calibrate(samples, cpu, batch1)
     plan = ModelPlan(model.name, model.slo_ms, phases, service, model.configured, expert)
     config = {
         "slo_ms": model.slo_ms,

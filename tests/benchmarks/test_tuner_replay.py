@@ -100,6 +100,25 @@ def test_calibration_splits_the_loops_cpu_per_request_and_per_batch() -> None:
     assert (costs.per_request_s, costs.per_batch_s) == (pytest.approx(0.003), 0.0)
 
 
+def test_batch_one_saturating_below_the_loops_cpu_charges_the_rest_per_batch() -> None:
+    # 0.3 ms of loop CPU per request, none per batch, 10 us of inference; batch 1 served
+    # 1,000/s: the serial path held each batch 1 ms, 0.69 ms of it no CPU.
+    cpu = {"batch1": CpuUse(1000, 1000, 1000, 0.3, 0.35, 0.3)}
+    cpu["max"] = CpuUse(1000, 200, 1000, 0.3, 0.35, 0.3)
+    samples = {(1, 2): {1: [1e-5]}}
+    costs = calibrate(samples, cpu, (1000.0, (1, 2)))
+    assert costs.per_request_s == pytest.approx(0.0003)
+    assert costs.per_batch_s == pytest.approx(0.00069)
+    s = _stream(
+        1500, 2, per_request_s=costs.per_request_s, per_batch_s=costs.per_batch_s, samples=samples
+    )
+    (lat,) = simulate([s], [Config(1, 0.0, 1, 2, 1)], cores=2)
+    assert np.count_nonzero(lat > s.slo_s) > 0  # batch 1 no longer keeps up at 1,500/s
+    # A model whose batch-1 capacity its inference explains (vision_cnn's) keeps the CPU fit.
+    slow = {(1, 2): {1: [0.002]}}
+    assert calibrate(slow, cpu, (450.0, (1, 2))).per_batch_s == pytest.approx(0.0)
+
+
 def test_another_models_batches_slow_this_one() -> None:
     alone = simulate([_stream(100, 5)], [Config(8, 0.0, 2, 1, 1)], cores=2)[0]
     shared = simulate(

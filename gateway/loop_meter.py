@@ -1,0 +1,50 @@
+"""What the gateway's event loop spends per request: the CPU of the loop's own thread over the
+requests that reached the models meanwhile. The tuner's queueing model (``rrl.queueing``)
+charges it on one serial server, so that more instances are not predicted to bring more front
+ends.
+
+Read on the loop's thread (``time.thread_time`` counts the calling thread only): the agents ask
+from the loop between their windows. A reading from any other thread returns the last value.
+The estimate moves only once ``min_requests`` requests have arrived since the previous one, so a
+quiet spell (the loop's timers, a metrics scrape) does not read as an expensive request.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+MIN_REQUESTS = 200
+
+
+class LoopMeter:
+    def __init__(
+        self,
+        requests: Callable[[], int],
+        *,
+        min_requests: int = MIN_REQUESTS,
+        clock: Callable[[], float] = time.thread_time,
+    ) -> None:
+        self._requests = requests
+        self._min_requests = min_requests
+        self._clock = clock
+        self._thread: int | None = None
+        self._since: tuple[float, int] | None = None
+        self._value: float | None = None
+
+    def per_request_s(self) -> float | None:
+        """CPU seconds the loop spent per request over the latest stretch of at least
+        ``min_requests`` requests; None until one has passed."""
+        me = threading.get_ident()
+        if self._thread is None:
+            self._thread = me
+        if me != self._thread:
+            return self._value
+        now = (self._clock(), self._requests())
+        if self._since is None:
+            self._since = now
+        elif now[1] - self._since[1] >= self._min_requests:
+            self._value = (now[0] - self._since[0]) / (now[1] - self._since[1])
+            self._since = now
+        return self._value

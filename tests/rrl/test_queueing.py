@@ -1,0 +1,63 @@
+"""The agent's queueing model charges the gateway's front end on one serial event loop: more
+instances are not predicted to bring more front ends, a model whose loop work dwarfs its
+inference is predicted to need batching above batch 1's capacity, and the loop's cost the
+gateway measures moves the predictions (and drops the cached ones)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rrl.objective import make_objective
+from rrl.queueing import Arrivals, QueueModel
+from rrl.space import Config
+
+TINY = {1: [1e-5] * 10, 8: [1.2e-5] * 10, 32: [1.6e-5] * 10}
+"""sensor_mlp's batches inside the runtime call: about 10 us whatever the size."""
+LOOP_S = 0.0003
+"""The loop's CPU per request measured on sensor_mlp over HTTP."""
+
+
+def _model(per_request_s: float = LOOP_S) -> QueueModel:
+    model = QueueModel(make_objective("latency", slo_ms=100.0, cores=2), cores=2)
+    for setting in ((1, 1), (2, 1), (4, 1)):
+        model.observe_service(setting, TINY)
+    model.observe_front_end(per_request_s)
+    return model
+
+
+def _p95(model: QueueModel, config: Config, rate: float) -> float:
+    prediction = model.predict(config, Arrivals(rate))
+    assert prediction is not None
+    return prediction.p95_ms
+
+
+@pytest.mark.parametrize("rate", [300.0, 1400.0])
+def test_more_instances_are_not_more_front_ends(rate: float) -> None:
+    model = _model()
+    one, four = (_p95(model, Config(32, 0.0, c, 1, 1), rate) for c in (1, 4))
+    assert four >= one - 0.05  # what four instances could overlap is 10 us of inference
+
+
+def test_above_batch_one_capacity_the_loop_needs_batches() -> None:
+    # 0.3 ms per request and 0.5 ms per batch on one loop: batch 1 serves about 1,250/s,
+    # whatever the instances; a short timeout forms batches and keeps up.
+    model = _model()
+    for c in (1, 4):
+        collapsed = model.predict(Config(1, 0.0, c, 1, 1), Arrivals(1800.0))
+        assert collapsed is not None and collapsed.violation_fraction > 0.01
+    batched = model.predict(Config(32, 1.0, 1, 1, 1), Arrivals(1800.0))
+    assert batched is not None and batched.violation_fraction == 0.0
+    assert batched.p95_ms < 20.0
+
+
+def test_the_loop_cost_measured_moves_the_predictions_and_drops_the_cache() -> None:
+    model = _model(per_request_s=0.0)
+    config = Config(8, 0.0, 1, 1, 1)
+    cheap = _p95(model, config, 1000.0)
+    simulated = model.simulations
+    model.observe_front_end(0.0)  # unchanged: answered from the cache
+    assert _p95(model, config, 1000.0) == pytest.approx(cheap)
+    assert model.simulations == simulated
+    model.observe_front_end(LOOP_S)
+    assert _p95(model, config, 1000.0) > cheap + 0.3  # at least the request's own loop work
+    assert model.simulations == 2 * simulated
