@@ -370,6 +370,7 @@ class ModelAgent(Policy):
                 "offset_ms": round(self.queue_model.offset_ms(), 3),
                 "error_ms": round(self.queue_model.error_ms(), 3),
                 "measured_threads": [f"{c}x{t}" for c, t in self.queue_model.measured_settings()],
+                "loop_ms_per_request": round(self.queue_model.per_request_s * 1e3, 4),
                 "simulations": self.queue_model.simulations,
                 "cache_hits": self.queue_model.cache_hits,
             },

@@ -118,6 +118,8 @@ async def test_the_gate_tries_only_what_it_predicts_a_clear_gain_for(
         if d["predicted"] is not None:
             assert d["predicted"]["p95_ms"] > 0 and d["measurement"]["p95_ms"] > 0
     assert state["queue_model"]["measured_threads"]
+    # The gateway's loop cost per request reached the model (0 until measured).
+    assert state["queue_model"]["loop_ms_per_request"] > 0
     assert state["best"] == agent.incumbent.knob_changes()  # type: ignore[union-attr]
     assert agent.current is not None and agent.current.knob_changes() == pytest.approx(knobs)
     assert 'iotgw_tuner_decisions_total{kind="exploit",model="sensor_mlp",version="1"}' in metrics
