@@ -5,17 +5,22 @@ ends.
 
 Read on the loop's thread (``time.thread_time`` counts the calling thread only): the agents ask
 from the loop between their windows. A reading from any other thread returns the last value.
-The estimate moves only once ``min_requests`` requests have arrived since the previous one, so a
-quiet spell (the loop's timers, a metrics scrape) does not read as an expensive request.
+Each stretch of at least ``min_requests`` requests gives one figure, and the estimate is the
+lowest of the last ``STRETCHES``: the loop also has work that does not grow with requests (its
+timers, the agents' own windows, metrics scrapes), which a slow stretch spreads over few
+requests (1.8 ms a request at 50 requests/s on sensor_mlp, against about 0.3 ms in a burst),
+and the busiest recent stretch is the one it inflates least.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 MIN_REQUESTS = 200
+STRETCHES = 8
 
 
 class LoopMeter:
@@ -31,20 +36,19 @@ class LoopMeter:
         self._clock = clock
         self._thread: int | None = None
         self._since: tuple[float, int] | None = None
-        self._value: float | None = None
+        self._stretches: deque[float] = deque(maxlen=STRETCHES)
 
     def per_request_s(self) -> float | None:
-        """CPU seconds the loop spent per request over the latest stretch of at least
-        ``min_requests`` requests; None until one has passed."""
+        """CPU seconds the loop spent per request: the lowest over the recent stretches of at
+        least ``min_requests`` requests; None until one has passed."""
         me = threading.get_ident()
         if self._thread is None:
             self._thread = me
-        if me != self._thread:
-            return self._value
-        now = (self._clock(), self._requests())
-        if self._since is None:
-            self._since = now
-        elif now[1] - self._since[1] >= self._min_requests:
-            self._value = (now[0] - self._since[0]) / (now[1] - self._since[1])
-            self._since = now
-        return self._value
+        if me == self._thread:
+            now = (self._clock(), self._requests())
+            if self._since is None:
+                self._since = now
+            elif now[1] - self._since[1] >= self._min_requests:
+                self._stretches.append((now[0] - self._since[0]) / (now[1] - self._since[1]))
+                self._since = now
+        return min(self._stretches) if self._stretches else None

@@ -2,7 +2,7 @@
 running it.
 
 The model is a GI/G/c queue with batch service behind one serial server, the gateway's batcher
-and event loop (``rrl.serial_loop``):
+and event loop (``rrl.replay.simulate`` with ``serial``):
 
 - **arrivals**: a renewal process with the rate and the burstiness the gateway sees now.
   Inter-arrival gaps are gamma distributed with mean ``1 / rate`` and squared coefficient of
@@ -18,9 +18,11 @@ and event loop (``rrl.serial_loop``):
   predicted p95);
 - **the event loop**: every request's decoding and reply (``per_request_s``: the loop's CPU per
   request the gateway measured, ``observe_front_end``) and every batch's forming and fan-out
-  (``per_batch_s``, a prior) are served one at a time on one thread that shares the cores with
-  the instances: more instances do not make more front ends, and more, smaller batches cost the
-  loop more. An instance is free again only once the loop has taken its result.
+  (``per_batch_s``, a prior) are served one batch at a time: more instances do not make more
+  front ends, and more, smaller batches cost the loop more. (``rrl.serial_loop`` models the
+  loop event by event with the cores shared; it costs 4x more CPU per prediction, and the
+  gate's screening of a new workload state, run on the gateway's own cores, then doubled the
+  agent's p95 in a burst on 2 cores.)
 
 What the model still leaves out (the network, the client's side, the crossings' wake-ups) is
 learned as an additive offset on p95: the median of ``measured p95 - predicted p95`` over the
@@ -43,8 +45,7 @@ import numpy as np
 
 from rrl.measurement import Measurement
 from rrl.objective import Objective
-from rrl.replay import ServiceTimes, ThreadSetting
-from rrl.serial_loop import Stream, simulate
+from rrl.replay import ServiceTimes, ThreadSetting, simulate
 from rrl.space import Config
 
 
@@ -318,8 +319,10 @@ class QueueModel:
         )
         figures = []
         for seed in range(replicas):
-            trace = Stream(self._trace(arrivals, seed, length), times, slo_s)
-            (lat,) = simulate([trace], [as_requests], self.cores, seed=seed)
+            trace = self._trace(arrivals, seed, length)
+            lat = np.asarray(
+                simulate(trace, as_requests, times, slo_s=slo_s, seed=seed, serial=True)
+            )
             figures.append(self._figures(lat, slo_s))
         return tuple(figures), rel, measured
 
@@ -369,11 +372,11 @@ class QueueModel:
             - self._objective(config, p95_ms, violating)
         )
 
-    def _trace(self, arrivals: Arrivals, seed: int, n: int) -> np.ndarray:
+    def _trace(self, arrivals: Arrivals, seed: int, n: int) -> list[float]:
         cv2 = min(max(arrivals.cv2, 0.05), 20.0)
         rng = np.random.default_rng(seed)
         gaps = rng.gamma(1.0 / cv2, cv2 / arrivals.rate_per_s, size=n)
-        return np.cumsum(gaps)
+        return np.cumsum(gaps).tolist()
 
     def _service_for(
         self, config: Config, rows_per_request: float

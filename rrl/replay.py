@@ -99,18 +99,30 @@ def simulate(
     *,
     slo_s: float,
     seed: int = 0,
+    serial: bool = False,
 ) -> list[float]:
-    """Each request's latency in seconds (``inf``: refused) under ``config``."""
-    ready = _through_front_end(arrivals_s, times.per_request_s)
+    """Each request's latency in seconds (``inf``: refused) under ``config``.
+
+    ``serial``: the gateway's costs are paid on its one event loop, one batch at a time, not
+    as delays each instance pays in parallel: a batch forms only once the loop is free, and
+    holds it for ``per_batch_s`` plus ``per_request_s`` per request (its decoding, forming,
+    fan-out and replies, charged together when it forms) before its inference ends. So the
+    loop caps the throughput at any concurrency, and a lagging loop forms larger batches. The
+    agent's prediction (``rrl.queueing``); ``rrl.serial_loop`` models the same loop event by
+    event, with the cores shared, for the bench's offline replay."""
+    ready = list(arrivals_s) if serial else _through_front_end(arrivals_s, times.per_request_s)
     sampler = times.sampler((config.concurrency, config.intra_op_threads), seed)
     max_batch = config.max_batch_size
     timeout_s = config.batch_timeout_ms / 1000.0
     n = len(ready)
     latencies = [math.inf] * n
     free = [0.0] * config.concurrency  # when each instance is next free (a heap)
+    loop_free = 0.0
     head = 0
     while head < n:
         start = batch_start(ready, head, heapq.heappop(free), max_batch, timeout_s)
+        if serial:
+            start = max(start, loop_free)
         # Requests that already waited out their deadline are refused, not served.
         while head < n and start - arrivals_s[head] > slo_s:
             head += 1
@@ -118,7 +130,11 @@ def simulate(
             break
         end_of_batch = min(bisect.bisect_right(ready, start, lo=head), head + max_batch)
         rows = max(end_of_batch - head, 1)
-        done = start + sampler.draw(rows) + times.per_batch_s
+        if serial:
+            loop_free = start + times.per_batch_s + rows * times.per_request_s
+            done = loop_free + sampler.draw(rows)
+        else:
+            done = start + sampler.draw(rows) + times.per_batch_s
         for i in range(head, head + rows):
             latencies[i] = done - arrivals_s[i]
         head += rows

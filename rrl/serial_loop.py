@@ -1,7 +1,8 @@
 """The gateway's serving path replayed with its event loop as one serial server and the cores
-shared: a configuration's latencies predicted from arrival times and measured costs. The online
-agent's queueing model (``rrl.queueing``) asks it about one model's candidates; the tuner bench
-(``benchmarks.tuner.replay``) about every model of a gateway at once, over a whole trace.
+shared, event by event: a configuration's latencies predicted from arrival times and measured
+costs, for every model of a gateway at once over a whole trace (the tuner bench,
+``benchmarks.tuner.replay``). The online agent's prediction charges the same loop one batch at
+a time (``rrl.replay.simulate`` with ``serial``), at a quarter of the CPU.
 
 The batcher is ``rrl.replay``'s (eager or timed dispatch, early dispatch when no arrival is
 expected, refusal of what waited out its SLO), one lane per model, all lanes on one loop.

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from gateway.loop_meter import LoopMeter
 from gateway.metrics import GatewayMetrics
@@ -29,17 +30,24 @@ def test_the_estimate_moves_only_after_enough_requests() -> None:
     assert meter.per_request_s() is None  # 99 requests: not yet
     clock[0], count[0] = 0.6, 200
     assert meter.per_request_s() == 0.6 / 200
-    clock[0], count[0] = 5.0, 210  # a quiet spell's timers: no new estimate
+    clock[0], count[0] = 5.0, 210  # a quiet spell's timers: no new figure yet
     assert meter.per_request_s() == 0.6 / 200
-    clock[0], count[0] = 5.1, 310
-    assert meter.per_request_s() == (5.1 - 0.6) / 110
+    clock[0], count[0] = 5.1, 310  # a slow stretch: the loop's fixed work over few requests
+    assert meter.per_request_s() == 0.6 / 200
+    clock[0], count[0] = 5.2, 510  # a busy one, cheaper per request than the first
+    assert meter.per_request_s() == pytest.approx(0.1 / 200)
 
     from_elsewhere: list[float | None] = []
     clock[0], count[0] = 100.0, 10_000  # another thread's reading is not the loop's CPU
     worker = threading.Thread(target=lambda: from_elsewhere.append(meter.per_request_s()))
     worker.start()
     worker.join()
-    assert from_elsewhere == [(5.1 - 0.6) / 110]
+    assert from_elsewhere == [pytest.approx(0.1 / 200)]
+    # Only the last few stretches count: old figures age out.
+    for k in range(1, 9):
+        clock[0], count[0] = 5.2 + k, 510 + 100 * k  # 10 ms a request
+        meter.per_request_s()
+    assert meter.per_request_s() == pytest.approx(1.0 / 100)
 
 
 async def test_a_gateway_reports_its_loop_cost_per_request(mlp_repo: Path) -> None:

@@ -69,6 +69,25 @@ def test_the_gateway_costs_add_to_every_request_and_batch() -> None:
     assert lat == pytest.approx([1.75 * MS] * 50)
 
 
+def test_on_one_serial_loop_more_instances_serve_no_more_batches_of_one() -> None:
+    # 0.5 ms per batch and 0.25 ms per request on the loop, 1 ms of inference: batch 1 is
+    # served at most every 0.75 ms however many instances, while in parallel two instances
+    # would each pay the costs as a delay of their own.
+    times = ServiceTimes(TIMES.samples, per_batch_s=0.5 * MS, per_request_s=0.25 * MS)
+    burst = poisson(2000.0, 1.0)
+    done = {}
+    for c in (1, 2):
+        lat = simulate(burst, Config(1, 0.0, c, 1, 1), times, slo_s=SLO_S, serial=True)
+        ends = sorted(a + x for a, x in zip(burst, lat, strict=True) if math.isfinite(x))
+        assert np.all(np.diff(ends) >= 0.75 * MS - 1e-9)
+        done[c] = len(ends)
+    parallel = simulate(burst, Config(1, 0.0, 2, 1, 1), times, slo_s=SLO_S)
+    assert sum(math.isfinite(x) for x in parallel) > done[2]
+    # At a trickle the loop is free: a request pays its costs once, as before.
+    lat = simulate(trickle(), Config(32, 0.0, 1, 1, 1), times, slo_s=SLO_S, serial=True)
+    assert lat == pytest.approx([1.75 * MS] * 50)
+
+
 def test_score_reports_each_phase_and_the_grid_skips_timeouts_at_batch_one() -> None:
     grid = request_grid([(1, 1), (2, 1)], [1, 32], [0.0, 4.0])
     assert len(grid) == 2 * 3
