@@ -97,6 +97,8 @@ class TuningService:
         self._model_pool: ProcessPoolExecutor | None = None
         self._budget: CoreBudget | None = None
         self._cores = 1
+        # One control for every agent: its loop meter measures the loop once, not per model.
+        self._control = TunedService(service)
 
     def start(self) -> None:
         """Start an agent for every ready model chosen by the settings (call once loaded), and
@@ -146,7 +148,7 @@ class TuningService:
         s, host = self.settings, self.service.host(name)
         space = self._space_of(name)
         agent = ModelAgent(
-            TunedService(self.service),
+            self._control,
             name,
             space=space,
             slo_ms=host.config.slo_ms,

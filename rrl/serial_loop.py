@@ -68,15 +68,6 @@ class Traffic(Protocol):
     def slo_s(self) -> float: ...
 
 
-@dataclass(frozen=True)
-class Stream:
-    """``Traffic`` as plain data."""
-
-    arrivals_s: np.ndarray
-    times: ServiceTimes
-    slo_s: float
-
-
 @dataclass
 class _Machine:
     """The cores, the loop's queue and the threads running batches."""
@@ -184,18 +175,6 @@ class Replayed:
     batches: list[int]
     loop_cpu_s: float
     """The work the loop did, CPU-seconds, all streams together."""
-
-
-def simulate(
-    streams: Sequence[Traffic],
-    configs: Sequence[Config],
-    cores: int,
-    *,
-    seed: int = 0,
-    background: np.ndarray | None = None,
-) -> list[np.ndarray]:
-    """Each stream's latencies in seconds (``inf``: refused) under ``configs``, jointly."""
-    return replay(streams, configs, cores, seed=seed, background=background).latencies
 
 
 def replay(
