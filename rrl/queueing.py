@@ -127,6 +127,10 @@ class ModelSettings:
     """A batch size's median service time must move this much (relative) from what the cached
     predictions were simulated with before they are dropped: the gateway reports its latest
     batches every window, and their medians wobble by a few percent on a steady load."""
+    service_change_min_s: float = 0.00005
+    """...and by at least this much (absolute): a tiny model's 10 us batches wobble by more than
+    25% from window to window, which moves no prediction (the loop's cost per batch alone is 10
+    times more) but would drop every cached one."""
     cache_size: int = 4096
 
 
@@ -181,8 +185,10 @@ class QueueModel:
     def _drop_cache_if_moved(self, setting: ThreadSetting) -> None:
         now = {size: float(np.median(v)) for size, v in self._samples[setting].items() if v}
         then = self._medians.get(setting)
+        s = self.settings
         moved = then is None or any(
-            size not in then or abs(median / then[size] - 1.0) > self.settings.service_change
+            size not in then
+            or abs(median - then[size]) > max(s.service_change * then[size], s.service_change_min_s)
             for size, median in now.items()
         )
         if moved:

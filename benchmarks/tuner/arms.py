@@ -13,7 +13,12 @@ Arms (each a per-gateway configuration: one set of knobs per model):
 - ``oracle``: each phase's best configuration of the replay, switched at the phase boundaries
   (``PUT .../knobs`` timed from the first simulator's first progress line), tuner off;
 - ``agent``: the online agent (``iotgw serve`` with its tuner, adaptive RRL), which starts from
-  the expert default by itself.
+  the expert default by itself;
+- ``expert-again``: the expert arm run again after all the others, tuner off: how far apart the
+  same knobs measure on the same trace (``report.noise_floor``).
+
+Each arm records what it cost (``cpu``): the gateway's event loop and process, the agent's model
+process, and the share of the machine the hypervisor took meanwhile.
 """
 
 from __future__ import annotations
@@ -34,10 +39,14 @@ from benchmarks.common import python_argv
 from benchmarks.servers import HOST, set_knobs, start_mosquitto
 from benchmarks.servers import admin_request as _http
 from benchmarks.servers import clean_env as _clean_env
+from benchmarks.tuner.cpu import ArmMeter
 from benchmarks.tuner.scenarios import Phase, Scenario
 
 STATIC_ARMS = ("configured", "expert", "replay-best-1", "replay-best-2")
-ARMS = (*STATIC_ARMS, "oracle", "agent")
+REPEAT_ARM = "expert-again"
+"""The expert default once more, last: not a candidate for the best static configuration, but
+the same knobs measured twice in one seed, the noise floor of every comparison between arms."""
+ARMS = (*STATIC_ARMS, "oracle", "agent", REPEAT_ARM)
 AGENT_ALGORITHM = "adaptive-rrl"  # what `iotgw serve` runs unless told otherwise
 _FIRST_TICK = re.compile(r"^\[\s*1s\]")
 Knobs = dict[str, Any]
@@ -278,7 +287,11 @@ def run_arm(
         else:
             for model, k in knobs.items():
                 set_knobs(target.base, model, k)
+        meter = ArmMeter(target.pid) if target.pid is not None else None
+        if meter is not None:
+            meter.start()
         summaries = run_sims(scenario, target, loads, switches)
+        cpu = None if meter is None else meter.stop()
         tuner = (
             {
                 m: _agent_state(target.base, m, load.out)
@@ -296,7 +309,12 @@ def run_arm(
         }
         for load, summary in zip(loads, summaries, strict=True)
     }
-    result: dict[str, Any] = {"arm": arm, "seed": loads[0].seed, "switches": switches}
+    result: dict[str, Any] = {
+        "arm": arm,
+        "seed": loads[0].seed,
+        "switches": switches,
+        "cpu": cpu,
+    }
     if len(streams) == 1:  # one model: its figures at the top, as every earlier results file
         result.update(next(iter(streams.values())))
         result["tuner"] = None if tuner is None else next(iter(tuner.values()))
@@ -327,5 +345,6 @@ def _agent_state(base: str, model: str, out: Path) -> dict[str, Any]:
         "decision_counts": state["decision_counts"],
         "final": state["current"],
         "best": state["best"],
+        "queue_model": state["queue_model"],
         "workload_changes": [d["workload"] for d in state["decisions"] if d["kind"] == "workload"],
     }

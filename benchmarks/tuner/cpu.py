@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import resource
+import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,4 +106,60 @@ class Meter:
             thread_cpu_seconds(self.gateway_pid, self.gateway_pid),
             process_cpu_seconds(self.gateway_pid) or 0.0,
             children_cpu_seconds() + broker,
+        )
+
+
+def child_pids(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (the agent's model process, when it runs one)."""
+    out: list[int] = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            out += [int(c) for c in children.read_text().split()]
+        except OSError:  # a thread that ended meanwhile
+            continue
+    return sorted(set(out))
+
+
+def steal_seconds() -> float:
+    """CPU seconds the hypervisor took from this machine (all cores), from /proc/stat."""
+    try:
+        with open("/proc/stat") as fh:
+            fields = fh.readline().split()
+    except OSError:
+        return 0.0
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0.0
+
+
+@dataclass
+class ArmMeter:
+    """What one arm cost, around its trace: the gateway's event loop and whole process, its
+    child processes (the agent's model process), and the CPU the hypervisor took from the
+    machine meanwhile, so that arms measured under different steal can be told apart."""
+
+    gateway_pid: int
+
+    def start(self) -> None:
+        self._started = time.monotonic()
+        self._before = self._snapshot()
+
+    def stop(self) -> dict[str, float]:
+        after = self._snapshot()
+        wall = max(time.monotonic() - self._started, 1e-9)
+        children = sum(s - self._before[2].get(pid, 0.0) for pid, s in after[2].items())
+        return {
+            "wall_s": round(wall, 2),
+            "loop_s": round(after[0] - self._before[0], 2),
+            "gateway_s": round(after[1] - self._before[1], 2),
+            "model_process_s": round(children, 2),
+            "steal_share": round((after[3] - self._before[3]) / (wall * (os.cpu_count() or 1)), 4),
+        }
+
+    def _snapshot(self) -> tuple[float, float, dict[int, float], float]:
+        pid = self.gateway_pid
+        children = {c: process_cpu_seconds(c) or 0.0 for c in child_pids(pid)}
+        return (
+            thread_cpu_seconds(pid, pid),
+            process_cpu_seconds(pid) or 0.0,
+            children,
+            steal_seconds(),
         )

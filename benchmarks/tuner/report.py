@@ -12,6 +12,16 @@
   that phase and stays there to the phase's end; the worst step (a step that never settles counts
   as its whole phase, and ``settle_censored`` says so).
 
+The noise floor (``noise_floor``): the expert default measured twice in a seed (``expert`` and
+``expert-again``, the last arm), as the same figures: the worst phase's steady p95 ratio and the
+whole trace's p95 ratio, each the larger way round, the violations ratio (more over fewer, one
+added to both), and the repeat's own ``settle_s`` and gap to the oracle: what those keys read
+for knobs that never change. A ratio between two arms closer to 1 than this floor is below what
+the machine could resolve in that run.
+
+``agent_cpu``: the agent arm's model process CPU seconds, and its gateway process's CPU over the
+expert arm's (the same start knobs; the agent kept them or not).
+
 With several models (``streams`` in a run) an arm is a per-gateway configuration: its objective
 is the sum of each model's objective in SLOs, violations are summed, and each ratio is the
 worst over the models (the highest steady ratio, gap and settle time; the lowest reduction).
@@ -23,7 +33,7 @@ import statistics
 from typing import Any
 
 from benchmarks.common import format_table
-from benchmarks.tuner.arms import STATIC_ARMS
+from benchmarks.tuner.arms import REPEAT_ARM, STATIC_ARMS
 
 SETTLE_TOLERANCE = 0.10
 SETTLE_BINS = 3
@@ -139,7 +149,61 @@ def seed_summary(
         )
     if oracle is not None:
         out.update(_oracle_figures(mine, streams_of(oracle, slos), phases, list(slos)))
+    out["noise_floor"] = noise_floor(arms, phases, slos)
+    out["agent_cpu"] = agent_cpu(arms)
     return out
+
+
+def _both_ways(a: float | None, b: float | None) -> float | None:
+    r = _ratio(a, b)
+    return None if r is None or r <= 0 else round(max(r, 1.0 / r), 4)
+
+
+def noise_floor(
+    arms: dict[str, dict[str, Any]], phases: list[dict[str, Any]], slos: dict[str, float]
+) -> dict[str, Any] | None:
+    """How far the same knobs measured apart in one seed (see the module); None without the
+    repeat."""
+    if "expert" not in arms or REPEAT_ARM not in arms:
+        return None
+    first, again = streams_of(arms["expert"], slos), streams_of(arms[REPEAT_ARM], slos)
+    pairs = list(zip(first, again, strict=True))
+    viol = [sum(s["overall"]["slo_violations"] or 0 for s, _ in x) for x in (first, again)]
+    out: dict[str, Any] = {
+        "steady_p95_ratio": _worst(
+            [
+                _both_ways(
+                    steady_p95(b, p["start_s"], p["duration_s"]),
+                    steady_p95(a, p["start_s"], p["duration_s"]),
+                )
+                for (a, _), (b, _) in pairs
+                for p in phases
+            ]
+        ),
+        "p95_ratio": _worst(
+            [_both_ways(b["overall"]["p95_ms"], a["overall"]["p95_ms"]) for (a, _), (b, _) in pairs]
+        ),
+        "violations_ratio": round((max(viol) + 1) / (min(viol) + 1), 4),
+    }
+    if "oracle" in arms:
+        static = _oracle_figures(again, streams_of(arms["oracle"], slos), phases, list(slos))
+        out["settle_s"] = static["settle_s"]
+        out["gap_to_oracle_p95"] = static["gap_to_oracle_p95"]
+    return out
+
+
+def agent_cpu(arms: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    agent, expert = arms.get("agent"), arms.get("expert")
+    if agent is None or not agent.get("cpu"):
+        return None
+    mine = agent["cpu"]
+    theirs = (expert or {}).get("cpu") or {}
+    return {
+        "model_process_s": mine["model_process_s"],
+        "gateway_s": mine["gateway_s"],
+        "gateway_s_vs_expert": _ratio(mine["gateway_s"], theirs.get("gateway_s")),
+        "steal_share": mine["steal_share"],
+    }
 
 
 def _oracle_figures(
@@ -178,13 +242,22 @@ def _oracle_figures(
     }
 
 
+def _median(values: list[Any]) -> float | None:
+    known = [v for v in values if v is not None]
+    return round(statistics.median(known), 4) if known else None
+
+
 def median_summary(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
-    """Medians over seeds of every headline key (seeds where it is None left out, and counted)."""
+    """Medians over seeds of every headline key (seeds where it is None left out, and counted),
+    and of the noise floor's keys."""
     out: dict[str, Any] = {}
     for key in SUMMARY_KEYS:
-        values = [s[key] for s in per_seed if s.get(key) is not None]
-        out[key] = round(statistics.median(values), 4) if values else None
-        out[f"{key}_seeds"] = len(values)
+        out[key] = _median([s.get(key) for s in per_seed])
+        out[f"{key}_seeds"] = sum(s.get(key) is not None for s in per_seed)
+    floors = [s["noise_floor"] for s in per_seed if s.get("noise_floor")]
+    out["noise_floor"] = (
+        {k: _median([f.get(k) for f in floors]) for k in floors[0]} if floors else None
+    )
     return out
 
 

@@ -177,6 +177,7 @@ def run_seed(
         **{f"replay-best-{i + 1}": (s.configs, None) for i, s in enumerate(best)},
         "oracle": (oracle[0].configs, _switches(plans, windows, [s.configs for s in oracle])),
         "agent": (tuple(agent_start), None),
+        arm_runs.REPEAT_ARM: (tuple(m.expert for m in plans), None),
     }
     runs = []
     for arm in (a for a in opts.arms if a in arm_plans):

@@ -69,6 +69,13 @@ def test_quick_single_model_over_mqtt(tmp_path: Path) -> None:
     agent = runs["agent"]
     assert agent["start_knobs"] == config["agent_start"]["sensor_mlp"]
     assert sum(agent["tuner"]["decision_counts"].values()) >= 1
+    assert agent["tuner"]["queue_model"]["loop_ms_per_request"] > 0
+    # What each arm cost: the loop served every request, and is part of the gateway's CPU.
+    for arm, r in runs.items():
+        cpu = r["cpu"]
+        assert 0 < cpu["loop_s"] <= cpu["gateway_s"] + 0.05, arm
+        assert cpu["model_process_s"] >= 0 and 0 <= cpu["steal_share"] <= 1, arm
+    assert runs["oracle"]["cpu"]["model_process_s"] == 0  # no agent, no model process
 
 
 def test_quick_two_models_sharing_the_cores(tmp_path: Path) -> None:

@@ -61,3 +61,18 @@ def test_the_loop_cost_measured_moves_the_predictions_and_drops_the_cache() -> N
     model.observe_front_end(LOOP_S)
     assert _p95(model, config, 1000.0) > cheap + 0.3  # at least the request's own loop work
     assert model.simulations == 2 * simulated
+
+
+def test_a_tiny_models_service_time_wobble_keeps_the_cache_and_a_real_move_drops_it() -> None:
+    model = _model()
+    config = Config(8, 0.0, 1, 1, 1)
+    before = _p95(model, config, 1000.0)
+    simulated = model.simulations
+    # 10 us batches measured at 18 us: +80%, yet 8 us against the loop's 0.5 ms per batch.
+    model.observe_service((1, 1), {size: [1.8e-5] * 10 for size in TINY})
+    assert _p95(model, config, 1000.0) == pytest.approx(before)
+    assert model.simulations == simulated
+    # A move of a tenth of a millisecond per batch is one the loop's budget notices.
+    model.observe_service((1, 1), {size: [1.2e-4] * 10 for size in TINY})
+    _p95(model, config, 1000.0)
+    assert model.simulations == 2 * simulated
