@@ -1,7 +1,8 @@
 """The event loop's CPU per request, as the tuner's queueing model reads it: nothing until enough
 requests have arrived, then the loop thread's CPU over them; read from another thread, the last
-value; on a real gateway service, requests that reach a model are counted and the cost is read
-from the loop's own thread."""
+value; the loop's fixed work per second told apart from its work per request when the recent
+stretches' rates differ enough, the lowest CPU per request otherwise; on a real gateway service,
+requests that reach a model are counted and the cost is read from the loop's own thread."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.loop_meter import LoopMeter
+from gateway.loop_meter import STRETCHES, LoopMeter, Stretch, per_request_cost
 from gateway.metrics import GatewayMetrics
 from gateway.service import InferenceService
 from gateway.tuning import TunedService
@@ -23,31 +24,78 @@ from rrl.control import front_end_s
 
 
 def test_the_estimate_moves_only_after_enough_requests() -> None:
-    clock, count = [0.0], [0]
-    meter = LoopMeter(lambda: count[0], min_requests=100, clock=lambda: clock[0])
+    clock, wall, count = [0.0], [0.0], [0]
+    meter = LoopMeter(
+        lambda: count[0], min_requests=100, clock=lambda: clock[0], wall=lambda: wall[0]
+    )
     assert meter.per_request_s() is None  # the first reading only starts a stretch
-    clock[0], count[0] = 0.5, 99
+    clock[0], wall[0], count[0] = 0.5, 1.0, 99
     assert meter.per_request_s() is None  # 99 requests: not yet
-    clock[0], count[0] = 0.6, 200
+    clock[0], wall[0], count[0] = 0.6, 1.0, 200
     assert meter.per_request_s() == 0.6 / 200
-    clock[0], count[0] = 5.0, 210  # a quiet spell's timers: no new figure yet
+    clock[0], wall[0], count[0] = 0.7, 2.0, 210  # a quiet spell's timers: no new figure yet
     assert meter.per_request_s() == 0.6 / 200
-    clock[0], count[0] = 5.1, 310  # a slow stretch: the loop's fixed work over few requests
-    assert meter.per_request_s() == 0.6 / 200
-    clock[0], count[0] = 5.2, 510  # a busy one, cheaper per request than the first
-    assert meter.per_request_s() == pytest.approx(0.1 / 200)
+    clock[0], wall[0], count[0] = 0.9, 3.0, 510  # cheaper per request than the first
+    assert meter.per_request_s() == pytest.approx(0.3 / 310)
 
     from_elsewhere: list[float | None] = []
     clock[0], count[0] = 100.0, 10_000  # another thread's reading is not the loop's CPU
     worker = threading.Thread(target=lambda: from_elsewhere.append(meter.per_request_s()))
     worker.start()
     worker.join()
-    assert from_elsewhere == [pytest.approx(0.1 / 200)]
-    # Only the last few stretches count: old figures age out.
-    for k in range(1, 9):
-        clock[0], count[0] = 5.2 + k, 510 + 100 * k  # 10 ms a request
+    assert from_elsewhere == [pytest.approx(0.3 / 310)]
+
+
+LOOP_S = 0.0003
+FIXED_S_PER_S = 0.075
+"""sensor_mlp over HTTP: 0.3 ms of loop CPU per request, and 75 ms a second of work that does
+not grow with requests (1.8 ms a request at 50 requests/s)."""
+
+
+def _stretch(rate: float, seconds: float = 2.0, noise: float = 0.0) -> Stretch:
+    n = round(rate * seconds)
+    return Stretch((LOOP_S * n + FIXED_S_PER_S * seconds) * (1 + noise), seconds, n)
+
+
+def test_the_loops_fixed_work_is_told_apart_from_its_work_per_request() -> None:
+    # A diurnal night then a morning: the fit's intercept is the cost per request.
+    rng = np.random.default_rng(0)
+    mixed = [_stretch(r, noise=rng.normal(0, 0.03)) for r in (60, 90, 150, 400, 700, 650)]
+    assert per_request_cost(mixed) == pytest.approx(LOOP_S, rel=0.15)
+    # The lowest CPU per request of the same stretches still carries fixed work.
+    assert min(s.cpu_s / s.requests for s in mixed) > 1.3 * LOOP_S
+    # A night alone (rates within 2x): the upper bound, the lowest CPU per request.
+    night = [_stretch(r) for r in (60, 80, 100, 110)]
+    assert per_request_cost(night) == pytest.approx(LOOP_S + FIXED_S_PER_S / 110)
+    # Too few stretches to fit, and none at all.
+    first = mixed[:3]
+    assert per_request_cost(first) == pytest.approx(min(s.cpu_s / s.requests for s in first))
+    assert per_request_cost([]) is None
+
+
+def test_a_fit_bent_by_noise_falls_back_to_the_upper_bound() -> None:
+    # Busier stretches costing more per request: no fixed work can be seen, keep the bound.
+    bent = [Stretch(0.0003 * 100, 1.0, 100), Stretch(0.0003 * 100, 0.5, 100)]
+    bent += [Stretch(0.0006 * 400, 0.5, 400), Stretch(0.0006 * 800, 0.5, 800)]
+    assert per_request_cost(bent) == pytest.approx(0.0003)
+
+
+def test_the_meter_fits_over_its_recent_stretches() -> None:
+    clock, wall, count = [0.0], [0.0], [0]
+    meter = LoopMeter(
+        lambda: count[0], min_requests=100, clock=lambda: clock[0], wall=lambda: wall[0]
+    )
+    meter.per_request_s()
+    for rate in (60, 90, 150, 400, 700, 650):
+        s = _stretch(rate)
+        clock[0], wall[0], count[0] = clock[0] + s.cpu_s, wall[0] + s.wall_s, count[0] + s.requests
         meter.per_request_s()
-    assert meter.per_request_s() == pytest.approx(1.0 / 100)
+    assert meter.per_request_s() == pytest.approx(LOOP_S, rel=0.01)
+    # Only the last STRETCHES count: a long steady spell at another cost replaces them.
+    for _ in range(STRETCHES):
+        clock[0], wall[0], count[0] = clock[0] + 1.0, wall[0] + 1.0, count[0] + 100
+        meter.per_request_s()
+    assert meter.per_request_s() == pytest.approx(0.01)
 
 
 async def test_a_gateway_reports_its_loop_cost_per_request(mlp_repo: Path) -> None:
