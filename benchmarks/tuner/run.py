@@ -387,7 +387,10 @@ METHOD = (
     "configured and expert excluded) and each phase's best (the oracle) are then run for real. "
     "Each arm a fresh gateway process (and a fresh Mosquitto over MQTT), one iotgw sim per model "
     "at once; figures as the devices saw them (violations = late + errors + lost). Best static "
-    "in hindsight: the static arm with the lowest measured objective."
+    "in hindsight: the static arm with the lowest measured objective. Noise floor: the expert "
+    "arm run again as the seed's last arm (expert-again), compared with the first by the same "
+    "ratios. Each arm's CPU: the gateway's loop thread and process, its child processes (the "
+    "agent's model process), and the hypervisor's steal, from /proc."
 )
 
 
