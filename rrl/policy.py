@@ -45,7 +45,7 @@ from rrl.queueing import Arrivals, Prediction, QueueModel
 from rrl.rest import Rest, RestRules
 from rrl.space import Config, ConfigSpace
 from rrl.trial import Outcome, Trial, Window
-from rrl.workload import WorkloadMonitor, WorkloadState, index_of_dispersion
+from rrl.workload import WorkloadMonitor, WorkloadState
 
 log = logging.getLogger("rrl.online")
 
@@ -286,7 +286,14 @@ class Policy(RestRules):
         return Arrivals(self.monitor.rate_per_s, self.dispersion(), self.monitor.rows_per_request)
 
     def dispersion(self) -> float:
-        return index_of_dispersion(list(self._tick_counts))
+        counts = list(self._tick_counts)
+        if len(counts) < 8:  # too few ticks to tell: Poisson
+            return 1.0
+        mean = sum(counts) / len(counts)
+        if mean <= 0:
+            return 1.0
+        var = sum((c - mean) ** 2 for c in counts) / (len(counts) - 1)
+        return min(max(var / mean, 0.25), 20.0)
 
     def _key(self) -> StateKey:
         return StateKey.of(self.workload or WorkloadState(0), self.dispersion())
