@@ -45,7 +45,7 @@ from rrl.queueing import Arrivals, Prediction, QueueModel
 from rrl.rest import Rest, RestRules
 from rrl.space import Config, ConfigSpace
 from rrl.trial import Outcome, Trial, Window
-from rrl.workload import WorkloadMonitor, WorkloadState
+from rrl.workload import WorkloadMonitor, WorkloadState, index_of_dispersion
 
 log = logging.getLogger("rrl.online")
 
@@ -286,14 +286,7 @@ class Policy(RestRules):
         return Arrivals(self.monitor.rate_per_s, self.dispersion(), self.monitor.rows_per_request)
 
     def dispersion(self) -> float:
-        counts = list(self._tick_counts)
-        if len(counts) < 8:  # too few ticks to tell: Poisson
-            return 1.0
-        mean = sum(counts) / len(counts)
-        if mean <= 0:
-            return 1.0
-        var = sum((c - mean) ** 2 for c in counts) / (len(counts) - 1)
-        return min(max(var / mean, 0.25), 20.0)
+        return index_of_dispersion(list(self._tick_counts))
 
     def _key(self) -> StateKey:
         return StateKey.of(self.workload or WorkloadState(0), self.dispersion())
@@ -414,7 +407,11 @@ class Policy(RestRules):
         self._baseline = Window(config, value, rate)
         self._incumbent_values.append(value)
         self._since_trial += 1
-        self.memory.remember(self._key(), config, value)
+        # A window straddling a step is measured at the old load but labelled with the new
+        # state until the monitor notices; remembering it would overwrite what that state
+        # learned (a trickle's first window relabelling a busy state's knobs).
+        if self.monitor.in_band(rate):
+            self.memory.remember(self._key(), config, value)
 
     def _normalise(self, config: Config, value: float, seen: float, common: float) -> float:
         """``value`` measured at ``seen`` requests/s, expressed at ``common`` by the model's

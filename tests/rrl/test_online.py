@@ -228,7 +228,7 @@ async def test_the_configuration_learned_for_a_state_returns_at_once_when_it_rec
             knobs = gw.service.knobs("sensor_mlp")
     history = list(agent.history)
     recalls = [i for i, d in enumerate(history) if d.kind == "recall"]
-    assert recalls, [d.kind for d in history]
+    assert recalls, "\n".join(log_line(d) for d in history)
     recall = history[recalls[-1]]
     assert recall.config == learned and f"r{busy_key.rate_level}/" in recall.reason
     # Applied at once: the first decision after the state came back.

@@ -6,7 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rrl.workload import MIN_COUNT_FOR_PROMISE, MonitorSettings, WorkloadMonitor, WorkloadState
+from rrl.workload import (
+    MIN_COUNT_FOR_PROMISE,
+    MonitorSettings,
+    WorkloadMonitor,
+    WorkloadState,
+    index_of_dispersion,
+)
 
 TICK_S = 1.0
 
@@ -114,3 +120,35 @@ def test_a_step_inside_an_update_lands_on_the_new_level_at_once() -> None:
             monitor.update(t, int(rng.poisson(256 * 0.5)))
         levels = [c.new.rate_level for c in monitor.changes[settled:]]
         assert levels == [8], (trial, part, levels)
+
+
+def test_burstiness_is_read_from_successive_ticks_so_a_ramp_is_not_a_burst() -> None:
+    rng = np.random.default_rng(0)
+    # Poisson arrivals whose rate doubles twice inside the 16 ticks (half a second each).
+    ramp = [float(c) for r, n in ((200, 6), (400, 5), (800, 5)) for c in rng.poisson(r / 2, n)]
+    plain = float(np.var(ramp, ddof=1) / np.mean(ramp))
+    assert plain > 20  # what the deviations from the mean read: a burst
+    assert 0.5 < index_of_dispersion(ramp) < 2.0
+    # Burstiness inside the ticks (negative binomial counts, 8x Poisson's variance) stays.
+    mean, var = 100.0, 800.0
+    bursty = rng.negative_binomial(mean * mean / (var - mean), mean / var, 16).astype(float)
+    assert index_of_dispersion(list(bursty)) > 4  # memory.BURSTY_DISPERSION: a bursty state
+    steady = [float(c) for c in rng.poisson(50, 16)]
+    assert index_of_dispersion(steady) < 4
+    assert index_of_dispersion(steady[:7]) == 1.0  # too few ticks to tell
+    assert index_of_dispersion([0.0] * 16) == 1.0
+
+
+def test_a_window_at_the_previous_load_is_out_of_the_new_states_band() -> None:
+    # What the agent's per-state memory relies on: the first window after a drop from 300/s to
+    # 30/s still carries the busy state's label, and must not be remembered for it.
+    rng = np.random.default_rng(3)
+    monitor = WorkloadMonitor()
+    t = _feed(monitor, rng, 300.0, 10, 0.0)
+    assert monitor.state is not None and monitor.state.rate_level == 8
+    assert monitor.in_band(300.0) and monitor.in_band(160.0) and monitor.in_band(420.0)
+    assert not monitor.in_band(30.0) and not monitor.in_band(140.0)
+    assert not monitor.in_band(0.0) and not monitor.in_band(450.0)
+    _feed(monitor, rng, 30.0, 10, t)
+    assert monitor.state.rate_level == 5 and monitor.in_band(30.0) and not monitor.in_band(300.0)
+    assert not WorkloadMonitor().in_band(1.0)  # no state yet: nothing is remembered
