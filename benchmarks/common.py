@@ -232,18 +232,28 @@ def process_cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / ticks  # utime, stime (fields 14, 15)
 
 
-def machine_busy_seconds() -> float | None:
-    """CPU seconds the whole machine has spent busy (all cores, every process), from
-    /proc/stat; the difference over a run minus what the benchmark's own processes used is the
-    load that other work put on the machine meanwhile."""
+PROC_STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def machine_cpu_seconds() -> dict[str, float] | None:
+    """The whole machine's CPU seconds (all cores) by kind since boot, from /proc/stat's first
+    line: ``PROC_STAT_FIELDS`` (guest time is already counted in user)."""
     try:
         with open("/proc/stat") as fh:
             fields = fh.readline().split()
     except OSError:
         return None
-    if not fields or fields[0] != "cpu":
+    if len(fields) <= len(PROC_STAT_FIELDS) or fields[0] != "cpu":
         return None
-    # user nice system idle iowait irq softirq steal (guest time is already in user)
-    values = [int(x) for x in fields[1:9]]
-    busy = values[0] + values[1] + values[2] + values[5] + values[6] + values[7]
-    return busy / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return {k: int(v) / tick for k, v in zip(PROC_STAT_FIELDS, fields[1:], strict=False)}
+
+
+def machine_busy_seconds() -> float | None:
+    """CPU seconds the whole machine has spent busy (all cores, every process); the
+    difference over a run minus what the benchmark's own processes used is the load that other
+    work put on the machine meanwhile."""
+    seconds = machine_cpu_seconds()
+    if seconds is None:
+        return None
+    return sum(v for k, v in seconds.items() if k not in ("idle", "iowait"))

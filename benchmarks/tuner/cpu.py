@@ -16,7 +16,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.common import process_cpu_seconds
+from benchmarks.common import machine_cpu_seconds, process_cpu_seconds
 
 
 @dataclass(frozen=True)
@@ -121,13 +121,9 @@ def child_pids(pid: int) -> list[int]:
 
 
 def steal_seconds() -> float:
-    """CPU seconds the hypervisor took from this machine (all cores), from /proc/stat."""
-    try:
-        with open("/proc/stat") as fh:
-            fields = fh.readline().split()
-    except OSError:
-        return 0.0
-    return int(fields[8]) / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0.0
+    """CPU seconds the hypervisor took from this machine (all cores)."""
+    seconds = machine_cpu_seconds()
+    return 0.0 if seconds is None else seconds["steal"]
 
 
 @dataclass

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.common import PROC_STAT_FIELDS, machine_busy_seconds, machine_cpu_seconds
 from benchmarks.tuner.arms import REPEAT_ARM
 from benchmarks.tuner.cpu import ArmMeter
 from benchmarks.tuner.report import median_summary, seed_summary
@@ -86,6 +87,7 @@ def test_the_arm_meter_counts_the_loop_the_process_and_its_children_apart() -> N
     meter = ArmMeter(os.getpid())
     child = multiprocessing.get_context("spawn").Process(target=_burn, args=(1.0,))
     child.start()
+    busy = machine_busy_seconds()
     meter.start()
     _burn(0.3)
     time.sleep(0.05)
@@ -98,3 +100,7 @@ def test_the_arm_meter_counts_the_loop_the_process_and_its_children_apart() -> N
     assert cpu["model_process_s"] >= 0.6  # the child, counted apart from the process
     assert cpu["gateway_s"] < 0.3 + 0.5  # the child's CPU is not the process's
     assert 0.0 <= cpu["steal_share"] <= 1.0
+    # The machine's own count (/proc/stat) holds both processes' burning at least.
+    machine = machine_cpu_seconds()
+    assert busy is not None and machine is not None and set(machine) == set(PROC_STAT_FIELDS)
+    assert sum(v for k, v in machine.items() if k not in ("idle", "iowait")) - busy >= 0.8
