@@ -82,6 +82,12 @@ class MonitorSettings:
     min_rate_per_s: float = 0.05
     """Rates below this count as this (an idle device fleet is the lowest level, not -inf)."""
 
+    @property
+    def band_edge(self) -> float:
+        """How far (in levels) from a state's own level its band reaches: half a level plus the
+        hysteresis."""
+        return 0.5 + self.hysteresis
+
     def level_of(self, rate_per_s: float) -> float:
         return math.log2(max(rate_per_s, self.min_rate_per_s) / self.base_rate_per_s)
 
@@ -123,8 +129,8 @@ class WorkloadMonitor:
         hysteresis either side): a window measured while the state was changing lies outside."""
         if self.state is None:
             return False
-        edge = 0.5 + self.settings.hysteresis
-        return abs(self.settings.level_of(rate_per_s) - self.state.rate_level) <= edge
+        s = self.settings
+        return abs(s.level_of(rate_per_s) - self.state.rate_level) <= s.band_edge
 
     def detection_bound_s(self, tick_s: float) -> float:
         """The promised detection time of a two-level step (see the module docstring)."""
@@ -178,7 +184,7 @@ class WorkloadMonitor:
         since the departure began only."""
         assert self.state is not None
         s = self.settings
-        edge = 0.5 + s.hysteresis
+        edge = s.band_edge
         upper = s.base_rate_per_s * 2.0 ** (self.state.rate_level + edge) * span
         lower = s.base_rate_per_s * 2.0 ** (self.state.rate_level - edge) * span
         # Deferred: SciPy is the tuner's extra (iotgw[tune]); the gateway imports this module
@@ -211,7 +217,7 @@ class WorkloadMonitor:
 
     def _size_departure(self, size: float) -> int | None:
         assert self.state is not None
-        if abs(size - self.state.size_level) - 0.5 - self.settings.hysteresis > 0:
+        if abs(size - self.state.size_level) > self.settings.band_edge:
             self._size_streak += 1
         else:
             self._size_streak = 0
