@@ -28,6 +28,13 @@ class RestSettings:
     wake_factor: float = 2.0
     """Arrivals consistent with a rate within this factor of the rested rate do not wake it."""
     wake_size_levels: float = 1.0
+    degrade_factor: float = 2.0
+    degrade_min_ms: float = 1.0
+    degrade_windows: int = 2
+    """A rest also ends when this many windows running measure the incumbent's p95 above
+    ``degrade_factor`` times (and ``degrade_min_ms`` beyond) its typical p95 when the rest
+    began: the same load served worse (other work on the cores, a runtime slowing down) is news
+    to the gate, even within the SLO's margin."""
 
 
 ONLINE_TUNERS = ("rrl", "adaptive-rrl", "bo", "hill-climb", "aimd", "inflight", "static")

@@ -19,7 +19,10 @@ at once, when
   seen within one or two ticks, before the monitor's window confirms a new state;
 - the requests' size moves by more than ``wake_size_levels`` (log2 of rows per request);
 - the workload state changes, or the monitor's rate drifts half a level from the rested rate;
-- a window of the incumbent no longer meets the SLO with the margin;
+- a window of the incumbent no longer meets the SLO with the margin, or two windows running
+  measure its p95 above twice its typical p95 when it began resting (``degrade_factor``; the
+  median of its last windows at this load): the same load is served worse, so the gate's last
+  answer may no longer hold;
 - the core budget asks the model to yield cores.
 
 A rest also ends by itself after ``recheck_s`` (30 s, doubling with every recheck that changed
@@ -32,8 +35,10 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from rrl.agent_settings import AgentSettings, RestSettings
 from rrl.decisions import Decision, Step
@@ -59,6 +64,10 @@ class Resting:
     key: object
     """The workload key and arrivals bucket it rested on; another wakes it."""
     interval_s: float
+    p95_ms: float
+    """The incumbent's typical p95 when the rest began: the median of its last windows on the
+    same workload key (one window's p95 at a low rate is noisy, and a lucky one would make the
+    next ordinary ones look degraded)."""
 
 
 class Rest:
@@ -71,6 +80,8 @@ class Rest:
         self.wakes = 0
         self._rechecks = 0
         self._recent: deque[tuple[int, float, float]] = deque(maxlen=2)  # (arrivals, rows, span)
+        self._degraded = 0  # windows running whose p95 was beyond the degradation limit
+        self._windows: deque[tuple[object, float]] = deque(maxlen=5)  # (key, incumbent p95)
 
     @property
     def resting(self) -> bool:
@@ -79,17 +90,40 @@ class Rest:
     def interval_s(self) -> float:
         return self.state.interval_s if self.state is not None else self.base_interval_s
 
+    def note(self, key: object, p95_ms: float) -> None:
+        """A window of the incumbent that met the SLO with margin, on workload key ``key``."""
+        self._windows.append((key, p95_ms))
+
     def begin(self, now: float, rate_per_s: float, rows: float, key: object) -> None:
         """Start resting, or (already resting) double the interval."""
         s = self.settings
         if self.state is None:
             self._recent.clear()
+            self._degraded = 0
             interval = min(2 * self.base_interval_s, s.max_interval_s)
-            self.state = Resting(now, rate_per_s, rows, key, interval)
+            same = [p95 for k, p95 in self._windows if k == key]
+            typical = float(np.median(same)) if same else 0.0
+            self.state = Resting(now, rate_per_s, rows, key, interval, typical)
             return
         interval = min(2 * self.state.interval_s, s.max_interval_s)
-        self.state = Resting(
-            self.state.since, self.state.rate_per_s, self.state.rows_per_request, key, interval
+        self.state = replace(self.state, key=key, interval_s=interval)
+
+    def degraded(self, p95_ms: float) -> str | None:
+        """Feed a resting window's p95; the reason to wake once ``degrade_windows`` running
+        were beyond ``degrade_factor`` times (and ``degrade_min_ms`` above) the rest's first."""
+        rest, s = self.state, self.settings
+        if rest is None:
+            return None
+        limit = max(s.degrade_factor * rest.p95_ms, rest.p95_ms + s.degrade_min_ms)
+        if p95_ms <= limit:
+            self._degraded = 0
+            return None
+        self._degraded += 1
+        if self._degraded < s.degrade_windows:
+            return None
+        return (
+            f"incumbent p95 {p95_ms:.1f}ms, {self._degraded} windows running above "
+            f"{limit:.1f}ms ({s.degrade_factor:g}x the {rest.p95_ms:.1f}ms it rested at)"
         )
 
     def wake(self) -> bool:
@@ -100,6 +134,7 @@ class Rest:
         self.state = None
         self._rechecks = 0
         self._recent.clear()
+        self._degraded = 0
         return was
 
     def due_for_recheck(self, now: float) -> bool:
@@ -217,7 +252,11 @@ class RestRules:
         if not margin:
             self.wake(f"incumbent p95 {m.p95_ms:.1f}ms, {m.slo_violations} late: no margin")
             return
+        if (worse := self.rest.degraded(m.p95_ms)) is not None:
+            self.wake(worse)
+            return
         key = (self._key(), self.incumbent)
+        self.rest.note(key, m.p95_ms)
         if s.enabled and (self.rest.resting or self._asked == key):
             self.rest.begin(
                 time.monotonic(), self.monitor.rate_per_s, self.monitor.rows_per_request, key

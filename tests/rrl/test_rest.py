@@ -1,7 +1,8 @@
 """The agent costs nothing when it has nothing to do, and wakes at once when the load moves:
 against a running gateway (real ONNX Runtime sessions, real HTTP, open-loop Poisson load), what
 the agent did: at a steady load it rested without simulating; a rate step woke it before the
-workload monitor confirmed the new state. Plus the prediction cache and the wake detector on
+workload monitor confirmed the new state; the same load served worse (every core also busy
+elsewhere) woke it too. Plus the prediction cache and the wake detector on
 their own."""
 
 from __future__ import annotations
@@ -9,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +120,70 @@ async def test_a_rate_step_wakes_a_resting_agent_before_the_monitor_confirms_it(
     assert state is not None and agent.workload is not None
     assert agent.workload.rate_level >= state.rate_level
     assert set(busy) == {200}, busy
+
+
+@pytest.mark.slow
+async def test_the_same_load_served_worse_wakes_a_resting_agent(
+    mlp_repo: Path, tmp_path: Path
+) -> None:
+    async with gateway(mlp_repo, tmp_path, enabled=False) as gw:
+        url = f"http://127.0.0.1:{gw.http_port}"
+        async with running(gw) as agent:
+            load = asyncio.create_task(poisson_load(url, rate_per_s=60, seconds=45))
+            await until(lambda: agent.rest.resting or load.done(), "resting", 30.0)
+            assert agent.rest.resting, [(d.kind, d.reason) for d in agent.history]
+            at = len(agent.history)
+            # The same arrivals, with every core also busy elsewhere: the gateway's threads
+            # now wait for a core, and its p95 grows well beyond what it rested at (within the
+            # SLO: this is not the rule that wakes on a window without margin).
+            with cpu_hogs(len(os.sched_getaffinity(0))):
+                await until(
+                    lambda: any(d.kind == "wake" for d in list(agent.history)[at:]) or load.done(),
+                    "a wake",
+                    14.0,
+                )
+            statuses = await load
+    wakes = [d for d in list(agent.history)[at:] if d.kind == "wake"]
+    assert wakes, [(d.kind, d.reason) for d in list(agent.history)[at:]]
+    assert "it rested at" in wakes[0].reason, wakes[0]
+    assert set(statuses) == {200}, statuses
+
+
+@contextlib.contextmanager
+def cpu_hogs(n: int) -> Iterator[None]:
+    """``n`` processes spinning on the CPU for as long as the block runs."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+def test_a_rest_ends_when_two_windows_running_serve_the_same_load_twice_as_slowly() -> None:
+    rest = Rest(RestSettings(), base_interval_s=0.5)
+    for p95 in (3.4, 1.1, 3.0):  # the incumbent's windows: the rest's baseline is their median
+        rest.note("key", p95)
+    rest.note("other key", 0.5)
+    rest.begin(0.0, 200.0, 1.0, key="key")
+    assert rest.state is not None and rest.state.p95_ms == 3.0
+    # Noise, and one slow window between ordinary ones: still resting.
+    assert rest.degraded(5.5) is None and rest.degraded(3.2) is None
+    assert rest.degraded(7.0) is None and rest.degraded(2.8) is None
+    # Two windows running beyond twice the p95 it rested at.
+    assert rest.degraded(7.0) is None
+    why = rest.degraded(9.0)
+    assert why is not None and "3.0ms it rested at" in why, why
+    # A tiny p95 must also grow by a millisecond; the interval's doubling keeps the baseline.
+    rest.wake()
+    rest.note("fast", 0.3)
+    rest.begin(0.0, 200.0, 1.0, key="fast")
+    rest.note("fast", 40.0)
+    rest.begin(1.0, 200.0, 1.0, key="fast")
+    assert rest.state is not None and rest.state.p95_ms == 0.3
+    assert rest.degraded(1.2) is None and rest.degraded(1.3) is None
+    assert rest.degraded(1.4) is None and rest.degraded(1.5) is not None
 
 
 def test_the_same_question_at_the_same_load_is_answered_from_the_cache() -> None:
