@@ -110,7 +110,8 @@ class Rest:
 
     def degraded(self, p95_ms: float) -> str | None:
         """Feed a resting window's p95; the reason to wake once ``degrade_windows`` running
-        were beyond ``degrade_factor`` times (and ``degrade_min_ms`` above) the rest's first."""
+        were beyond ``degrade_factor`` times (and ``degrade_min_ms`` above) the typical p95 the
+        rest began at."""
         rest, s = self.state, self.settings
         if rest is None:
             return None
