@@ -33,12 +33,11 @@ see a gain it could not tell from noise before.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
-
-import numpy as np
 
 from rrl.agent_settings import AgentSettings, RestSettings
 from rrl.decisions import Decision, Step
@@ -102,7 +101,7 @@ class Rest:
             self._degraded = 0
             interval = min(2 * self.base_interval_s, s.max_interval_s)
             same = [p95 for k, p95 in self._windows if k == key]
-            typical = float(np.median(same)) if same else 0.0
+            typical = statistics.median(same) if same else 0.0
             self.state = Resting(now, rate_per_s, rows, key, interval, typical)
             return
         interval = min(2 * self.state.interval_s, s.max_interval_s)
