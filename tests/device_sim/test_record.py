@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,11 @@ async def test_record_captures_n_requests_and_the_trace_replays_them(
     entries = read_trace(trace)
     assert len(entries) == 30
     assert entries[0].t == 0.0
-    assert [e.device for e in entries] == [sent.plan.devices[d] for d in sent.plan.device]
+    # Each device publishes on its own connection, so the broker may interleave devices whose
+    # sends fall close together (a loaded machine bunches them); each request is there once.
+    recorded = [e.device for e in entries]
+    assert Counter(recorded) == Counter(sent.plan.devices[d] for d in sent.plan.device)
+    assert [e.t for e in entries] == sorted(e.t for e in entries)
     assert {e.model for e in entries} == {"toy"}
     # Send times 1/30 s apart, recorded within scheduling noise of that.
     assert entries[-1].t == pytest.approx(29 / 30, abs=0.2)
