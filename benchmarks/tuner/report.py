@@ -17,7 +17,12 @@ The noise floor (``noise_floor``): the expert default measured twice in a seed (
 whole trace's p95 ratio, each the larger way round, the violations ratio (more over fewer, one
 added to both), and the repeat's own ``settle_s`` and gap to the oracle: what those keys read
 for knobs that never change. A ratio between two arms closer to 1 than this floor is below what
-the machine could resolve in that run.
+the machine could resolve in that run. ``repeat_violations_vs_best_static`` and
+``repeat_steady_p95_vs_best_static`` score the repeat exactly as the agent is scored: the floor
+of those two keys, the best static arm being the lowest of several noisy arms.
+
+``reachable``: the ``p95_reduction_vs_default`` of the per-phase oracle and of the best static
+arm, the most that key could be expected to read in the seed.
 
 ``agent_cpu``: the agent arm's model process CPU seconds, and its gateway process's CPU over the
 expert arm's (the same start knobs; the agent kept them or not).
@@ -110,6 +115,45 @@ def _worst(values: list[float | None], pick: Any = max) -> float | None:
     return pick(known) if known else None
 
 
+def _vs_best(
+    mine: list[tuple[dict[str, Any], float]],
+    theirs: list[tuple[dict[str, Any], float]],
+    phases: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """Violations and the worst steady phase of ``mine`` against the best static arm's."""
+    a_viol = sum(s["overall"]["slo_violations"] or 0 for s, _ in mine)
+    b_viol = sum(s["overall"]["slo_violations"] or 0 for s, _ in theirs)
+    return {
+        # One added to both: a best static arm without violations still gives a figure (56
+        # against none reads 57, not "undefined", which a median over seeds would drop).
+        "violations_vs_best_static": round((a_viol + 1) / (b_viol + 1), 4),
+        "violations": {"agent": a_viol, "best_static": b_viol},
+        "steady_p95_vs_best_static": _worst(
+            [
+                _ratio(steady_p95(a, p["start_s"], p["duration_s"]), steady)
+                for (a, _), (b, _) in zip(mine, theirs, strict=True)
+                for p in phases
+                if (steady := steady_p95(b, p["start_s"], p["duration_s"])) is not None
+            ]
+        ),
+    }
+
+
+def _reduction(
+    mine: list[tuple[dict[str, Any], float]], configured: list[tuple[dict[str, Any], float]]
+) -> float | None:
+    """1 - p95 / the configured knobs' p95, whole trace; the worst model."""
+    return _worst(
+        [
+            round(1.0 - a["overall"]["p95_ms"] / c["overall"]["p95_ms"], 4)
+            if a["overall"]["p95_ms"] and c["overall"]["p95_ms"]
+            else None
+            for (a, _), (c, _) in zip(mine, configured, strict=True)
+        ],
+        min,
+    )
+
+
 def seed_summary(
     arms: dict[str, dict[str, Any]], phases: list[dict[str, Any]], slos: dict[str, float]
 ) -> dict[str, Any]:
@@ -122,35 +166,29 @@ def seed_summary(
         return out
     mine = streams_of(agent, slos)
     if best is not None:
-        theirs = streams_of(arms[best], slos)
-        a_viol = sum(s["overall"]["slo_violations"] or 0 for s, _ in mine)
-        b_viol = sum(s["overall"]["slo_violations"] or 0 for s, _ in theirs)
-        # One added to both: a best static arm without violations still gives a figure (56
-        # against none reads 57, not "undefined", which a median over seeds would drop).
-        out["violations_vs_best_static"] = round((a_viol + 1) / (b_viol + 1), 4)
-        out["violations"] = {"agent": a_viol, "best_static": b_viol}
-        out["steady_p95_vs_best_static"] = _worst(
-            [
-                _ratio(steady_p95(a, p["start_s"], p["duration_s"]), steady)
-                for (a, _), (b, _) in zip(mine, theirs, strict=True)
-                for p in phases
-                if (steady := steady_p95(b, p["start_s"], p["duration_s"])) is not None
-            ]
-        )
+        out.update(_vs_best(mine, streams_of(arms[best], slos), phases))
     if configured is not None:
-        out["p95_reduction_vs_default"] = _worst(
-            [
-                round(1.0 - a["overall"]["p95_ms"] / c["overall"]["p95_ms"], 4)
-                if a["overall"]["p95_ms"] and c["overall"]["p95_ms"]
-                else None
-                for (a, _), (c, _) in zip(mine, streams_of(configured, slos), strict=True)
-            ],
-            min,
-        )
+        out["p95_reduction_vs_default"] = _reduction(mine, streams_of(configured, slos))
     if oracle is not None:
         out.update(_oracle_figures(mine, streams_of(oracle, slos), phases, list(slos)))
     out["noise_floor"] = noise_floor(arms, phases, slos)
+    out["reachable"] = reachable(arms, slos)
     out["agent_cpu"] = agent_cpu(arms)
+    return out
+
+
+def reachable(arms: dict[str, dict[str, Any]], slos: dict[str, float]) -> dict[str, Any]:
+    """The most ``p95_reduction_vs_default`` could read in the seed: that of the per-phase
+    oracle (the bound no tuner is expected to beat) and of the best static arm."""
+    configured = arms.get("configured")
+    out: dict[str, Any] = {"oracle_p95_reduction_vs_default": None}
+    out["best_static_p95_reduction_vs_default"] = None
+    if configured is None:
+        return out
+    theirs = streams_of(configured, slos)
+    for key, arm in (("oracle", "oracle"), ("best_static", best_static(arms, slos))):
+        if arm in arms:
+            out[f"{key}_p95_reduction_vs_default"] = _reduction(streams_of(arms[arm], slos), theirs)
     return out
 
 
@@ -185,6 +223,12 @@ def noise_floor(
         ),
         "violations_ratio": round((max(viol) + 1) / (min(viol) + 1), 4),
     }
+    if (best := best_static(arms, slos)) is not None:
+        # The repeat scored as the agent is: what the headline keys read for knobs that never
+        # change, the best static arm picked (the lowest of several noisy arms) the same way.
+        scored = _vs_best(again, streams_of(arms[best], slos), phases)
+        out["repeat_violations_vs_best_static"] = scored["violations_vs_best_static"]
+        out["repeat_steady_p95_vs_best_static"] = scored["steady_p95_vs_best_static"]
     if "oracle" in arms:
         static = _oracle_figures(again, streams_of(arms["oracle"], slos), phases, list(slos))
         out["settle_s"] = static["settle_s"]
@@ -249,7 +293,7 @@ def _median(values: list[Any]) -> float | None:
 
 def median_summary(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
     """Medians over seeds of every headline key (seeds where it is None left out, and counted),
-    and of the noise floor's keys."""
+    and of the noise floor's and the reachable bounds' keys."""
     out: dict[str, Any] = {}
     for key in SUMMARY_KEYS:
         out[key] = _median([s.get(key) for s in per_seed])
@@ -257,6 +301,10 @@ def median_summary(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
     floors = [s["noise_floor"] for s in per_seed if s.get("noise_floor")]
     out["noise_floor"] = (
         {k: _median([f.get(k) for f in floors]) for k in floors[0]} if floors else None
+    )
+    bounds = [s["reachable"] for s in per_seed if s.get("reachable")]
+    out["reachable"] = (
+        {k: _median([b.get(k) for b in bounds]) for k in bounds[0]} if bounds else None
     )
     return out
 

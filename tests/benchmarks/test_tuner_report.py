@@ -71,6 +71,37 @@ def test_the_expert_measured_twice_is_the_noise_floor_of_every_ratio() -> None:
     assert summary["noise_floor"]["violations_ratio"] == 4.0
 
 
+def test_the_repeat_is_scored_as_the_agent_and_the_oracle_bounds_the_reduction() -> None:
+    arms = {
+        "configured": _arm("configured", 4.0, 20.0, 0),
+        "expert": _arm("expert", 2.0, 8.0, 0),
+        "replay-best-1": _arm("replay-best-1", 2.0, 6.0, 0),
+        "oracle": _arm("oracle", 2.0, 5.0, 0),
+        REPEAT_ARM: _arm(REPEAT_ARM, 2.0, 10.0, 2),
+        "agent": _arm("agent", 2.0, 8.0, 0),
+    }
+    figures = seed_summary(arms, PHASES, SLOS)
+    assert figures["best_static_arm"] == "replay-best-1"
+    assert figures["steady_p95_vs_best_static"] == round(8 / 6, 4)
+    # The expert's knobs again, against the same best static arm: the burst 10 / 6, and
+    # (2 + 1) / (0 + 1) violations; knobs that never change read this much.
+    assert figures["noise_floor"]["repeat_steady_p95_vs_best_static"] == round(10 / 6, 4)
+    assert figures["noise_floor"]["repeat_violations_vs_best_static"] == 3.0
+    assert figures["p95_reduction_vs_default"] == 0.6  # 1 - 8 / 20
+    assert figures["reachable"] == {
+        "oracle_p95_reduction_vs_default": 0.75,
+        "best_static_p95_reduction_vs_default": 0.7,
+    }
+    without = {k: v for k, v in arms.items() if k != "configured"}
+    assert seed_summary(without, PHASES, SLOS)["reachable"] == {
+        "oracle_p95_reduction_vs_default": None,
+        "best_static_p95_reduction_vs_default": None,
+    }
+    summary = median_summary([figures, figures, seed_summary(without, PHASES, SLOS)])
+    assert summary["reachable"]["oracle_p95_reduction_vs_default"] == 0.75
+    assert summary["noise_floor"]["repeat_steady_p95_vs_best_static"] == round(10 / 6, 4)
+
+
 def test_without_the_repeat_there_is_no_floor() -> None:
     arms = {"expert": _arm("expert", 2.0, 8.0, 0), "agent": _arm("agent", 2.0, 8.0, 0)}
     assert seed_summary(arms, PHASES, SLOS)["noise_floor"] is None
