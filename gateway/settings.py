@@ -372,7 +372,8 @@ class TunerSettings(BaseModel):
     start: Literal["expert", "configured"] = Field(
         "expert",
         description="Where each agent starts: expert (eager batching, instances sized to the "
-        "cores; rrl.space.expert_default) or configured (the model's config.toml knobs).",
+        "model's share of the cores; rrl.space.expert_default) or configured (the model's "
+        "config.toml knobs).",
     )
 
 

@@ -2,8 +2,10 @@
 on ``/metrics`` and on ``/admin/tuner``.
 
 Each agent first sets its model to the expert default (``rrl.space.expert_default``: eager
-batching, instances sized to the cores; ``tuner.start = "configured"`` keeps the model's
-``config.toml`` knobs instead), so tuning starts from what a practitioner would configure.
+batching, instances sized to the model's share of the cores: all of them for one tuned model, an
+equal share each for several, so the agents start within the joint core budget;
+``tuner.start = "configured"`` keeps the model's ``config.toml`` knobs instead), so tuning
+starts from what a practitioner would configure.
 Each model's served (default) version is tuned over the grid ``rrl.space.ConfigSpace`` builds
 for this machine, capped by the model's own limits. An agent starts deciding only once its
 model has traffic (see ``rrl.online``), so an idle model keeps its configured knobs. An operator
@@ -114,6 +116,7 @@ class TuningService:
         self._budget = CoreBudget(self._cores)
         self._model_pool = model_process()
         wanted = s.models if s.models is not None else self.service.model_names()
+        ready = []
         for name in wanted:
             try:
                 host = self.service.host(name)
@@ -123,7 +126,9 @@ class TuningService:
             if not host.ready:
                 log.warning("tuner: not tuning %s: version %d is not ready", name, host.version)
                 continue
-            self._add(name)
+            ready.append(name)
+        for name in ready:
+            self._add(name, tuned=len(ready))
         self.service.watch_models(self._model_changed)
         if self.agents:
             log.info(
@@ -143,17 +148,21 @@ class TuningService:
             min(2 * self._cores, host.limits.max_concurrency),
         )
 
-    def _add(self, name: str) -> None:
-        """Start an agent for ``name``'s served version (ready)."""
+    def _add(self, name: str, tuned: int) -> None:
+        """Start an agent for ``name``'s served version (ready), one of ``tuned`` models."""
         s, host = self.settings, self.service.host(name)
         space = self._space_of(name)
+        # Every model sized to all the cores would start the agents oversubscribed (two
+        # models at 1 x 2 threads on 2 cores), and the budget makes a model yield cores only
+        # when another one wants them: each starts from its equal share instead.
+        share = max(1, self._cores // max(tuned, 1))
         agent = ModelAgent(
             self._control,
             name,
             space=space,
             slo_ms=host.config.slo_ms,
             cores=self._cores,
-            settings=self._agent_settings(self._cores, space),
+            settings=self._agent_settings(share, space),
             seed=s.seed,
             listener=self._on_decision,
             priors=self._priors_of(name, host.config.runtime, self._cores, space)
@@ -198,10 +207,11 @@ class TuningService:
                 return
             self._drop(name, f"version {host.version} has other limits")
         if ready:
-            self._add(name)
+            self._add(name, tuned=len(self.agents) + 1)
             log.info("tuner: tuning %s version %s", name, self._versions[name])
 
-    def _agent_settings(self, cores: int, space: ConfigSpace) -> AgentSettings:
+    def _agent_settings(self, share: int, space: ConfigSpace) -> AgentSettings:
+        """The agent's settings, starting from the expert default for ``share`` cores."""
         s = self.settings
         return AgentSettings(
             algorithm=s.algorithm,
@@ -213,7 +223,7 @@ class TuningService:
             rebuild_duty=s.rebuild_duty,
             unsafe_violation_fraction=s.unsafe_violation_fraction,
             explore_regret=s.explore_regret,
-            start=expert_default(cores, space.batch_sizes[-1]) if s.start == "expert" else None,
+            start=expert_default(share, space.batch_sizes[-1]) if s.start == "expert" else None,
         )
 
     def _priors_of(

@@ -145,9 +145,9 @@ def thread_settings(cores: int, expert: Config) -> list[tuple[int, int]]:
 
 
 def experts(cores: int, models: list[Model]) -> tuple[list[Config], list[Config]]:
-    """(the expert default of the per-gateway arm: each model sized to an equal share of the
-    cores; what each agent starts from by itself: ``gateway.tuning`` sizes every model to all
-    of them)."""
+    """(the expert default of the per-gateway arm, which is also what each agent starts from
+    by itself (``gateway.tuning``): each model sized to an equal share of the cores; each model's
+    expert default alone, with all the cores, for its capacity)."""
     share = max(1, cores // len(models))
     return (
         [expert_default(share, m.max_batch_size) for m in models],
@@ -247,10 +247,11 @@ def run_scenario(
     repo = build_repo(scenario.models, workdir / f"repo-{scenario.name}")
     models = [read_model(repo, name) for name in scenario.models]
     cores = usable_cores()
-    expert, agent_start = experts(cores, models)
+    expert, alone = experts(cores, models)
+    agent_start = expert
     plans: list[ModelPlan] = []
     config: dict[str, Any] = {"models": {}}
-    for model, stream, solo in zip(models, scenario.streams, agent_start, strict=True):
+    for model, stream, solo in zip(models, scenario.streams, alone, strict=True):
         plan, config["models"][model.name] = _model_plan(
             scenario, stream, model, solo, expert[len(plans)], opts, repo, workdir
         )
