@@ -64,11 +64,17 @@ async def gateway(repo: Path, tmp: Path, **tuner: Any) -> AsyncIterator[Gateway]
 
 
 async def poisson_load(
-    url: str, rate_per_s: float, seconds: float, seed: int = 0
+    url: str,
+    rate_per_s: float,
+    seconds: float,
+    seed: int = 0,
+    statuses: dict[int, int] | None = None,
 ) -> dict[int, int]:
     """Open-loop Poisson arrivals of single-row requests; returns the count per HTTP status
-    (and fails with the bodies of the first refusals, if any)."""
-    statuses: dict[int, int] = {}
+    (and fails with the bodies of the first refusals, if any). ``statuses``, when given, is
+    counted into as replies come, so a load cancelled once the test has seen what it waited for
+    still tells how every request answered so far was answered."""
+    statuses = {} if statuses is None else statuses
     reasons: list[str] = []
     rng = np.random.default_rng(seed)
     pending: set[asyncio.Task[None]] = set()

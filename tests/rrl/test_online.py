@@ -132,12 +132,15 @@ async def test_a_clear_predicted_gain_is_tried_compared_fairly_and_kept(
     async with gateway(mlp_repo, tmp_path, enabled=False) as gw:
         url = f"http://127.0.0.1:{gw.http_port}"
         async with running(gw, WAITING) as agent:
-            load = asyncio.create_task(poisson_load(url, rate_per_s=BUSY_RPS, seconds=40))
+            statuses: dict[int, int] = {}
+            load = asyncio.create_task(
+                poisson_load(url, rate_per_s=BUSY_RPS, seconds=40, statuses=statuses)
+            )
             await until(lambda: "accept" in kinds(agent) or load.done(), "a trial accepted")
             assert "accept" in kinds(agent), "\n".join(log_line(d) for d in agent.history)
             load.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                statuses = await load
+                await load
             knobs = gw.service.knobs("sensor_mlp")
     history = list(agent.history)
     accepted = next(i for i, d in enumerate(history) if d.kind == "accept")
@@ -161,10 +164,12 @@ async def test_a_clear_predicted_gain_is_tried_compared_fairly_and_kept(
     assert [d.kind for d in trial] == expected, history
     assert all(d.config == WAITING for d in trial if d.kind == "compare")
     assert "better: kept" in trial[-1].reason
-    assert winner.batch_timeout_ms == 0.0  # the 8 ms wait was what cost
+    # The 8 ms wait was what cost: the winner waits less (no wait, or a short one for a
+    # small batch, as the service times measured on the machine have it).
+    assert winner.batch_timeout_ms < WAITING.batch_timeout_ms, winner
     assert agent.incumbent == winner and Config.from_knobs(knobs) == winner
-    if not load.cancelled():
-        assert set(statuses) == {200}, statuses
+    # Every request answered before, during and after the knob changes was served.
+    assert set(statuses) == {200} and statuses[200] > 0, statuses
 
 
 @pytest.mark.slow
@@ -176,7 +181,10 @@ async def test_a_worse_candidate_is_reverted_within_one_window(
         # No trial of the agent's own (trial_gap): the worse candidate is ours.
         async with running(gw, EXPERT, trial_gap=10_000) as agent:
             # Long enough for the state to settle and the trial to run on a busy machine.
-            load = asyncio.create_task(poisson_load(url, rate_per_s=BUSY_RPS, seconds=35))
+            statuses: dict[int, int] = {}
+            load = asyncio.create_task(
+                poisson_load(url, rate_per_s=BUSY_RPS, seconds=35, statuses=statuses)
+            )
             await until(lambda: settled(agent), "the load's workload state settled")
             # A candidate that rebuilds sessions (one instance instead of two) and waits up to
             # 8 ms per batch: paired windows, and after the first it is known worse.
@@ -184,7 +192,7 @@ async def test_a_worse_candidate_is_reverted_within_one_window(
             await until(lambda: "revert" in kinds(agent), "the revert", explain=agent)
             load.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                statuses = await load
+                await load
             knobs = gw.service.knobs("sensor_mlp")
     history = list(agent.history)
     tried = [i for i, d in enumerate(history) if d.config == WAITING]
@@ -200,8 +208,8 @@ async def test_a_worse_candidate_is_reverted_within_one_window(
         k.rate_level == lost_in.rate_level and WAITING in configs
         for k, configs in agent.memory.rejected.items()
     ), agent.memory.rejected
-    if not load.cancelled():
-        assert set(statuses) == {200}, statuses
+    # Every request answered before, during and after the knob changes was served.
+    assert set(statuses) == {200} and statuses[200] > 0, statuses
 
 
 @pytest.mark.slow

@@ -99,7 +99,10 @@ async def test_a_rate_step_wakes_a_resting_agent_before_the_monitor_confirms_it(
     async with gateway(mlp_repo, tmp_path, enabled=False) as gw:
         url = f"http://127.0.0.1:{gw.http_port}"
         async with running(gw) as agent:
-            quiet = asyncio.create_task(poisson_load(url, rate_per_s=40, seconds=60))
+            trickled: dict[int, int] = {}
+            quiet = asyncio.create_task(
+                poisson_load(url, rate_per_s=40, seconds=60, statuses=trickled)
+            )
             await until(lambda: agent.rest.resting or quiet.done(), "resting", 55.0)
             assert agent.rest.resting, [(d.kind, d.reason) for d in agent.history]
             state, at = agent.workload, len(agent.history)
@@ -120,6 +123,7 @@ async def test_a_rate_step_wakes_a_resting_agent_before_the_monitor_confirms_it(
     assert state is not None and agent.workload is not None
     assert agent.workload.rate_level >= state.rate_level
     assert set(busy) == {200}, busy
+    assert set(trickled) == {200}, trickled
 
 
 @pytest.mark.slow
