@@ -40,7 +40,7 @@ from rrl.objective import Objective
 from rrl.online import AgentSettings, Decision, ModelAgent, model_process
 from rrl.priors import Priors, load_profile_priors
 from rrl.profiling import PROFILES_DIR
-from rrl.space import ConfigSpace, expert_default
+from rrl.space import ConfigSpace, core_share, expert_default
 from rrl.workload import MonitorSettings
 
 log = logging.getLogger("gateway.tuning")
@@ -152,10 +152,7 @@ class TuningService:
         """Start an agent for ``name``'s served version (ready), one of ``tuned`` models."""
         s, host = self.settings, self.service.host(name)
         space = self._space_of(name)
-        # Every model sized to all the cores would start the agents oversubscribed (two
-        # models at 1 x 2 threads on 2 cores), and the budget makes a model yield cores only
-        # when another one wants them: each starts from its equal share instead.
-        share = max(1, self._cores // max(tuned, 1))
+        share = core_share(self._cores, tuned)
         agent = ModelAgent(
             self._control,
             name,

@@ -300,6 +300,14 @@ EXPERT_BATCH_CAP = 32
 it under a backlog, and a larger batch there makes its first requests wait for the whole batch."""
 
 
+def core_share(cores: int, models: int) -> int:
+    """The cores each of ``models`` tuned models starts from: an equal share, at least one.
+    Every model sized to all the cores would start several of them oversubscribed (two models
+    at 1 x 2 threads on 2 cores), and the joint core budget moves cores to a model only when
+    another one asks; the gateway's agents and the bench's expert arm both start here."""
+    return max(1, cores // max(models, 1))
+
+
 def expert_default(cores: int, max_batch_size: int) -> Config:
     """What a practitioner would configure without measuring: eager batching (timeout 0, so a
     free instance takes whatever is queued, up to the max batch: batch 1 at a trickle, large in

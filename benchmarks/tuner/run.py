@@ -40,7 +40,7 @@ from benchmarks.tuner.scenarios import (
 )
 from benchmarks.tuner.search import ModelPlan, prediction, replay_seed
 from benchmarks.tuner.servicetimes import calibrate, measure_samples
-from rrl.space import Config, expert_default
+from rrl.space import Config, core_share, expert_default
 
 NAME = "tuner_e2e"  # the results file; the command is `iotgw bench tuner`
 CAPACITY_SEED = 1000  # the ramp's arrivals: not one of the scenario's seeds
@@ -148,7 +148,7 @@ def experts(cores: int, models: list[Model]) -> tuple[list[Config], list[Config]
     """(the expert default of the per-gateway arm, which is also what each agent starts from
     by itself (``gateway.tuning``): each model sized to an equal share of the cores; each model's
     expert default alone, with all the cores, for its capacity)."""
-    share = max(1, cores // len(models))
+    share = core_share(cores, len(models))
     return (
         [expert_default(share, m.max_batch_size) for m in models],
         [expert_default(cores, m.max_batch_size) for m in models],

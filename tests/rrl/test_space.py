@@ -12,7 +12,7 @@ from gateway.knobs import KnobLimits, Knobs, apply_changes
 from gateway.model_host import WindowStats
 from rrl.measurement import Measurement
 from rrl.objective import CostObjective, LatencyObjective, make_objective
-from rrl.space import Config, ConfigSpace, tf_serving_default
+from rrl.space import Config, ConfigSpace, core_share, expert_default, tf_serving_default
 
 
 def test_full_grid_on_two_cores() -> None:
@@ -78,6 +78,12 @@ def test_snap_moves_off_grid_knobs_to_the_nearest_notch() -> None:
 def test_tf_serving_default() -> None:
     space = ConfigSpace.for_machine(2)
     assert tf_serving_default(space, 2) == Config(128, 0.0, 2, 2, 2)
+
+
+def test_several_models_start_from_an_equal_share_of_the_cores() -> None:
+    assert [core_share(8, n) for n in (0, 1, 2, 3, 4, 9)] == [8, 8, 4, 2, 2, 1]
+    # Two models on 2 cores: one instance of one thread each, together within the cores.
+    assert expert_default(core_share(2, 2), 128) == Config(32, 0.0, 1, 1, 1)
 
 
 def test_configs_are_the_gateways_knobs() -> None:
