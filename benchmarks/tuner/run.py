@@ -35,6 +35,7 @@ from benchmarks.tuner.scenarios import (
     Scenario,
     Stream,
     capacity_from_ramp,
+    pinned_capacity,
     ramp_phases,
     resolve,
 )
@@ -58,6 +59,8 @@ class Options:
     """How many of the replay's best static configurations run for real (1 or 2)."""
     duration_factor: float | None = None
     """Phase lengths times this (default 1; --quick 0.1)."""
+    rates_from: Path | None = None
+    """An earlier results file whose capacities set the phase rates (``pinned_capacity``)."""
 
     @property
     def factor(self) -> float:
@@ -288,9 +291,13 @@ def _model_plan(
     calibrated service times."""
     cores = usable_cores()
     capacity, cpu = measure_capacity(scenario, model, solo_expert, repo, workdir, opts.quick)
-    phases: tuple[Phase, ...] = resolve(stream, capacity)
+    rates = capacity
+    if opts.rates_from is not None:
+        rates = Capacity(pinned_capacity(opts.rates_from, scenario.name, model.name), {})
+    phases: tuple[Phase, ...] = resolve(stream, rates)
     print(
-        f"{scenario.name} {model.name}: capacity {capacity.rps}, phases {phases}",
+        f"{scenario.name} {model.name}: capacity {capacity.rps}, rates of {rates.rps}, "
+        f"phases {phases}",
         file=sys.stderr,
         flush=True,
     )
@@ -309,6 +316,8 @@ def _model_plan(
         "configured": model.configured.knob_changes(),
         "expert_default": expert.knob_changes(),
         "capacity_rps": capacity.rps,
+        "rates_of_capacity_rps": rates.rps,
+        "rates_from": None if opts.rates_from is None else str(opts.rates_from),
         "capacity_ramps": capacity.ramps,
         "capacity_cpu": {ref: use.as_dict() for ref, use in cpu.items()},
         "phases": [vars(p) for p in phases],
@@ -417,6 +426,11 @@ def cli(argv: list[str] | None = None) -> int:
         "--replay-arms", type=int, choices=[1, 2], default=1, help="replay candidates run for real"
     )
     p.add_argument(
+        "--rates-from",
+        type=Path,
+        help="phase rates from this results file's capacities (replays its very arrivals)",
+    )
+    p.add_argument(
         "--duration-factor",
         type=float,
         help="phase lengths times this (default 1; --quick 0.1)",
@@ -445,6 +459,7 @@ def cli(argv: list[str] | None = None) -> int:
             args.keep,
             args.replay_arms,
             args.duration_factor,
+            args.rates_from,
         )
     )
     return 0

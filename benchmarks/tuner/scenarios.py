@@ -16,13 +16,19 @@ before two missed steps in a row (one miss alone is taken for other work on a sh
 the first step is a warm-up, not judged. ``max`` is measured with the expert default (eager
 batching), ``batch1`` with the same instances at max batch 1 (what a configuration that never
 batches can serve).
+
+``--rates-from`` takes the capacities of an earlier results file instead, for the phase rates
+only: a rerun then replays that run's very arrivals (the capacity itself is still measured, for
+the replay's calibration), where a fresh measurement on a shared machine may differ by a third.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -105,6 +111,19 @@ class Capacity:
 
     rps: dict[str, float]
     ramps: dict[str, list[dict[str, Any]]]
+
+
+def pinned_capacity(results: Path, scenario: str, model: str) -> dict[str, float]:
+    """The capacity (requests/s per reference) whose fractions set ``model``'s phase rates in
+    ``scenario`` in an earlier ``tuner_e2e`` results file: the one it measured, or the one it
+    took from a file before it."""
+    doc = json.loads(results.read_text(encoding="utf-8"))
+    try:
+        config = doc["config"]["scenarios"][scenario]["models"][model]
+        rps = config.get("rates_of_capacity_rps") or config["capacity_rps"]
+    except KeyError as exc:
+        raise ValueError(f"{results}: no capacity of {model} in {scenario} ({exc})") from None
+    return {str(ref): float(v) for ref, v in rps.items()}
 
 
 def resolve(stream: Stream, capacity: Capacity) -> tuple[Phase, ...]:
