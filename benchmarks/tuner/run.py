@@ -449,6 +449,13 @@ def cli(argv: list[str] | None = None) -> int:
         if args.seeds
         else ((0,) if args.quick else opts.seeds)
     )
+    if args.rates_from is not None:  # before minutes of measuring, not after
+        try:
+            for name in scenarios:
+                for stream in SCENARIOS[name].streams:
+                    pinned_capacity(args.rates_from, name, stream.model)
+        except (OSError, ValueError) as exc:
+            p.error(f"--rates-from: {exc}")
     run(
         Options(
             scenarios,

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from benchmarks.tuner.run import cli
 from benchmarks.tuner.scenarios import SCENARIOS, Capacity, pinned_capacity, resolve
 
 RESULTS = Path(__file__).parents[2] / "benchmarks" / "results" / "tuner_e2e.json"
@@ -40,3 +42,18 @@ def test_a_file_pinned_from_another_hands_on_the_rates_it_used(tmp_path: Path) -
     assert pinned_capacity(second, "sensor_mlp", "sensor_mlp")["max"] == 2888.0
     with pytest.raises(ValueError, match="no capacity of vision_cnn in sensor_mlp"):
         pinned_capacity(first, "sensor_mlp", "vision_cnn")
+
+
+def test_a_file_without_the_scenario_is_refused_before_anything_is_measured(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    only_sensor = tmp_path / "only_sensor.json"
+    doc: dict[str, Any] = {"config": {"scenarios": {"sensor_mlp": {"models": {"sensor_mlp": {}}}}}}
+    only_sensor.write_text(json.dumps(doc), encoding="utf-8")
+    with pytest.raises(SystemExit) as exit_:
+        cli(["--scenarios", "shared_cores", "--rates-from", str(only_sensor), "--out", "x"])
+    assert exit_.value.code == 2
+    assert "no capacity of sensor_mlp in shared_cores" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli(["--scenarios", "vision_cnn", "--rates-from", str(tmp_path / "missing.json")])
+    assert "No such file" in capsys.readouterr().err
