@@ -449,13 +449,8 @@ def cli(argv: list[str] | None = None) -> int:
         if args.seeds
         else ((0,) if args.quick else opts.seeds)
     )
-    if args.rates_from is not None:  # before minutes of measuring, not after
-        try:
-            for name in scenarios:
-                for stream in SCENARIOS[name].streams:
-                    pinned_capacity(args.rates_from, name, stream.model)
-        except (OSError, ValueError) as exc:
-            p.error(f"--rates-from: {exc}")
+    if args.rates_from is not None:
+        _check_rates_from(p, args.rates_from, scenarios)
     run(
         Options(
             scenarios,
@@ -470,6 +465,16 @@ def cli(argv: list[str] | None = None) -> int:
         )
     )
     return 0
+
+
+def _check_rates_from(p: argparse.ArgumentParser, path: Path, scenarios: tuple[str, ...]) -> None:
+    """Every stream's capacity is in ``path``: checked before minutes of measuring, not after."""
+    try:
+        for name in scenarios:
+            for stream in SCENARIOS[name].streams:
+                pinned_capacity(path, name, stream.model)
+    except (OSError, ValueError) as exc:
+        p.error(f"--rates-from: {exc}")
 
 
 def _subset(
