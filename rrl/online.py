@@ -37,6 +37,7 @@ imports the gateway.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -44,6 +45,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from rrl.agent_settings import ONLINE_TUNERS, AgentSettings
@@ -403,8 +405,23 @@ def model_process() -> ProcessPoolExecutor:
     """A process for the queueing model's simulations (``QueueModel.executor``); several agents
     may share one (the gateway's do)."""
     spawn = multiprocessing.get_context("spawn")  # no fork of a process running sessions
-    # At a low priority: on a small machine a gate's simulations would otherwise take a core
-    # from the runtime and the front end at the moment a burst arrives.
-    return ProcessPoolExecutor(
-        max_workers=1, mp_context=spawn, initializer=os.nice, initargs=(MODEL_NICENESS,)
-    )
+    return ProcessPoolExecutor(max_workers=1, mp_context=spawn, initializer=lowest_priority)
+
+
+def lowest_priority() -> None:
+    """Run this process only on CPU nobody else wants: all its threads, including those its
+    imports started before this ran (the spawned process imports the parent's main module, and
+    with it numpy's BLAS threads); threads started later inherit it.
+
+    A gate is asked as a burst begins, which is when a small machine has no CPU to spare, and
+    ``nice`` applies per thread on Linux: the threads started before it kept the default
+    priority. ``SCHED_IDLE`` yields to every other task at once; where the platform has no
+    such policy, or refuses it, the nice value is what is left."""
+    tasks = Path("/proc/self/task")
+    tids = [int(t.name) for t in tasks.iterdir()] if tasks.is_dir() else [0]
+    for tid in tids:
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            os.setpriority(os.PRIO_PROCESS, tid, MODEL_NICENESS)
+        if hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE"):
+            with contextlib.suppress(OSError):
+                os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
