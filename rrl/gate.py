@@ -102,7 +102,7 @@ def decide(
     """The gate's verdict for ``candidates`` (already screened) against ``incumbent``."""
     s = settings or GateSettings()
     if not model.calibrated:
-        inc = model.predict(incumbent, arrivals, replicas=1)
+        (inc,) = model.predict_many([(incumbent, arrivals, 1)])  # in the model's process
         reason = "the model's error is not proven yet (too few calibrated windows)"
         if inc is None:
             reason = "no service time measured yet"

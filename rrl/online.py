@@ -73,6 +73,7 @@ __all__ = ["ONLINE_TUNERS", "AgentSettings", "Decision", "ModelAgent"]
 
 Listener = Callable[[Decision, "ModelAgent"], None]
 MODEL_NICENESS = 10
+MOVES = frozenset({"explore", "compare", "accept", "revert", "recall", "yield"})
 
 
 class ModelAgent(Policy):
@@ -204,15 +205,17 @@ class ModelAgent(Policy):
         queued_at_start = self._queue_depth()
         measurement, event = await self._collect(applied_at)
         self._service_fresh = not rebuilt
-        if event == "state":
-            if step.kind in ("accept", "revert"):  # a trial's end is logged, measured or not
-                why = f"{step.reason} (not measured: the workload changed)"
+        if event is not None:  # the interval straddles a step: not learned
+            # A step that moved the knobs (a trial's start or end above all) is logged all the
+            # same: the log must say why the knobs moved.
+            if step.kind in MOVES:
+                moved = "the workload changed" if event == "state" else "the load moved"
+                why = f"{step.reason} (not measured: {moved})"
                 self._record(
                     Decision(time.time(), self.model, step.kind, step.config, self.workload, why)
                 )
-            self._record_workload(step.config, rebuilt)
-            return
-        if event == "wake":  # the interval straddles a step: not learned
+            if event == "state":
+                self._record_workload(step.config, rebuilt)
             return
         if measurement is None:
             self._set_idle(f"fewer than {s.min_requests} requests in {s.max_interval_s:g}s")
@@ -221,7 +224,9 @@ class ModelAgent(Policy):
             cpu = (self._cpu_clock() - cpu_start) / max(time.monotonic() - applied_at, 1e-9)
             measurement = replace(measurement, cpu_cores=cpu)
         queued = (queued_at_start, self._queue_depth())
-        self.learn(step, measurement, rebuilt, queued=queued)
+        # In a thread, as choosing is: a trial's window is normalised by the model's
+        # predictions, which may have to be simulated (in the model's process, waited for).
+        await asyncio.to_thread(self.learn, step, measurement, rebuilt, queued=queued)
 
     def _failed(self, step: Step, exc: Exception) -> None:
         self.tuner.exclude(step.config)

@@ -301,7 +301,9 @@ class Policy(RestRules):
     ) -> Decision:
         """Tell the tuner and the model what ran and what it gave; move the trial on. An
         interval that drained a backlog (``queued``: the queue at its start and end) is
-        recorded but not learned (the drain rule). Runs on the event loop."""
+        recorded but not learned (the drain rule). The online agent runs it in a worker
+        thread, as ``choose``: a trial's windows are normalised by predictions the model may
+        have to simulate."""
         start, end = queued
         self._draining = self._is_backlog(start) and end < start
         if self._draining:
@@ -363,8 +365,8 @@ class Policy(RestRules):
         )
 
     def _calibrate(self, config: Config, measurement: Measurement) -> None:
-        """On the event loop, only a cached prediction calibrates now; the rest at the next
-        step that may simulate (``_calibrate_pending``), none while resting."""
+        """Only a cached prediction calibrates now; the rest at the next step that asks the
+        model anyway (``_calibrate_pending``, all in one call), none while resting."""
         seen = Arrivals(measurement.rate_per_s, self.dispersion(), measurement.rows_per_request)
         predicted = self.queue_model.cached(config, seen)
         if predicted is not None:
@@ -419,8 +421,11 @@ class Policy(RestRules):
         if seen <= 0 or common <= 0 or math.isclose(seen, common):
             return value
         a = self.arrivals()
-        at_seen = self.queue_model.predict(config, replace(a, rate_per_s=seen), replicas=1)
-        at_common = self.queue_model.predict(config, replace(a, rate_per_s=common), replicas=1)
+        # Both at once, and in the model's process when it has one: a simulation here would
+        # hold the interpreter lock the gateway's event loop needs.
+        at_seen, at_common = self.queue_model.predict_many(
+            [(config, replace(a, rate_per_s=rate), 1) for rate in (seen, common)]
+        )
         if at_seen is None or at_common is None or at_seen.objective <= 0:
             return value
         return value * at_common.objective / at_seen.objective

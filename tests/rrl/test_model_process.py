@@ -1,20 +1,26 @@
 """The queueing model's own process: it answers exactly what the model computes in place, and
 every one of its threads, those its imports started included, runs only on CPU nobody else
 wants (``SCHED_IDLE`` where Linux has it, and ``nice`` 10), so a gate asked as a burst begins
-does not take the cores the runtime and the front end need."""
+does not take the cores the runtime and the front end need. And the agent's simulations all go
+there: an uncalibrated gate's and a trial's normalisation included, which once simulated in the
+gateway's own process, holding the interpreter lock its event loop needs."""
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from rrl.gate import decide
 from rrl.objective import make_objective
 from rrl.online import MODEL_NICENESS, model_process
+from rrl.policy import Policy
 from rrl.queueing import Arrivals, QueueModel
-from rrl.space import Config
+from rrl.space import Config, ConfigSpace
 
 SERVICE = {1: [0.002] * 20, 8: [0.004] * 20, 32: [0.009] * 20}
 
@@ -55,3 +61,35 @@ def test_the_model_process_answers_as_in_place_and_runs_at_idle_priority() -> No
     for tid, (nice, policy) in threads.items():
         assert nice == MODEL_NICENESS, tid
         assert policy == os.SCHED_IDLE, tid
+
+
+def test_the_agents_simulations_all_run_where_the_model_sends_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A thread pool stands in for the model's process here: what is checked is where each
+    # simulation runs, and a process would hide its callers' threads.
+    where: list[int] = []
+    simulate = QueueModel._simulate
+
+    def recorded(self: QueueModel, key: object) -> object:
+        where.append(threading.get_ident())
+        return simulate(self, key)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(QueueModel, "_simulate", recorded)
+    incumbent, other = Config(32, 0.0, 1, 1, 1), Config(8, 0.0, 2, 1, 1)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        model = _model()
+        model.executor = pool
+        assert not model.calibrated
+        verdict = decide(model, Arrivals(300.0), incumbent, [other])
+        assert verdict.incumbent is not None and verdict.candidate is None  # not proven yet
+        uncalibrated = len(where)
+
+        policy = Policy("m", space=ConfigSpace.for_machine(2), slo_ms=100.0, cores=2)
+        policy.queue_model = _model()
+        policy.queue_model.executor = pool
+        # A trial window measured at 250/s, compared at 300/s through the model's ratio.
+        normalised = policy._normalise(incumbent, 10.0, 250.0, 300.0)
+    assert uncalibrated >= 1 and len(where) > uncalibrated
+    assert normalised != 10.0 and normalised > 0
+    assert threading.get_ident() not in where
