@@ -286,14 +286,9 @@ class QueueModel:
         length: int | None = None,
     ) -> Prediction | None:
         """``config``'s figures under ``arrivals``; None before any service time is known.
-        Simulated here on a cache miss (``predict_many`` sends misses to the model's process)."""
-        key = self._key(config, arrivals, replicas, length)
-        if key not in self._cache:
-            self._cache[key] = simulated = self._simulate(key)
-            self.simulations += key[2] if simulated is not None else 0
-        else:
-            self.cache_hits += 1
-        return self._compose(key, self._cache[key])
+        One ``predict_many``: a miss is simulated where every other is (the model's process
+        when it has one), whoever asks."""
+        return self.predict_many([(config, arrivals, replicas)], length=length)[0]
 
     def _key(
         self, config: Config, arrivals: Arrivals, replicas: int | None, length: int | None

@@ -41,7 +41,10 @@ def _threads(pid: int) -> dict[int, tuple[int, int]]:
     return out
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"),
+    reason="reads the threads' priorities from /proc (Linux only)",
+)
 def test_the_model_process_answers_as_in_place_and_runs_at_idle_priority() -> None:
     asks = [(Config(b, 0.0, c, 1, 1), Arrivals(300.0), None) for b in (1, 8, 32) for c in (1, 2)]
     pool = model_process()
