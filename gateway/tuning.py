@@ -295,9 +295,9 @@ class TuningService:
             m.tuner_workload.labels(*labels, "rate_level").set(agent.workload.rate_level)
             m.tuner_workload.labels(*labels, "size_level").set(agent.workload.size_level)
         m.tuner_workload.labels(*labels, "rate_per_s").set(agent.monitor.rate_per_s)
-        estimates = agent.tuner.estimates()
-        m.tuner_configurations.labels(*labels, "measured").set(sum(1 for e in estimates if e[2]))
-        m.tuner_configurations.labels(*labels, "estimated").set(len(estimates))
+        measured, estimated = agent.tuner.estimate_counts()
+        m.tuner_configurations.labels(*labels, "measured").set(measured)
+        m.tuner_configurations.labels(*labels, "estimated").set(estimated)
         self._publish_config(agent)
 
     def _publish_config(self, agent: ModelAgent) -> None:

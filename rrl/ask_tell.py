@@ -135,19 +135,32 @@ class PerWorkload:
         exclude(self.problem.space.flat(self._on_grid(config)))
         return True
 
-    def estimates(self) -> list[tuple[Config, float, int]]:
+    def estimates(self, limit: int | None = None) -> list[tuple[Config, float, int]]:
         """(configuration, expected objective, times measured) for every configuration the
-        current table has a value for, best first (empty when it keeps no estimates)."""
+        current table has a value for (the best ``limit`` of them), best first (empty when it
+        keeps no estimates). Only the listed ones are built as ``Config``: the agent lists the
+        best few after every decision, on the gateway's event loop, and building all of a
+        640-configuration grid took ~2 ms there."""
+        known, values, counts = self._known()
+        order = known[np.argsort(values[known], kind="stable")][:limit]
+        space = self.problem.space
+        return [(space.at(int(i)), float(values[i]), int(counts[i])) for i in order]
+
+    def estimate_counts(self) -> tuple[int, int]:
+        """(measured, estimated): how many configurations the current table has measured, and
+        has a value for at all; what ``estimates`` would list, without listing it."""
+        known, _, counts = self._known()
+        return int(np.count_nonzero(counts[known])), int(known.size)
+
+    def _known(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         table = self.current
         estimates = getattr(table, "estimates", None)
         obs = getattr(table, "obs", None)
         if estimates is None or obs is None:
-            return []
+            empty = np.zeros(0, dtype=int)
+            return empty, np.zeros(0), empty
         values = estimates()
-        known = np.flatnonzero(np.isfinite(values))
-        order = known[np.argsort(values[known], kind="stable")]
-        space = self.problem.space
-        return [(space.at(int(i)), float(values[i]), int(obs.n[i])) for i in order]
+        return np.flatnonzero(np.isfinite(values)), values, obs.n
 
     def _on_grid(self, config: Config) -> Config:
         space = self.problem.space

@@ -396,7 +396,7 @@ class ModelAgent(Policy):
             "last_rebuild_s": round(self.last_rebuild_s, 4),
             "estimates": [
                 {"config": c.knob_changes(), "objective": round(v, 4), "measured": n}
-                for c, v, n in self.tuner.estimates()[:50]
+                for c, v, n in self.tuner.estimates(limit=50)
             ],
         }
 

@@ -226,3 +226,17 @@ def test_each_workload_state_has_its_table_and_a_new_one_starts_warm() -> None:
         assert tuner.recommend() == best_low
         assert tuner.snapshot()["known_states"] == 2
     assert np.mean(warm) < 0.75 * np.mean(cold), (warm, cold)
+
+
+def test_the_listed_estimates_are_the_best_first_and_their_counts_match() -> None:
+    f = random_lipschitz(SPACE, lipschitz=2.0, floor=10.0, cones=6, seed=3)
+    tuner = make_rrl(problem(3), RRLSettings(radius=2.0))
+    assert tuner.estimates() == [] and tuner.estimate_counts() == (0, 0)
+    drive(tuner, Landscape.from_function(SPACE, f), 12)
+    listed = tuner.estimates()
+    values = [v for _, v, _ in listed]
+    assert values == sorted(values) and 12 < len(listed) < SPACE.size
+    assert tuner.estimates(limit=5) == listed[:5]
+    measured = sum(1 for _, _, n in listed if n > 0)
+    assert tuner.estimate_counts() == (measured, len(listed))
+    assert sum(n for _, _, n in listed) == 12
