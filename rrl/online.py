@@ -242,8 +242,8 @@ class ModelAgent(Policy):
         """Record one 'idle' decision when the model goes quiet (not one per interval)."""
         if not self._idle and self.current is not None:
             self._idle = True
-            if self.budget is not None:  # an idle model's share of the cores is one thread
-                self.budget.report(self.model, self.current, 0.0)
+            if self.budget is not None:  # an idle model's share is one thread, kept idle
+                self.budget.report(self.model, self.current, 0.0, busy_cores=0.0)
             self._record(
                 Decision(time.time(), self.model, "idle", self.current, self.workload, reason)
             )

@@ -21,8 +21,7 @@
   the backlog draining, not its configuration: not learned, and what drains it keeps running.
 - **Rest** (``rrl.rest``): nothing simulated, the interval backing off, while nothing moves.
 
-Every decision records what the model predicted, what was measured, and why
-(``rrl.decisions``).
+Every decision records what the model predicted, what was measured, and why (``rrl.decisions``).
 """
 
 from __future__ import annotations
@@ -271,8 +270,8 @@ class Policy(RestRules):
                     accept_below=limit,
                 )
                 reason = (
-                    f"core budget: another model wants cores, down to {threads} thread(s); "
-                    f"{config} predicted J {p.objective:.2f} within the SLO"
+                    f"core budget: another model wants cores or the cores are crowded, down to "
+                    f"{threads} thread(s); {config} predicted J {p.objective:.2f} within the SLO"
                 )
                 return Step(config, "yield", reason, p)
         return None
@@ -312,7 +311,8 @@ class Policy(RestRules):
         value = self.objective(config, measurement)
         self._last_measured = (config, value)
         if self.budget is not None:
-            self.budget.report(self.model, config, measurement.rate_per_s)
+            busy = self.queue_model.busy_cores(config, measurement)
+            self.budget.report(self.model, config, measurement.rate_per_s, busy)
         self.tuner.observe(config, measurement)
         self._calibrate(config, measurement)
         reason = step.reason

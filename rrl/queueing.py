@@ -207,6 +207,20 @@ class QueueModel:
     def measured_settings(self) -> list[ThreadSetting]:
         return sorted(s for s, by in self._samples.items() if by)
 
+    def busy_cores(self, config: Config, measurement: Measurement) -> float | None:
+        """The cores ``config``'s instances kept busy over ``measurement``'s window: the
+        measured service time per row of its thread setting's recent batches (as they formed at
+        the recent loads), times the rows that arrived per second, times each instance's
+        intra-op threads; None until that setting is measured. What the joint core budget
+        charges a model (``rrl.budget``)."""
+        by_size = self._samples.get((config.concurrency, config.intra_op_threads))
+        rows = sum(size * len(seconds) for size, seconds in (by_size or {}).items())
+        if not by_size or rows == 0:
+            return None
+        per_row_s = sum(sum(seconds) for seconds in by_size.values()) / rows
+        rows_per_s = measurement.rate_per_s * max(measurement.rows_per_request, 1.0)
+        return rows_per_s * per_row_s * config.intra_op_threads
+
     def calibrate(self, predicted: Prediction, measurement: Measurement) -> float | None:
         """Record how far a prediction was from what its window measured; returns the residual
         (ms of p95, measured minus predicted before the offset). Not from a window that was,

@@ -334,6 +334,42 @@ async def test_an_interval_that_drained_a_backlog_is_not_learned(
         assert [n for c, _, n in agent.tuner.estimates() if c == bad] == [1]
 
 
+@pytest.mark.slow
+async def test_a_trial_cut_short_by_a_workload_change_is_still_logged(
+    mlp_repo: Path, tmp_path: Path
+) -> None:
+    async with gateway(mlp_repo, tmp_path, enabled=False) as gw:
+        url = f"http://127.0.0.1:{gw.http_port}"
+        agent = hand_built_agent(gw, GRID, interval_s=8.0, max_interval_s=10.0)
+        agent.current = agent.incumbent = GRID.snap(EXPERT)
+        await agent._apply(agent.current)
+        statuses: dict[int, int] = {}
+        trickle = asyncio.create_task(poisson_load(url, 10.0, seconds=6.0, statuses=statuses))
+        # The agent's monitor learns the trickle's state (its first state is a change).
+        for _ in range(10):
+            if await agent._tick() == "state":
+                break
+            await asyncio.sleep(agent.settings.tick_s)
+        assert agent.workload == agent.monitor.state, agent.workload
+        trickle_state = agent.workload
+        await trickle
+        # A trial starts (its knobs really change), and a burst arrives in its first window.
+        candidate = GRID.snap(Config(8, 1.0, 1, 1, 1))
+        rebuilt, applied = await agent._apply(candidate)
+        burst = asyncio.create_task(poisson_load(url, 400.0, seconds=5.0, statuses=statuses))
+        started = time.monotonic()
+        await agent._measure_interval(Step(applied, "explore", "predicted gain"), rebuilt)
+        assert time.monotonic() - started < 8.0  # cut short, not a full window
+        await burst
+    explore, workload = list(agent.history)[-2:]
+    assert explore.kind == "explore" and explore.config == applied
+    assert explore.reason == "predicted gain (not measured: the workload changed)"
+    assert explore.objective is None  # not learned
+    assert workload.kind == "workload" and agent.workload != trickle_state
+    assert agent.workload.rate_level > trickle_state.rate_level
+    assert set(statuses) == {200}, statuses
+
+
 async def test_a_candidate_that_rebuilds_sessions_waits_for_the_pace(
     mlp_repo: Path, tmp_path: Path
 ) -> None:
