@@ -365,7 +365,7 @@ async def test_a_trial_cut_short_by_a_workload_change_is_still_logged(
     assert explore.kind == "explore" and explore.config == applied
     assert explore.reason == "predicted gain (not measured: the workload changed)"
     assert explore.objective is None  # not learned
-    assert workload.kind == "workload" and agent.workload != trickle_state
+    assert workload.kind == "workload" and agent.workload is not None and trickle_state
     assert agent.workload.rate_level > trickle_state.rate_level
     assert set(statuses) == {200}, statuses
 
