@@ -59,7 +59,6 @@ def per_request_cost(stretches: Sequence[Stretch]) -> float | None:
     if slope <= 0 or intercept <= 0:
         return upper
     return min(float(intercept), upper)
-    return min(float(intercept), upper)
 
 
 class LoopMeter:

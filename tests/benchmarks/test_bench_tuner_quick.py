@@ -69,7 +69,10 @@ def test_quick_single_model_over_mqtt(tmp_path: Path) -> None:
     agent = runs["agent"]
     assert agent["start_knobs"] == config["agent_start"]["sensor_mlp"]
     assert sum(agent["tuner"]["decision_counts"].values()) >= 1
-    assert agent["tuner"]["queue_model"]["loop_ms_per_request"] > 0
+    # The loop's cost per request reaching the agent's model is asserted where the load is long
+    # enough to be sure of it (tests/rrl/test_online.py): this 7 s trace can end before 200
+    # requests pass between two of the agent's reads on a slow machine, and then it reads 0.
+    assert agent["tuner"]["queue_model"]["loop_ms_per_request"] >= 0
     # What each arm cost: the loop served every request, and is part of the gateway's CPU.
     for arm, r in runs.items():
         cpu = r["cpu"]
