@@ -18,6 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.common import machine_cpu_seconds, process_cpu_seconds
 
+CONTENDED = 0.1
+"""A capacity ramp that lost more than this share of the machine to the hypervisor says so."""
+
 
 @dataclass(frozen=True)
 class CpuUse:
@@ -31,6 +34,9 @@ class CpuUse:
     gateway_s: float
     others_s: float
     """The load generators (waited-for children of this process) and the broker."""
+    steal_share: float = 0.0
+    """The share of the machine's CPU the hypervisor took meanwhile: a capacity read under
+    steal is a contended machine's capacity."""
 
     def per_request(self, seconds: float) -> float:
         return seconds / max(self.requests, 1)
@@ -43,6 +49,7 @@ class CpuUse:
             "loop_ms_per_request": round(self.per_request(self.loop_s) * 1e3, 4),
             "gateway_ms_per_request": round(self.per_request(self.gateway_s) * 1e3, 4),
             "others_ms_per_request": round(self.per_request(self.others_s) * 1e3, 4),
+            "steal_share": round(self.steal_share, 4),
         }
 
 
@@ -90,12 +97,15 @@ class Meter:
     broker_pid: int | None = None
 
     def start(self) -> None:
+        self._started = time.monotonic()
         self._before = self._snapshot()
 
     def stop(self, requests: int) -> CpuUse:
         after = self._snapshot()
+        wall = max(time.monotonic() - self._started, 1e-9)
         d = [b - a for a, b in zip(self._before, after, strict=True)]
-        return CpuUse(requests, int(d[0]), int(d[1]), d[2], d[3], d[4])
+        steal = d[5] / (wall * (os.cpu_count() or 1))
+        return CpuUse(requests, int(d[0]), int(d[1]), d[2], d[3], d[4], steal)
 
     def _snapshot(self) -> tuple[float, ...]:
         batches, rows = batch_counters(self.base, self.model)
@@ -106,6 +116,7 @@ class Meter:
             thread_cpu_seconds(self.gateway_pid, self.gateway_pid),
             process_cpu_seconds(self.gateway_pid) or 0.0,
             children_cpu_seconds() + broker,
+            steal_seconds(),
         )
 
 

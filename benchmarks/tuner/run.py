@@ -26,7 +26,7 @@ from benchmarks.common import (
 from benchmarks.servers import set_knobs
 from benchmarks.tuner import arms as arm_runs
 from benchmarks.tuner import report
-from benchmarks.tuner.cpu import CpuUse, Meter
+from benchmarks.tuner.cpu import CONTENDED, CpuUse, Meter
 from benchmarks.tuner.scenarios import (
     RAMP_START,
     SCENARIOS,
@@ -291,6 +291,14 @@ def _model_plan(
     calibrated service times."""
     cores = usable_cores()
     capacity, cpu = measure_capacity(scenario, model, solo_expert, repo, workdir, opts.quick)
+    contended = {ref: use.steal_share for ref, use in cpu.items() if use.steal_share > CONTENDED}
+    if contended:
+        print(
+            f"{scenario.name} {model.name}: the capacity ramp ran under hypervisor steal "
+            f"{contended}: its rates are a contended machine's (pin them with --rates-from)",
+            file=sys.stderr,
+            flush=True,
+        )
     rates = capacity
     if opts.rates_from is not None:
         rates = Capacity(pinned_capacity(opts.rates_from, scenario.name, model.name), {})

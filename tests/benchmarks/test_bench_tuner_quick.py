@@ -51,6 +51,9 @@ def _check_stream(arm: str, stream: dict[str, Any], config: dict[str, Any]) -> N
     assert stream["overall"]["requests"] > 0
     assert stream["overall"]["lost"] == 0, arm
     assert set(config["capacity_rps"]) == {"max", "batch1"}
+    # What the hypervisor took while each ramp ran: a contended capacity reading says so.
+    assert set(config["capacity_cpu"]) == {"max", "batch1"}
+    assert all(0 <= use["steal_share"] <= 1 for use in config["capacity_cpu"].values())
 
 
 def test_quick_single_model_over_mqtt(tmp_path: Path) -> None:
