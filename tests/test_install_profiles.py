@@ -144,14 +144,25 @@ def _post(url: str, body: dict[str, Any]) -> tuple[int, Any]:
         return exc.code, json.loads(exc.read())
 
 
+def _settled_index(url: str) -> dict[str, Any]:
+    """The repository index once no model is still loading: ready means the gateway serves,
+    and a model whose runtime is missing may still be on its way to UNAVAILABLE."""
+    deadline = time.monotonic() + DEADLINE_S
+    while True:
+        status, index = _post(f"{url}/v2/repository/index", {})
+        assert status == 200, index
+        states = {m["name"]: m for m in index}
+        if all(m["state"] != "LOADING" for m in index) or time.monotonic() > deadline:
+            return states
+        time.sleep(0.1)
+
+
 @pytest.mark.slow
 def test_base_install_serves_onnx_and_names_the_missing_extras(
     two_runtimes: Path, tmp_path: Path
 ) -> None:
     with _serving(two_runtimes, tmp_path) as (url, log):
-        status, index = _post(f"{url}/v2/repository/index", {})
-        assert status == 200
-        states = {m["name"]: m for m in index}
+        states = _settled_index(url)
         assert states["sensor_mlp"]["state"] == "READY"
         tf_model = states["sensor_mlp_tf"]
         assert tf_model["state"] == "UNAVAILABLE"

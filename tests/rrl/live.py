@@ -69,11 +69,15 @@ async def poisson_load(
     seconds: float,
     seed: int = 0,
     statuses: dict[int, int] | None = None,
+    model: str = "sensor_mlp",
+    body: dict[str, Any] | None = None,
 ) -> dict[int, int]:
-    """Open-loop Poisson arrivals of single-row requests; returns the count per HTTP status
-    (and fails with the bodies of the first refusals, if any). ``statuses``, when given, is
-    counted into as replies come, so a load cancelled once the test has seen what it waited for
-    still tells how every request answered so far was answered."""
+    """Open-loop Poisson arrivals of single-row requests (``body``, by default sensor_mlp's
+    ``BODY``); returns the count per HTTP status (and fails with the bodies of the first
+    refusals, if any). ``statuses``, when given, is counted into as replies come, so a load
+    cancelled once the test has seen what it waited for still tells how every request answered
+    so far was answered."""
+    request = BODY if body is None else body
     statuses = {} if statuses is None else statuses
     reasons: list[str] = []
     rng = np.random.default_rng(seed)
@@ -81,18 +85,23 @@ async def poisson_load(
     async with aiohttp.ClientSession() as http:
 
         async def one() -> None:
-            async with http.post(f"{url}/v2/models/sensor_mlp/infer", json=BODY) as r:
+            async with http.post(f"{url}/v2/models/{model}/infer", json=request) as r:
                 body = await r.read()
                 statuses[r.status] = statuses.get(r.status, 0) + 1
                 if r.status != 200:
                     reasons.append(body.decode(errors="replace"))
 
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
+        # Each arrival at its own time on the trace, not a gap after the previous one: a busy
+        # loop wakes a sleep late, and gaps measured from those wake-ups would fall behind the
+        # rate asked for (a third of it, under heavy steal). A late arrival is sent at once.
+        at = time.monotonic()
+        end = at + seconds
+        while at < end:
+            await asyncio.sleep(max(at - time.monotonic(), 0.0))
             task = asyncio.create_task(one())
             pending.add(task)
             task.add_done_callback(pending.discard)
-            await asyncio.sleep(float(rng.exponential(1.0 / rate_per_s)))
+            at += float(rng.exponential(1.0 / rate_per_s))
         await asyncio.gather(*pending)
     assert not reasons, reasons[:5]
     return statuses

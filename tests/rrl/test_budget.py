@@ -21,7 +21,7 @@ from rrl.budget import CoreBudget, threads_of
 from rrl.decisions import Decision, Step
 from rrl.online import AgentSettings, ModelAgent
 from rrl.space import Config, ConfigSpace
-from tests.rrl.live import DEADLINE_US, hand_built_agent, measurement
+from tests.rrl.live import DEADLINE_US, hand_built_agent, measurement, poisson_load
 
 GRID = ConfigSpace.for_machine(2, max_batch_size=16, max_timeout_ms=2.0)
 MODELS = ("sensor_mlp", "sensor_fusion")
@@ -59,29 +59,15 @@ async def load(url: str, model: str, rate_per_s: float, seconds: float) -> dict[
     import aiohttp
     import numpy as np
 
-    statuses: dict[int, int] = {}
-    rng = np.random.default_rng(hash(model) % 1000)
-    async with aiohttp.ClientSession() as http:
-        async with http.get(f"{url}/v2/models/{model}") as r:
-            specs = (await r.json())["inputs"]
-        inputs = []
-        for spec in specs:  # one all-zero row of every input
-            shape = [1, *[int(d) for d in spec["shape"][1:]]]
-            inputs.append({**spec, "shape": shape, "data": [0.0] * int(np.prod(shape))})
-        body = {"inputs": inputs, "parameters": {"timeout": DEADLINE_US}}
-
-        async def one() -> None:
-            async with http.post(f"{url}/v2/models/{model}/infer", json=body) as r:
-                await r.read()
-                statuses[r.status] = statuses.get(r.status, 0) + 1
-
-        tasks = []
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            tasks.append(asyncio.create_task(one()))
-            await asyncio.sleep(float(rng.exponential(1.0 / rate_per_s)))
-        await asyncio.gather(*tasks)
-    return statuses
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/v2/models/{model}") as r:
+        specs = (await r.json())["inputs"]
+    inputs = []
+    for spec in specs:  # one all-zero row of every input
+        shape = [1, *[int(d) for d in spec["shape"][1:]]]
+        inputs.append({**spec, "shape": shape, "data": [0.0] * int(np.prod(shape))})
+    body = {"inputs": inputs, "parameters": {"timeout": DEADLINE_US}}
+    seed = sum(model.encode())
+    return await poisson_load(url, rate_per_s, seconds, seed=seed, model=model, body=body)
 
 
 def busy_cores(budget: CoreBudget) -> dict[str, float]:

@@ -36,13 +36,16 @@ from tests.rrl.live import (
 )
 
 EXPERT = expert_default(len(os.sched_getaffinity(0)), max_batch_size=128)
-# A 32 ms batch timeout at a few hundred requests/s: every batch waits for company while more
-# is expected within the window, one instance. (At a trickle the batcher no longer waits: no
+# A 32 ms batch timeout at 128 requests/s: every batch waits for company while more is
+# expected within the window, one instance. (At a trickle the batcher no longer waits: no
 # arrival is expected.) Its p95 is some 30 ms above eager batching's, a gain that clears the
 # gate's uncertainty even where the model's proven error is 4 ms (an 8 ms timeout's gain of
-# 8 ms did not, on a slower machine).
+# 8 ms did not, on a slower machine). The load runs on the gateway's own event loop: at 300
+# requests/s under heavy steal that loop, not the knobs, set the latency. 128/s is the middle
+# of its workload rate level (2**7), so a load that comes back measured 40% off is still the
+# same state.
 WAITING = Config(32, 32.0, 1, 1, 1)
-BUSY_RPS = 300.0
+BUSY_RPS = 128.0
 GRID = ConfigSpace.for_machine(2, max_batch_size=32, max_timeout_ms=32.0)
 
 
