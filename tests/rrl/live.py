@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ import numpy as np
 from gateway.main import Gateway
 from gateway.settings import GatewaySettings
 from gateway.tuning import TunedService
+from rrl.decisions import log_line
 from rrl.measurement import Measurement
 from rrl.online import AgentSettings, ModelAgent
 from rrl.space import ConfigSpace
@@ -61,6 +62,22 @@ async def gateway(repo: Path, tmp: Path, **tuner: Any) -> AsyncIterator[Gateway]
         yield gw
     finally:
         await gw.stop()
+
+
+async def until(
+    condition: Callable[[], bool],
+    what: str,
+    timeout_s: float = 60.0,
+    explain: ModelAgent | None = None,
+) -> None:
+    """Wait for a condition of the agent's state (checked as the agent's loop moves on); on a
+    timeout, ``explain``'s decisions say what it did instead."""
+    end = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() >= end:
+            log = [] if explain is None else [log_line(d) for d in explain.history]
+            raise AssertionError(f"{what}: not within {timeout_s:g}s\n" + "\n".join(log))
+        await asyncio.sleep(0.05)
 
 
 async def poisson_load(

@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from tests.rrl.live import (
     running_agent,
     started,
     tuner_state,
+    until,
 )
 
 EXPERT = expert_default(len(os.sched_getaffinity(0)), max_batch_size=128)
@@ -47,22 +47,6 @@ EXPERT = expert_default(len(os.sched_getaffinity(0)), max_batch_size=128)
 WAITING = Config(32, 32.0, 1, 1, 1)
 BUSY_RPS = 128.0
 GRID = ConfigSpace.for_machine(2, max_batch_size=32, max_timeout_ms=32.0)
-
-
-async def until(
-    condition: Callable[[], bool],
-    what: str,
-    timeout_s: float = 60.0,
-    explain: ModelAgent | None = None,
-) -> None:
-    """Wait for a condition of the agent's state (checked as the agent's loop moves on); on a
-    timeout, ``explain``'s decisions say what it did instead."""
-    end = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() >= end:
-            log = [] if explain is None else [log_line(d) for d in explain.history]
-            raise AssertionError(f"{what}: not within {timeout_s:g}s\n" + "\n".join(log))
-        await asyncio.sleep(0.05)
 
 
 def running(

@@ -12,8 +12,7 @@ import contextlib
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,35 +20,18 @@ import pytest
 
 from gateway.main import Gateway
 from rrl.agent_settings import RestSettings
-from rrl.decisions import log_line
 from rrl.objective import make_objective
 from rrl.online import ModelAgent
 from rrl.queueing import Arrivals, QueueModel
 from rrl.rest import Rest
 from rrl.space import Config, ConfigSpace, expert_default
-from tests.rrl.live import gateway, poisson_load, running_agent
+from tests.rrl.live import gateway, poisson_load, running_agent, until
 
 EXPERT = expert_default(len(os.sched_getaffinity(0)), max_batch_size=32)
 GRID = ConfigSpace.for_machine(2, max_batch_size=32, max_timeout_ms=8.0)
 # Rest while the SLO is met at all, and wake only on a step far beyond noise: these tests check
 # the rules, on a machine whose other work may push a window's p95 up at any moment.
 REST = RestSettings(p95_fraction=1.0, max_interval_s=2.0, wake_alpha=1e-6)
-
-
-async def until(
-    condition: Callable[[], bool],
-    what: str,
-    timeout_s: float = 60.0,
-    explain: ModelAgent | None = None,
-) -> None:
-    """Wait for a condition of the agent's state; on a timeout, ``explain``'s decisions say
-    what it did instead."""
-    end = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() >= end:
-            log = [] if explain is None else [log_line(d) for d in explain.history]
-            raise AssertionError(f"{what}: not within {timeout_s:g}s\n" + "\n".join(log))
-        await asyncio.sleep(0.05)
 
 
 def running(gw: Gateway, **settings: Any) -> contextlib.AbstractAsyncContextManager[ModelAgent]:
