@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from rrl.gate import needs_rebuild
 from rrl.memory import StateKey
 from rrl.online import ModelAgent
 from rrl.space import Config, ConfigSpace, expert_default
-from rrl.trial import Trial
+from rrl.trial import Trial, Window
 from tests.rrl.live import (
     TINY,
     gateway,
@@ -46,6 +47,7 @@ EXPERT = expert_default(len(os.sched_getaffinity(0)), max_batch_size=128)
 # same state.
 WAITING = Config(32, 32.0, 1, 1, 1)
 BUSY_RPS = 128.0
+BUSY_LEVEL = 7  # log2(BUSY_RPS)
 GRID = ConfigSpace.for_machine(2, max_batch_size=32, max_timeout_ms=32.0)
 
 
@@ -59,14 +61,27 @@ def running(
     return running_agent(gw, GRID, start, **settings)
 
 
-def settled(agent: ModelAgent) -> bool:
-    """The workload state has held for three measured incumbent windows."""
+def settled(agent: ModelAgent, rate_level: int | None = None) -> bool:
+    """The workload state (at ``rate_level``, when given) has held for three measured incumbent
+    windows."""
     recent = list(agent.history)[-3:]
+    levels = {None if d.workload is None else d.workload.rate_level for d in recent}
     return (
         agent._baseline is not None
         and len(recent) == 3
         and all(d.kind == "exploit" and d.objective is not None for d in recent)
+        and (rate_level is None or levels == {rate_level})
     )
+
+
+def typical_window(agent: ModelAgent) -> Window:
+    """The incumbent's median of its last three windows: one slow window (a machine's other
+    work) is not what a candidate is compared with."""
+    recent = list(agent.history)[-3:]
+    objectives = [d.objective for d in recent if d.objective is not None]
+    rates = [d.measurement.rate_per_s for d in recent if d.measurement is not None]
+    assert len(objectives) == len(rates) == 3, recent
+    return Window(recent[-1].config, statistics.median(objectives), statistics.median(rates))
 
 
 def kinds(agent: ModelAgent) -> list[str]:
@@ -175,11 +190,13 @@ async def test_a_worse_candidate_is_reverted_within_one_window(
                 poisson_load(url, rate_per_s=BUSY_RPS, seconds=60, statuses=statuses)
             )
             for _ in range(3):  # a trial the load's own moves cut short is dropped: once more
-                await until(lambda: settled(agent), "the load's workload state settled")
+                # Settled at the load's own rate level, not on the way up to it.
+                await until(lambda: settled(agent, BUSY_LEVEL), "the load's state settled")
                 at = len(agent.history)
                 # A candidate that rebuilds sessions (one instance instead of two) and waits up
                 # to 32 ms per batch: paired windows, and after the first it is known worse.
-                agent.trial = Trial(EXPERT, WAITING, agent._baseline, interleave=False, margin=0.05)
+                baseline = typical_window(agent)
+                agent.trial = Trial(EXPERT, WAITING, baseline, interleave=False, margin=0.05)
 
                 def reverted(at: int = at) -> bool:
                     return "revert" in kinds(agent)[at:]
