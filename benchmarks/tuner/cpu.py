@@ -104,8 +104,7 @@ class Meter:
         after = self._snapshot()
         wall = max(time.monotonic() - self._started, 1e-9)
         d = [b - a for a, b in zip(self._before, after, strict=True)]
-        steal = d[5] / (wall * (os.cpu_count() or 1))
-        return CpuUse(requests, int(d[0]), int(d[1]), d[2], d[3], d[4], steal)
+        return CpuUse(requests, int(d[0]), int(d[1]), d[2], d[3], d[4], steal_share(d[5], wall))
 
     def _snapshot(self) -> tuple[float, ...]:
         batches, rows = batch_counters(self.base, self.model)
@@ -129,6 +128,11 @@ def child_pids(pid: int) -> list[int]:
         except OSError:  # a thread that ended meanwhile
             continue
     return sorted(set(out))
+
+
+def steal_share(steal_s: float, wall_s: float) -> float:
+    """The share of all the machine's cores the hypervisor took over ``wall_s`` seconds."""
+    return steal_s / (wall_s * (os.cpu_count() or 1))
 
 
 def steal_seconds() -> float:
@@ -158,7 +162,7 @@ class ArmMeter:
             "loop_s": round(after[0] - self._before[0], 2),
             "gateway_s": round(after[1] - self._before[1], 2),
             "model_process_s": round(children, 2),
-            "steal_share": round((after[3] - self._before[3]) / (wall * (os.cpu_count() or 1)), 4),
+            "steal_share": round(steal_share(after[3] - self._before[3], wall), 4),
         }
 
     def _snapshot(self) -> tuple[float, float, dict[int, float], float]:
