@@ -9,6 +9,25 @@ from pathlib import Path
 from pydantic import ValidationError
 
 
+def installed_version() -> str:
+    """The installed distribution's version: what ``pip install`` put in the package metadata."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("iotgw")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed: pip install -e . in the checkout)"
+
+
+def _add_version(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"iotgw {installed_version()}",
+        help="print the installed version and exit",
+    )
+
+
 def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from gateway.settings_cli import add_settings_arguments
 
@@ -21,6 +40,7 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--config ([http], [serving], [mqtt] and [tuner] tables); options win over the "
         "environment, which wins over the file.",
     )
+    _add_version(p)
     p.add_argument("--config", type=Path, help="TOML settings file")
     add_settings_arguments(p)
 
@@ -100,6 +120,7 @@ def _tuning_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="iotgw", description="Edge/IoT inference gateway")
+    _add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     sub.add_parser("sim", help="device simulator: replay device traffic (iotgw sim --help)")

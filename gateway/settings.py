@@ -108,7 +108,10 @@ class ServingSettings(BaseModel):
     )
     cache_dir: Path = Field(
         Path.home() / ".cache" / "iotgw",
-        description="Where the bundled demo repository is built on first use.",
+        description="Folder of what the gateway keeps between runs: the bundled demo repository "
+        "(built here on first use), the embedded Mosquitto's configuration and persistent store "
+        "(mosquitto/: requests queued while the gateway is down) and the serving plans' "
+        "measured costs (plans/).",
     )
     executor_threads: int = Field(
         32,
@@ -138,8 +141,10 @@ class ServingSettings(BaseModel):
     shutdown_grace_s: float = Field(
         25.0,
         ge=0,
-        description="On SIGTERM/SIGINT, how long requests already taken (HTTP and MQTT) may take "
-        "to be answered before the gateway stops anyway; 25 s fits Kubernetes' default 30 s.",
+        description="On SIGTERM/SIGINT, how long requests already taken may take to be answered "
+        "before the gateway stops anyway: HTTP requests get all of it, MQTT requests the shorter "
+        "of this and mqtt.drain_timeout_s (--mqtt-drain-timeout-s); 25 s fits Kubernetes' "
+        "default 30 s.",
     )
     max_inputs: int = Field(
         64, ge=1, le=4096, description="Most tensors (inputs, requested outputs) in a request."
@@ -292,7 +297,12 @@ class MqttSettings(BaseModel):
         "authenticated id (device_identity = user_property).",
     )
     drain_timeout_s: float = Field(
-        10.0, ge=0, description="On shutdown, how long requests already taken may take to finish."
+        10.0,
+        ge=0,
+        description="How long MQTT requests already taken may take to be answered when the "
+        "gateway shuts down (or its broker connection is lost); at shutdown the shorter of this "
+        "and serving.shutdown_grace_s (--shutdown-grace) applies. Requests left unanswered are "
+        "not acknowledged, so the broker redelivers them to the next session.",
     )
     keepalive_s: int = Field(30, ge=5, le=3600, description="MQTT keep-alive.")
     reconnect_min_s: float = Field(0.2, gt=0, description="First reconnect delay.")
@@ -319,7 +329,7 @@ class TunerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = Field(
-        True, description="Run the online tuner: it retunes each model's knobs under load."
+        True, description="Run the online tuner, which retunes each model's knobs under load."
     )
     algorithm: Literal["rrl", "adaptive-rrl", "bo", "hill-climb", "aimd", "inflight"] = Field(
         "adaptive-rrl", description="Tuning algorithm (rrl/README.md)."
@@ -341,20 +351,28 @@ class TunerSettings(BaseModel):
         1.0, ge=0, description="Least time between two thread/concurrency changes of a model."
     )
     rebuild_duty: float = Field(
-        0.1, gt=0, le=1, description="Most of the time session rebuilds may take."
+        0.1,
+        gt=0,
+        le=1,
+        description="Most of a model's time its session rebuilds may take: after a thread or "
+        "concurrency change whose rebuild took t seconds, the next one waits t / this "
+        "(min_rebuild_gap_s at least), unless the model violates its SLO meanwhile.",
     )
     unsafe_violation_fraction: float = Field(
         0.5,
         gt=0,
         le=1,
-        description="A configuration expected (or seen) to score worse than p95 at the SLO with "
-        "this fraction of requests violating is vetoed (or left at once).",
+        description="Safety limit of a trial: a candidate configuration whose window scores "
+        "worse than one with p95 at the SLO and this fraction of its requests over the SLO is "
+        "reverted at once, whatever the comparison with the running configuration says (0.5: "
+        "as bad as half the requests late).",
     )
     explore_regret: float = Field(
         2.0,
         gt=1,
-        description="A configuration expected to score more than this many times the best "
-        "known one is not explored.",
+        description="A configuration is not tried when the tuner's own estimates (profile "
+        "prior, what it measured) put its objective above this many times the running "
+        "configuration's (2: twice as bad).",
     )
     profiles: bool = Field(
         True,
@@ -391,8 +409,9 @@ class GatewaySettings(BaseSettings):
     tuner: TunerSettings = TunerSettings()
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         "INFO",
-        description="Logging level; below DEBUG, per-instance and per-decision detail and "
-        "third-party libraries log warnings only.",
+        description="Least severe log lines printed. Only DEBUG adds the per-instance, "
+        "per-backend and per-decision detail and the INFO lines of the libraries underneath "
+        "(TensorFlow, amqtt, ...); at the other levels those log warnings and errors only.",
     )
     log_format: Literal["text", "json"] = Field(
         "text", description="Log lines as text, or one JSON object per line for log shippers."

@@ -3,8 +3,9 @@ its type, default, bounds and help live on its pydantic field, and the flag foll
 
 A flag is ``--<field>`` for the HTTP and serving sections, ``--mqtt-<field>`` and
 ``--tuner-<field>`` for the others (underscores as dashes), except the established names in
-``FLAG_NAMES`` (a ``--no-...`` flag on a boolean turns it off). Options left out keep the value
-from the environment, the TOML file or the default.
+``FLAG_NAMES``. A boolean is ``--X`` / ``--no-X``, its help saying what ``--X`` does; an
+established ``--no-...`` name with no positive form gets the help of ``OFF_HELP``, what turning
+it off does. Options left out keep the value from the environment, the TOML file or the default.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ FLAG_NAMES: dict[tuple[str, str], str] = {
     ("http", "read_timeout_s"): "--read-timeout",
     ("http", "keepalive_timeout_s"): "--keepalive-timeout",
     ("serving", "shutdown_grace_s"): "--shutdown-grace",
-    ("mqtt", "enabled"): "--no-mqtt",
+    ("mqtt", "enabled"): "--mqtt",  # and --no-mqtt, the form scripts use
     ("mqtt", "broker"): "--broker",
     ("mqtt", "embedded_port"): "--mqtt-port",
     ("mqtt", "embedded_broker"): "--embedded-broker",
@@ -58,12 +59,19 @@ FLAG_NAMES: dict[tuple[str, str], str] = {
     ("tuner", "models"): "--tune-models",
 }
 
+# ``--no-tuner`` alone: ``--tuner`` names the algorithm, so the setting has no ``--X`` form and
+# the field's description (what it does on) would read as the opposite of what the flag does.
+OFF_HELP: dict[tuple[str, str], str] = {
+    ("tuner", "enabled"): "Leave the online tuner off: each model keeps the knobs its config.toml "
+    "sets (default: the tuner runs and retunes each model's knobs under load)",
+}
+
 
 def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     for section, (_prefix, title, description) in SECTIONS.items():
         group = parser.add_argument_group(title, _escape(description) if description else None)
         for name, field in _section_model(section).model_fields.items():
-            _add(group, f"{section}{_SEP}{name}", flag_of(section, name), field)
+            _add(group, section, name, field)
     for name in ("log_level", "log_format"):  # the top-level settings
         field = GatewaySettings.model_fields[name]
         parser.add_argument(
@@ -93,19 +101,30 @@ def flag_of(section: str, name: str) -> str:
     return FLAG_NAMES.get((section, name)) or f"--{SECTIONS[section][0]}{name.replace('_', '-')}"
 
 
+def flag_forms(section: str, name: str) -> list[str]:
+    """Every option string of a setting: a boolean's ``--X`` comes with its ``--no-X``."""
+    flag = flag_of(section, name)
+    field = _section_model(section).model_fields[name]
+    if _kind(field.annotation)[0] is bool and not flag.startswith("--no-"):
+        return [flag, f"--no-{flag.removeprefix('--')}"]
+    return [flag]
+
+
 def _section_model(section: str) -> type[BaseModel]:
     model = GatewaySettings.model_fields[section].annotation
     assert isinstance(model, type) and issubclass(model, BaseModel)
     return model
 
 
-def _add(group: Any, dest: str, flag: str, field: FieldInfo) -> None:
+def _add(group: Any, section: str, name: str, field: FieldInfo) -> None:
+    dest, flag = f"{section}{_SEP}{name}", flag_of(section, name)
     kind, choices = _kind(field.annotation)
     help_text = _help(field)
     if kind is bool:
         if flag.startswith("--no-"):
+            off = _escape(OFF_HELP[(section, name)])  # a KeyError here: add its help there
             group.add_argument(
-                flag, dest=dest, action="store_const", const=False, default=None, help=help_text
+                flag, dest=dest, action="store_const", const=False, default=None, help=off
             )
         else:
             group.add_argument(

@@ -19,7 +19,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from gateway.settings import GatewaySettings
-from gateway.settings_cli import flag_of
+from gateway.settings_cli import flag_forms
 from models.repository import BatchingDefaults, ModelConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,8 +87,8 @@ def _table(title: str, fields: dict[str, FieldInfo], *, section: str | None) -> 
     for name, field in fields.items():
         cells = [f"`{name}`", _type(field), _default(field)]
         if section is not None:
-            flag = flag_of(section, name) if section else f"--{name.replace('_', '-')}"
-            cells.append(f"`{flag}`")
+            flags = flag_forms(section, name) if section else [f"--{name.replace('_', '-')}"]
+            cells.append(" / ".join(f"`{flag}`" for flag in flags))
         cells.append(_cell(field.description or ""))
         rows.append("| " + " | ".join(cells) + " |")
     return f"### {title}\n\n" + "\n".join(rows) + "\n"

@@ -1,16 +1,18 @@
 """``iotgw serve``'s options are generated from the settings model: every setting has exactly one
-flag, each flag sets its own setting, the established names still work, help shows defaults."""
+flag, each flag sets its own setting, the established names still work, help shows defaults and
+reads as what each flag does; ``--version`` prints the installed version."""
 
 from __future__ import annotations
 
 import argparse
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
-from gateway.cli import build_parser
+from gateway.cli import build_parser, main
 from gateway.settings import GatewaySettings
-from gateway.settings_cli import FLAG_NAMES, SECTIONS, flag_of, settings_overrides
+from gateway.settings_cli import FLAG_NAMES, OFF_HELP, SECTIONS, flag_of, settings_overrides
 
 
 def _serve_parser() -> argparse.ArgumentParser:
@@ -87,3 +89,62 @@ def test_help_shows_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     text = _serve_parser().format_help()
     for words in ("(default 8080)", "(default 1883)", "(default 64)", "(default adaptive-rrl)"):
         assert words in text, words
+
+
+def _help_of(flag: str) -> str:
+    """The help text of ``flag`` as ``iotgw serve --help`` prints it (``%%`` unescaped)."""
+    action = next(a for a in _serve_parser()._actions if flag in a.option_strings)
+    assert action.help is not None
+    return action.help.replace("%%", "%")
+
+
+def test_a_boolean_flag_reads_as_what_it_does() -> None:
+    """A boolean is ``--X`` / ``--no-X`` with the help of ``--X``; a ``--no-...`` name alone says
+    what turning it off does, never the field's description of it on (the opposite)."""
+    booleans = [
+        (section, name, field)
+        for section in SECTIONS
+        for name, field in type(getattr(GatewaySettings(), section)).model_fields.items()
+        if field.annotation is bool
+    ]
+    assert booleans
+    for section, name, field in booleans:
+        flag = flag_of(section, name)
+        action = next(a for a in _serve_parser()._actions if flag in a.option_strings)
+        assert action.help is not None
+        if flag.startswith("--no-"):
+            assert action.option_strings == [flag]
+            assert action.help == OFF_HELP[(section, name)], flag
+            assert (field.description or "").rstrip(".") not in action.help, flag
+        else:
+            assert action.option_strings == [flag, f"--no-{flag[2:]}"], flag
+            assert action.help.startswith((field.description or "").rstrip(".")), flag
+    assert _help_of("--no-mqtt") == "Serve inference requests over MQTT (default on)"
+    assert _help_of("--no-tuner").startswith("Leave the online tuner off")
+
+
+def test_mqtt_is_on_by_its_flag_and_off_by_the_established_one() -> None:
+    assert _load("--mqtt").mqtt.enabled is True
+    assert _load("--no-mqtt").mqtt.enabled is False
+    assert _load("--no-mqtt", "--mqtt").mqtt.enabled is True  # the last one given wins
+
+
+def test_help_says_what_the_cache_holds_and_which_shutdown_limit_wins() -> None:
+    cache = _help_of("--cache-dir")
+    for what in ("demo repository", "Mosquitto", "persistent store", "plans"):
+        assert what in cache, what
+    # Each of the two shutdown limits names the other and says which applies to what.
+    assert "--mqtt-drain-timeout-s" in _help_of("--shutdown-grace")
+    assert "shorter" in _help_of("--shutdown-grace")
+    assert "--shutdown-grace" in _help_of("--mqtt-drain-timeout-s")
+    assert "shorter" in _help_of("--mqtt-drain-timeout-s")
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["serve", "--version"]])
+def test_version_prints_the_installed_version(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"iotgw {version('iotgw')}\n"
