@@ -39,8 +39,8 @@ from gateway.errors import (
     Overloaded,
 )
 from gateway.instances import Instance, InstancePool
-from gateway.knobs import Knobs
 from gateway.service_time import STALE_AFTER_S, ServiceTimeEstimate
+from models.knobs import Knobs
 
 log = logging.getLogger("gateway.batcher")
 

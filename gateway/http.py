@@ -360,7 +360,7 @@ async def admin_knobs(request: web.Request) -> web.Response:
         raise BadRequest(f"malformed JSON: {exc}") from None
     if not isinstance(changes, dict):
         raise BadRequest("the body must be an object of knob changes")
-    knobs = await service.set_knobs(name, version, changes)
+    knobs = await service.change_knobs(name, version, changes)
     view = service.describe(name, version)
     body_out: dict[str, Any] = {
         "model": view.name,

@@ -9,7 +9,6 @@ import logging
 import stat
 import time
 from collections import deque
-from collections.abc import Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,12 +17,13 @@ from typing import Any
 import numpy as np
 
 from gateway.batcher import Batcher, BatchRecord
-from gateway.errors import GatewayError, InternalError, ModelUnavailable
+from gateway.errors import BadRequest, InternalError, ModelUnavailable
 from gateway.instances import InstancePool, RuntimeFactory, StuckCalls
-from gateway.knobs import KnobLimits, Knobs, apply_changes
 from gateway.metrics import GatewayMetrics
+from models.knobs import InvalidKnobs, KnobLimits, Knobs
 from models.repository import ModelConfig
 from models.runtime import ModelMetadata, Threads
+from models.window_stats import WindowStats
 
 log = logging.getLogger("gateway.model")
 
@@ -63,27 +63,6 @@ class ModelState(enum.StrEnum):
     UNLOADING = "UNLOADING"
 
 
-@dataclass(frozen=True, slots=True)
-class WindowStats:
-    """What requests experienced inside the gateway over a recent window."""
-
-    window_s: float
-    completed: int
-    rate_per_s: float
-    rows_per_request: float
-    p50_ms: float
-    p95_ms: float
-    p99_ms: float
-    slo_violations: int
-    rejected: int
-    queue_depth: int
-    arrived: int = 0
-    """Requests that reached the model in the window, answered yet or not: the offered load.
-    Completions lag it whenever a queue builds (a step up in rate), so a rate judged from them
-    reads a burst as a fraction of itself."""
-    arrived_rows: int = 0
-
-
 class ModelHost:
     def __init__(
         self,
@@ -109,7 +88,7 @@ class ModelHost:
         self._labels = (name, str(version))
         b = config.batching
         self.limits = limits or KnobLimits(max_batch_size=config.max_batch_size)
-        self._knobs = _configured_knobs(config)
+        self._knobs = config.batching.knobs
         if knobs is not None:  # a reload keeps the knobs the tuner or an operator chose
             self._knobs = _carried(self._knobs, knobs, self.limits)
         warm_rows = tuple(sorted({1, b.max_batch_size}))
@@ -260,11 +239,14 @@ class ModelHost:
         self._done.append((finished, latency, rows, latency > self.config.slo_ms / 1000.0))
         return result
 
-    async def set_knobs(self, changes: Mapping[str, object]) -> Knobs:
-        """Apply knob changes; returns once every change is in effect. Request-level knobs take
-        effect from the next batch; thread and concurrency changes swap runtime instances."""
+    async def set_knobs(self, new: Knobs) -> Knobs:
+        """Set the knobs; returns once every one is in effect. Request-level knobs take effect
+        from the next batch; thread and concurrency changes swap runtime instances."""
+        try:
+            self.limits.check(new)
+        except InvalidKnobs as exc:
+            raise BadRequest(str(exc)) from exc
         async with self._knob_lock:
-            new = apply_changes(self._knobs, changes, self.limits)
             old = self._knobs
             if (new.concurrency, new.intra_op_threads, new.inter_op_threads) != (
                 old.concurrency,
@@ -407,23 +389,12 @@ class ModelHost:
         return ", ".join(f"{k}={v:g}" for k, v in self._knobs.as_dict().items())
 
 
-def _configured_knobs(config: ModelConfig) -> Knobs:
-    b = config.batching
-    return Knobs(
-        max_batch_size=b.max_batch_size,
-        batch_timeout_s=b.batch_timeout_ms / 1000.0,
-        concurrency=b.concurrency,
-        intra_op_threads=b.intra_op_threads,
-        inter_op_threads=b.inter_op_threads,
-    )
-
-
 def _carried(configured: Knobs, previous: Knobs, limits: KnobLimits) -> Knobs:
     """The previous version's knobs where they fit this version's limits, else the configured
     ones: a knob that no longer fits is dropped, not an error that would fail the reload."""
     try:
-        return apply_changes(configured, previous.as_dict(), limits)
-    except GatewayError:
+        return limits.check(previous)
+    except InvalidKnobs:
         return configured
 
 

@@ -31,21 +31,21 @@ from gateway.errors import (
     PayloadTooLarge,
 )
 from gateway.instances import StuckCalls
-from gateway.knobs import KnobLimits, Knobs
 from gateway.metrics import GatewayMetrics
 from gateway.model_host import (
     Fingerprint,
     ModelHost,
     ModelState,
     Watchdog,
-    WindowStats,
     folder_fingerprint,
 )
 from gateway.settings import ServingSettings
 from gateway.types import InferenceRequest, InferenceResponse
 from gateway.versions import Catalog, CatalogEntry, pick_version, unloaded
+from models.knobs import InvalidKnobs, KnobLimits, Knobs
 from models.repository import BrokenVersion, ModelVersion, with_plan_defaults
 from models.runtime import BackendError, ModelMetadata, Runtime, Threads
+from models.window_stats import WindowStats
 
 log = logging.getLogger("gateway.service")
 
@@ -407,13 +407,22 @@ class InferenceService:
     def knobs(self, model: str, version: int | str | None = None) -> Knobs:
         return self.host(model, version).knobs
 
-    async def set_knobs(
-        self, model: str, version: int | str | None, changes: Mapping[str, object]
-    ) -> Knobs:
+    async def set_knobs(self, model: str, version: int | str | None, knobs: Knobs) -> Knobs:
+        """Set all five knobs of a ready version; returns once they are in effect."""
         host = self.host(model, version)
         if not host.ready:
             raise ModelUnavailable(f"model {model} version {host.version} is not ready")
-        return await host.set_knobs(changes)
+        return await host.set_knobs(knobs)
+
+    async def change_knobs(
+        self, model: str, version: int | str | None, changes: Mapping[str, object]
+    ) -> Knobs:
+        """Change some knobs by wire name (the admin API's body); the others stay."""
+        try:
+            knobs = self.host(model, version).knobs.with_changes(changes)
+        except InvalidKnobs as exc:
+            raise BadRequest(str(exc)) from exc
+        return await self.set_knobs(model, version, knobs)
 
     def stats(
         self, model: str, version: int | str | None = None, window_s: float = 10.0

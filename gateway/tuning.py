@@ -27,15 +27,16 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from gateway.errors import NotFound
-from gateway.knobs import Knobs
 from gateway.loop_meter import LoopMeter
 from gateway.metrics import GatewayMetrics
-from gateway.model_host import WindowStats
 from gateway.service import InferenceService
 from gateway.settings import TunerSettings
 from models.extras import TUNER_MODULES, install_hint, missing
+from models.knobs import Knobs
 from models.machine import usable_cores as _usable_cores
+from models.window_stats import WindowStats
 from rrl.budget import CoreBudget
+from rrl.control import ModelControl
 from rrl.objective import Objective
 from rrl.online import AgentSettings, Decision, ModelAgent, model_process
 from rrl.priors import Priors, load_profile_priors
@@ -46,10 +47,10 @@ from rrl.workload import MonitorSettings
 log = logging.getLogger("gateway.tuning")
 
 
-class TunedService:
-    """The service as the agent's control (``rrl.control``): its knobs and window stats, plus
-    the batch service times and the event loop's cost per request its queueing model reads
-    (``rrl.control.ServiceTimesSource``, ``FrontEndSource``)."""
+class AgentControl(ModelControl):
+    """What an agent reads and sets of the gateway: the service's knobs and window stats, plus
+    the batch service times and the event loop's cost per request its queueing model reads,
+    which the service alone does not measure (``LoopMeter``)."""
 
     def __init__(self, service: InferenceService) -> None:
         self._service = service
@@ -58,10 +59,8 @@ class TunedService:
     def knobs(self, model: str, version: int | str | None = None) -> Knobs:
         return self._service.knobs(model, version)
 
-    async def set_knobs(
-        self, model: str, version: int | str | None, changes: dict[str, object]
-    ) -> Knobs:
-        return await self._service.set_knobs(model, version, changes)
+    async def set_knobs(self, model: str, version: int | str | None, knobs: Knobs) -> Knobs:
+        return await self._service.set_knobs(model, version, knobs)
 
     def stats(
         self, model: str, version: int | str | None = None, window_s: float = 10.0
@@ -100,7 +99,7 @@ class TuningService:
         self._budget: CoreBudget | None = None
         self._cores = 1
         # One control for every agent: its loop meter measures the loop once, not per model.
-        self._control = TunedService(service)
+        self._control = AgentControl(service)
 
     def start(self) -> None:
         """Start an agent for every ready model chosen by the settings (call once loaded), and
@@ -306,7 +305,7 @@ class TuningService:
         for which, config in configs.items():
             if config is None:
                 continue
-            for knob, value in config.knob_changes().items():
+            for knob, value in config.as_dict().items():
                 self.metrics.tuner_config.labels(*labels, which, knob).set(value)
 
 

@@ -17,6 +17,7 @@ last) with every file's SHA-256, which is how a finished build is recognised.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -195,7 +196,7 @@ def config_toml(config: ModelConfig) -> str:
     # TOML has no null: a key left unset (None) is written as absent, which reads back the same.
     lines = [f"{key} = {_toml_value(value)}" for key, value in top.items() if value is not None]
     lines += ["", "[batching]"]
-    lines += [f"{k} = {_toml_value(v)}" for k, v in config.batching.model_dump().items()]
+    lines += [f"{k} = {_toml_value(v)}" for k, v in dataclasses.asdict(config.batching).items()]
     return "\n".join(lines) + "\n"
 
 

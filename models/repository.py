@@ -12,29 +12,30 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from models.knobs import Knobs
 
 CONFIG_FILE = "config.toml"
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
-class BatchingDefaults(BaseModel):
-    """Start values of the five tunable knobs for this model version."""
+@dataclass(frozen=True, slots=True)
+class BatchingDefaults(Knobs):
+    """A version's ``[batching]`` table: the five knobs' start values, and the bound of its
+    request queue (not a knob: the tuner never moves it)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    max_queue_size: Annotated[
+        int,
+        Field(ge=1, le=1_000_000, description="Requests waiting at most; more are refused (503)."),
+    ] = 1024
 
-    max_batch_size: int = Field(8, ge=1, description="Most rows in one batch.")
-    batch_timeout_ms: float = Field(
-        1.0, ge=0.0, le=10_000.0, description="Longest wait for a batch to fill."
-    )
-    concurrency: int = Field(1, ge=1, le=64, description="Batches in flight (runtime instances).")
-    intra_op_threads: int = Field(1, ge=1, le=256, description="Threads inside one operator.")
-    inter_op_threads: int = Field(1, ge=1, le=256, description="Operators run in parallel.")
-    max_queue_size: int = Field(
-        1024, ge=1, le=1_000_000, description="Requests waiting at most; more are refused (503)."
-    )
+    @property
+    def knobs(self) -> Knobs:
+        """The start values alone, as the one knob type."""
+        return Knobs(*Knobs.as_tuple(self))
 
 
 class ModelConfig(BaseModel):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from models.knobs import Knobs
 from rrl.gate import GateSettings
 from rrl.queueing import ModelSettings
-from rrl.space import Config
 from rrl.workload import MonitorSettings
 
 
@@ -73,7 +73,7 @@ class AgentSettings:
     screen_every_s: float = 5.0
     """How often the whole grid is screened by the model (the shortlist is kept in between)."""
     history: int = 200
-    start: Config | None = None
+    start: Knobs | None = None
     monitor: MonitorSettings = field(default_factory=MonitorSettings)
     gate: GateSettings = field(default_factory=GateSettings)
     rest: RestSettings = field(default_factory=RestSettings)

@@ -24,9 +24,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from models.knobs import Knobs
 from rrl.measurement import Measurement
 from rrl.objective import Objective
-from rrl.space import Config, ConfigSpace, tf_serving_default
+from rrl.space import ConfigSpace, tf_serving_default
 from rrl.workload import WorkloadState
 
 
@@ -37,11 +38,11 @@ class Tuner(Protocol):
 
     def set_workload(self, state: WorkloadState) -> None: ...
 
-    def propose(self) -> Config: ...
+    def propose(self) -> Knobs: ...
 
-    def observe(self, config: Config, measurement: Measurement) -> None: ...
+    def observe(self, config: Knobs, measurement: Measurement) -> None: ...
 
-    def recommend(self) -> Config: ...
+    def recommend(self) -> Knobs: ...
 
     def snapshot(self) -> dict[str, Any]: ...
 
@@ -54,7 +55,7 @@ class TuningProblem:
     objective: Objective
     cores: int
     seed: int = 0
-    default: Config = field(init=False)
+    default: Knobs = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "default", tf_serving_default(self.space, self.cores))
@@ -105,19 +106,19 @@ class PerWorkload:
         table = self._tables.get(state)
         self.current = table if table is not None else self._new_table(state)
 
-    def propose(self) -> Config:
+    def propose(self) -> Knobs:
         return self.problem.space.at(self.current.propose())
 
-    def observe(self, config: Config, measurement: Measurement) -> None:
+    def observe(self, config: Knobs, measurement: Measurement) -> None:
         space = self.problem.space
         config = config if config in space else space.snap(config)
         value = self.problem.objective(config, measurement)
         self.current.observe(space.flat(config), value, measurement)
 
-    def recommend(self) -> Config:
+    def recommend(self) -> Knobs:
         return self.problem.space.at(self.current.recommend())
 
-    def predict(self, config: Config) -> float | None:
+    def predict(self, config: Knobs) -> float | None:
         """What the current state's table expects ``config`` to score, when the algorithm
         keeps such estimates (None otherwise, or when it knows nothing of it yet)."""
         predicted = getattr(self.current, "predicted", None)
@@ -126,7 +127,7 @@ class PerWorkload:
         value = predicted(self.problem.space.flat(self._on_grid(config)))
         return None if math.isnan(value) else float(value)
 
-    def exclude(self, config: Config) -> bool:
+    def exclude(self, config: Knobs) -> bool:
         """Ask the current state's table never to explore ``config``; False when the
         algorithm cannot (it may then propose it again)."""
         exclude = getattr(self.current, "exclude", None)
@@ -135,10 +136,10 @@ class PerWorkload:
         exclude(self.problem.space.flat(self._on_grid(config)))
         return True
 
-    def estimates(self, limit: int | None = None) -> list[tuple[Config, float, int]]:
+    def estimates(self, limit: int | None = None) -> list[tuple[Knobs, float, int]]:
         """(configuration, expected objective, times measured) for every configuration the
         current table has a value for (the best ``limit`` of them), best first (empty when it
-        keeps no estimates). Only the listed ones are built as ``Config``: the agent lists the
+        keeps no estimates). Only the listed ones are built as ``Knobs``: the agent lists the
         best few after every decision, on the gateway's event loop, and building all of a
         640-configuration grid took ~2 ms there."""
         known, values, counts = self._known()
@@ -162,7 +163,7 @@ class PerWorkload:
         values = estimates()
         return np.flatnonzero(np.isfinite(values)), values, obs.n
 
-    def _on_grid(self, config: Config) -> Config:
+    def _on_grid(self, config: Knobs) -> Knobs:
         space = self.problem.space
         return config if config in space else space.snap(config)
 
@@ -174,7 +175,7 @@ class PerWorkload:
                 "size_level": self.state.size_level,
             },
             "known_states": len(self._tables),
-            "recommended": self.recommend().knob_changes(),
+            "recommended": self.recommend().as_dict(),
             **self.current.describe(),
         }
 

@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import threading
 
-from rrl.space import Config
+from models.knobs import Knobs
 
 
-def threads_of(config: Config) -> int:
+def threads_of(config: Knobs) -> int:
     return config.concurrency * config.intra_op_threads
 
 
@@ -48,7 +48,7 @@ class CoreBudget:
         self._lock = threading.Lock()
 
     def report(
-        self, model: str, config: Config, rate_per_s: float, busy_cores: float | None = None
+        self, model: str, config: Knobs, rate_per_s: float, busy_cores: float | None = None
     ) -> None:
         """What ``model`` runs now, the arrival rate it sees and the cores it keeps busy (None:
         not known, so all its threads)."""
@@ -84,7 +84,7 @@ class CoreBudget:
         share = self._rates.get(model, 0.0) / total if total > 0 else 1.0 / len(models)
         return 1 + max(0, round((self.cores - len(models)) * share))
 
-    def fits(self, model: str, config: Config) -> bool:
+    def fits(self, model: str, config: Knobs) -> bool:
         threads = threads_of(config)
         with self._lock:
             if not any(m != model for m in self._claims):

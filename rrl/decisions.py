@@ -25,10 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from models.knobs import Knobs
 from rrl.gate import Verdict
 from rrl.measurement import Measurement
 from rrl.queueing import Prediction
-from rrl.space import Config
 from rrl.workload import WorkloadState
 
 
@@ -39,7 +39,7 @@ class Decision:
     at: float  # wall clock (time.time())
     model: str
     kind: str
-    config: Config
+    config: Knobs
     workload: WorkloadState | None
     reason: str = ""
     objective: float | None = None
@@ -54,7 +54,7 @@ class Decision:
         return {
             "at": round(self.at, 3),
             "kind": self.kind,
-            "config": self.config.knob_changes(),
+            "config": self.config.as_dict(),
             "workload": None if self.workload is None else str(self.workload),
             "reason": self.reason,
             "objective": self.objective,
@@ -84,7 +84,7 @@ def _measured(m: Measurement | None) -> dict[str, Any] | None:
 class Step:
     """What ``ModelAgent.choose`` picked for the next interval."""
 
-    config: Config
+    config: Knobs
     kind: str
     reason: str = ""
     predicted: Prediction | None = None

@@ -24,8 +24,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from models.knobs import Knobs
 from rrl.queueing import Arrivals, Prediction, QueueModel
-from rrl.space import Config
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +46,7 @@ class Verdict:
     incumbent: Prediction | None
     best: Prediction | None
     """The candidate with the largest predicted gain (tried or not)."""
-    candidate: Config | None
+    candidate: Knobs | None
     gain: float
     uncertainty: float
     considered: int
@@ -54,11 +54,11 @@ class Verdict:
 
     def as_dict(self) -> dict[str, object]:
         return {
-            "tried": None if self.candidate is None else self.candidate.knob_changes(),
+            "tried": None if self.candidate is None else self.candidate.as_dict(),
             "incumbent": None if self.incumbent is None else self.incumbent.as_dict(),
             "best_candidate": None
             if self.best is None
-            else {"config": self.best.config.knob_changes(), **self.best.as_dict()},
+            else {"config": self.best.config.as_dict(), **self.best.as_dict()},
             "gain": round(self.gain, 3),
             "uncertainty": round(self.uncertainty, 3),
             "considered": self.considered,
@@ -69,11 +69,11 @@ class Verdict:
 def screen(
     model: QueueModel,
     arrivals: Arrivals,
-    configs: Iterable[Config],
+    configs: Iterable[Knobs],
     keep: int,
     kappa: float = 2.0,
     length: int = 200,
-) -> list[Config]:
+) -> list[Knobs]:
     """The ``keep`` configurations with the lowest pessimistic objective (predicted from one
     trace of ``length`` arrivals each, plus ``kappa`` standard deviations): a configuration
     predicted a hair better under threads never measured does not crowd out one the model
@@ -95,8 +95,8 @@ def screen(
 def decide(
     model: QueueModel,
     arrivals: Arrivals,
-    incumbent: Config,
-    candidates: Iterable[Config],
+    incumbent: Knobs,
+    candidates: Iterable[Knobs],
     settings: GateSettings | None = None,
 ) -> Verdict:
     """The gate's verdict for ``candidates`` (already screened) against ``incumbent``."""
@@ -168,7 +168,7 @@ def _verdict(
     return Verdict(inc, p, p.config if tried else None, gain, bound, considered, reason)
 
 
-def needs_rebuild(old: Config, new: Config) -> bool:
+def needs_rebuild(old: Knobs, new: Knobs) -> bool:
     return (old.concurrency, old.intra_op_threads, old.inter_op_threads) != (
         new.concurrency,
         new.intra_op_threads,

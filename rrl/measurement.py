@@ -4,34 +4,8 @@ onto it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
-
-class WindowStatsView(Protocol):
-    """The gateway's per-model window snapshot (``gateway.model_host.WindowStats`` has these)."""
-
-    @property
-    def window_s(self) -> float: ...
-    @property
-    def completed(self) -> int: ...
-    @property
-    def rows_per_request(self) -> float: ...
-    @property
-    def p50_ms(self) -> float: ...
-    @property
-    def p95_ms(self) -> float: ...
-    @property
-    def p99_ms(self) -> float: ...
-    @property
-    def slo_violations(self) -> int: ...
-    @property
-    def rejected(self) -> int: ...
-    @property
-    def queue_depth(self) -> int: ...
-    @property
-    def arrived(self) -> int: ...
-    @property
-    def arrived_rows(self) -> int: ...
+from models.window_stats import WindowStats
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +39,7 @@ class Measurement:
 
     @classmethod
     def from_window_stats(
-        cls, stats: WindowStatsView, *, cpu_cores: float | None = None
+        cls, stats: WindowStats, *, cpu_cores: float | None = None
     ) -> Measurement:
         """A gateway ``stats(model, window_s=...)`` snapshot as a measurement. The gateway
         counts late answers in ``slo_violations`` and refusals in ``rejected``; here both are

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rrl.space import Config
+from models.knobs import Knobs
 from rrl.workload import WorkloadState
 
 BURSTY_DISPERSION = 4.0
@@ -35,7 +35,7 @@ class StateKey:
 
 @dataclass(slots=True)
 class Remembered:
-    config: Config
+    config: Knobs
     objective: float
     windows: int = 1
 
@@ -43,9 +43,9 @@ class Remembered:
 @dataclass
 class StateMemory:
     best: dict[StateKey, Remembered] = field(default_factory=dict)
-    rejected: dict[StateKey, set[Config]] = field(default_factory=dict)
+    rejected: dict[StateKey, set[Knobs]] = field(default_factory=dict)
 
-    def remember(self, key: StateKey, config: Config, objective: float) -> None:
+    def remember(self, key: StateKey, config: Knobs, objective: float) -> None:
         known = self.best.get(key)
         if known is not None and known.config == config:
             known.objective = objective
@@ -59,16 +59,16 @@ class StateMemory:
         other = StateKey(key.rate_level, key.size_level, not key.bursty)
         return self.best.get(key) or self.best.get(other)
 
-    def reject(self, key: StateKey, config: Config) -> None:
+    def reject(self, key: StateKey, config: Knobs) -> None:
         self.rejected.setdefault(key, set()).add(config)
 
-    def was_rejected(self, key: StateKey, config: Config) -> bool:
+    def was_rejected(self, key: StateKey, config: Knobs) -> bool:
         return config in self.rejected.get(key, set())
 
     def as_dict(self) -> dict[str, object]:
         return {
             str(k): {
-                "config": v.config.knob_changes(),
+                "config": v.config.as_dict(),
                 "objective": round(v.objective, 3),
                 "windows": v.windows,
                 "rejected": len(self.rejected.get(k, ())),

@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from models.knobs import Knobs
 from rrl.measurement import Measurement
-from rrl.space import Config
 
 
 class Objective(Protocol):
@@ -28,7 +28,7 @@ class Objective(Protocol):
     @property
     def slo_ms(self) -> float: ...
 
-    def __call__(self, config: Config, measurement: Measurement) -> float: ...
+    def __call__(self, config: Knobs, measurement: Measurement) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +37,7 @@ class LatencyObjective:
     violation_weight: float = 2.0
     name: str = "latency"
 
-    def __call__(self, config: Config, measurement: Measurement) -> float:
+    def __call__(self, config: Knobs, measurement: Measurement) -> float:
         if measurement.offered == 0:
             return 0.0  # no traffic: every configuration is equally good
         # Nothing answered: as bad as the SLO itself, plus the penalty.
@@ -52,7 +52,7 @@ class CostObjective:
     penalty_weight: float = 4.0
     name: str = "cost"
 
-    def __call__(self, config: Config, measurement: Measurement) -> float:
+    def __call__(self, config: Knobs, measurement: Measurement) -> float:
         if measurement.cpu_cores is not None:
             used = measurement.cpu_cores
         else:

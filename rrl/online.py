@@ -48,23 +48,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from models.knobs import Knobs
 from rrl.agent_settings import ONLINE_TUNERS, AgentSettings
 from rrl.budget import CoreBudget
-from rrl.control import (
-    ModelControl,
-    apply_config,
-    current_config,
-    front_end_s,
-    measure,
-    service_samples,
-)
+from rrl.control import ModelControl, current_config, measure
 from rrl.decisions import Decision, Step
 from rrl.gate import needs_rebuild
 from rrl.measurement import Measurement
 from rrl.objective import Objective
 from rrl.policy import Policy
 from rrl.priors import Priors
-from rrl.space import Config, ConfigSpace
+from rrl.space import ConfigSpace
 from rrl.workload import MonitorSettings
 
 log = logging.getLogger("rrl.online")
@@ -109,7 +103,7 @@ class ModelAgent(Policy):
         self._priors = priors
         self._idle = False
         self._service_fresh = False
-        self._applied: Config | None = None  # the knobs as this agent last set them
+        self._applied: Knobs | None = None  # the knobs as this agent last set them
         self._last_tick = time.monotonic()
         self.started = asyncio.Event()
         """Set once the priors are loaded (or not) and the start configuration applied."""
@@ -162,7 +156,7 @@ class ModelAgent(Policy):
         if start is None:
             return
         try:
-            await apply_config(self.control, self.model, self.space.snap(start))
+            await self.control.set_knobs(self.model, None, self.space.snap(start))
         except Exception:  # the configured knobs keep serving: worse, not broken
             log.exception("tuner %s: start configuration %s not applied", self.model, start)
 
@@ -253,14 +247,14 @@ class ModelAgent(Policy):
         an interval without a rebuild (right after one, the gateway's recent batches are still
         the previous sessions')."""
         assert self.current is not None
-        samples = service_samples(self.control, self.model)
+        samples = self.control.service_samples(self.model)
         if samples and (self._service_fresh or not self.queue_model.measured_settings()):
             setting = (self.current.concurrency, self.current.intra_op_threads)
             self.queue_model.observe_service(setting, samples)
-        if (per_request_s := front_end_s(self.control)) is not None:
+        if (per_request_s := self.control.front_end_s()) is not None:
             self.queue_model.observe_front_end(per_request_s)
 
-    def _record_workload(self, config: Config, rebuilt: bool) -> None:
+    def _record_workload(self, config: Knobs, rebuilt: bool) -> None:
         reason = f"rate {self._change_rate():.1f}/s"
         self._record(
             Decision(
@@ -325,11 +319,11 @@ class ModelAgent(Policy):
     def _queue_depth(self) -> int:
         return int(self.control.stats(self.model, window_s=0.0).queue_depth)
 
-    async def _apply(self, config: Config) -> tuple[bool, Config]:
+    async def _apply(self, config: Knobs) -> tuple[bool, Knobs]:
         assert self.current is not None
         rebuild = needs_rebuild(self.current, config)
         started = time.monotonic()
-        applied = self.space.snap(await apply_config(self.control, self.model, config))
+        applied = self.space.snap(await self.control.set_knobs(self.model, None, config))
         if rebuild:
             self.last_rebuild_end = time.monotonic()
             self.last_rebuild_s = self.last_rebuild_end - started
@@ -362,13 +356,13 @@ class ModelAgent(Policy):
                 "dispersion": round(self.dispersion(), 3),
             },
             "rate_per_s": round(self.monitor.rate_per_s, 3),
-            "current": None if self.current is None else self.current.knob_changes(),
-            "best": best.knob_changes(),
+            "current": None if self.current is None else self.current.as_dict(),
+            "best": best.as_dict(),
             "best_estimate": self.tuner.predict(best),
             "trial": None
             if trial is None
             else {
-                "candidate": trial.candidate.knob_changes(),
+                "candidate": trial.candidate.as_dict(),
                 "windows": len(trial.windows),
                 "of": len(trial.schedule()),
             },
@@ -395,7 +389,7 @@ class ModelAgent(Policy):
             "prior_states": self.prior_states,
             "last_rebuild_s": round(self.last_rebuild_s, 4),
             "estimates": [
-                {"config": c.knob_changes(), "objective": round(v, 4), "measured": n}
+                {"config": c.as_dict(), "objective": round(v, 4), "measured": n}
                 for c, v, n in self.tuner.estimates(limit=50)
             ],
         }

@@ -32,6 +32,7 @@ import time
 from collections import deque
 from dataclasses import replace
 
+from models.knobs import Knobs
 from rrl.agent_settings import ONLINE_TUNERS, AgentSettings
 from rrl.ask_tell import PerWorkload, TuningProblem
 from rrl.budget import CoreBudget, threads_of
@@ -42,7 +43,7 @@ from rrl.memory import StateKey, StateMemory
 from rrl.objective import make_objective
 from rrl.queueing import Arrivals, Prediction, QueueModel
 from rrl.rest import Rest, RestRules
-from rrl.space import Config, ConfigSpace
+from rrl.space import ConfigSpace
 from rrl.trial import Outcome, Trial, Window
 from rrl.workload import WorkloadMonitor, WorkloadState, index_of_dispersion
 
@@ -80,29 +81,29 @@ class Policy(RestRules):
         self.monitor = WorkloadMonitor(s.monitor)
         self.history: deque[Decision] = deque(maxlen=s.history)
         self.counts: dict[str, int] = {}
-        self.current: Config | None = None
-        self.incumbent: Config | None = None
+        self.current: Knobs | None = None
+        self.incumbent: Knobs | None = None
         self.trial: Trial | None = None
         self.workload: WorkloadState | None = None
         self.verdict: Verdict | None = None
         self.last_rebuild_end = -float("inf")
         self.last_rebuild_s = 0.0
         self._after: tuple[str, str] | None = None  # (kind, reason) of the interval after a trial
-        self._recall: Config | None = None
+        self._recall: Knobs | None = None
         self._baseline: Window | None = None  # the incumbent's last window in this state
         self._since_trial = s.trial_gap
-        self._last_measured: tuple[Config, float] | None = None
+        self._last_measured: tuple[Knobs, float] | None = None
         self._incumbent_values: deque[float] = deque(maxlen=8)
         self._tick_counts: deque[float] = deque(maxlen=16)
-        self._shortlist: list[Config] = []
+        self._shortlist: list[Knobs] = []
         self._screened: tuple[float, StateKey | None, tuple[int, int]] = (-math.inf, None, (0, 0))
         self._draining = False
         self.budget: CoreBudget | None = None
-        self._blocked: list[Config] = []
+        self._blocked: list[Knobs] = []
         self._gated_at = -math.inf
         self.rest = Rest(s.rest, s.interval_s)
-        self._asked: tuple[StateKey, Config] | None = None  # where the gate let nothing through
-        self._pending: list[tuple[Config, Arrivals, Measurement]] = []
+        self._asked: tuple[StateKey, Knobs] | None = None  # where the gate let nothing through
+        self._pending: list[tuple[Knobs, Arrivals, Measurement]] = []
 
     def choose(self, queued: int = 0) -> Step:
         """The next interval's configuration and why, with ``queued`` requests waiting now
@@ -184,7 +185,7 @@ class Policy(RestRules):
         )
         return Step(candidate, "explore", verdict.reason, verdict.best, verdict)
 
-    def _candidates(self, arrivals: Arrivals) -> list[Config]:
+    def _candidates(self, arrivals: Arrivals) -> list[Knobs]:
         """The model's shortlist of the grid (screened every ``screen_every_s``, or when the
         state or the arrivals change) and the tuner's proposal, minus what the tuner's estimates
         put beyond ``explore_regret`` x the incumbent and what lost a trial in this state."""
@@ -220,7 +221,7 @@ class Policy(RestRules):
         self._blocked = [c for c in allowed if budget and not budget.fits(self.model, c)]
         return [c for c in allowed if c not in self._blocked]
 
-    def _grid(self) -> list[Config]:
+    def _grid(self) -> list[Knobs]:
         """What the gate screens: one inter-op thread (the served graphs are chains), and the
         timeouts of eager batching and of the incumbent: a few dozen configurations."""
         assert self.incumbent is not None
@@ -276,7 +277,7 @@ class Policy(RestRules):
                 return Step(config, "yield", reason, p)
         return None
 
-    def _predict(self, config: Config, arrivals: Arrivals | None = None) -> Prediction | None:
+    def _predict(self, config: Knobs, arrivals: Arrivals | None = None) -> Prediction | None:
         return self.queue_model.predict_many([(config, arrivals or self.arrivals(), None)])[0]
 
     def arrivals(self) -> Arrivals:
@@ -364,7 +365,7 @@ class Policy(RestRules):
             )
         )
 
-    def _calibrate(self, config: Config, measurement: Measurement) -> None:
+    def _calibrate(self, config: Knobs, measurement: Measurement) -> None:
         """Only a cached prediction calibrates now; the rest at the next step that asks the
         model anyway (``_calibrate_pending``, all in one call), none while resting."""
         seen = Arrivals(measurement.rate_per_s, self.dispersion(), measurement.rows_per_request)
@@ -375,7 +376,7 @@ class Policy(RestRules):
             self._pending.append((config, seen, measurement))
             del self._pending[: -self.queue_model.settings.residuals_kept]
 
-    def _trial_window(self, config: Config, value: float, m: Measurement) -> Outcome | None:
+    def _trial_window(self, config: Knobs, value: float, m: Measurement) -> Outcome | None:
         trial = self.trial
         if trial is None:
             return None
@@ -405,7 +406,7 @@ class Policy(RestRules):
             self._after = ("revert", outcome.reason)
         return outcome
 
-    def _incumbent_window(self, config: Config, value: float, rate: float) -> None:
+    def _incumbent_window(self, config: Knobs, value: float, rate: float) -> None:
         self._baseline = Window(config, value, rate)
         self._incumbent_values.append(value)
         self._since_trial += 1
@@ -415,7 +416,7 @@ class Policy(RestRules):
         if self.monitor.in_band(rate):
             self.memory.remember(self._key(), config, value)
 
-    def _normalise(self, config: Config, value: float, seen: float, common: float) -> float:
+    def _normalise(self, config: Knobs, value: float, seen: float, common: float) -> float:
         """``value`` measured at ``seen`` requests/s, expressed at ``common`` by the model's
         ratio between the two rates (the same trace seed on both sides)."""
         if seen <= 0 or common <= 0 or math.isclose(seen, common):
@@ -472,10 +473,10 @@ class Policy(RestRules):
             and last[1] > self._slo_value(last[0], self.settings.violating_fraction)
         )
 
-    def _unsafe_value(self, config: Config) -> float:
+    def _unsafe_value(self, config: Knobs) -> float:
         return self._slo_value(config, self.settings.unsafe_violation_fraction)
 
-    def _slo_value(self, config: Config, v: float) -> float:
+    def _slo_value(self, config: Knobs, v: float) -> float:
         """The objective of 'p95 at the SLO with a fraction ``v`` of the requests violating'."""
         slo = self.objective.slo_ms
         probe = Measurement(1.0, 1000, 1000, slo, slo, slo, round(1000 * v), 0)

@@ -43,10 +43,10 @@ from typing import Any
 
 import numpy as np
 
+from models.knobs import Knobs
 from rrl.measurement import Measurement
 from rrl.objective import Objective
 from rrl.replay import ServiceTimes, ThreadSetting, simulate
-from rrl.space import Config
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +78,7 @@ class Arrivals:
 class Prediction:
     """A configuration's expected figures under given arrivals, and how sure the model is."""
 
-    config: Config
+    config: Knobs
     p95_ms: float
     violation_fraction: float
     objective: float
@@ -207,7 +207,7 @@ class QueueModel:
     def measured_settings(self) -> list[ThreadSetting]:
         return sorted(s for s, by in self._samples.items() if by)
 
-    def busy_cores(self, config: Config, measurement: Measurement) -> float | None:
+    def busy_cores(self, config: Knobs, measurement: Measurement) -> float | None:
         """The cores ``config``'s instances kept busy over ``measurement``'s window: the
         measured service time per row of its thread setting's recent batches (as they formed at
         the recent loads), times the rows that arrived per second, times each instance's
@@ -277,7 +277,7 @@ class QueueModel:
             known.update(fresh)
         return [self._compose(k, known[k]) for k in keys]
 
-    def cached(self, config: Config, arrivals: Arrivals) -> Prediction | None:
+    def cached(self, config: Knobs, arrivals: Arrivals) -> Prediction | None:
         """The prediction with the default replicas when the cache holds it; never simulates."""
         key = self._key(config, arrivals, None, None)
         if key not in self._cache:
@@ -293,7 +293,7 @@ class QueueModel:
 
     def predict(
         self,
-        config: Config,
+        config: Knobs,
         arrivals: Arrivals,
         *,
         replicas: int | None = None,
@@ -305,7 +305,7 @@ class QueueModel:
         return self.predict_many([(config, arrivals, replicas)], length=length)[0]
 
     def _key(
-        self, config: Config, arrivals: Arrivals, replicas: int | None, length: int | None
+        self, config: Knobs, arrivals: Arrivals, replicas: int | None, length: int | None
     ) -> CacheKey:
         s = self.settings
         return (
@@ -325,7 +325,7 @@ class QueueModel:
         times, rel, measured = derived
         slo_s = self.objective.slo_ms / 1000.0
         per_batch = max(1, int(config.max_batch_size / max(arrivals.rows_per_request, 1.0)))
-        as_requests = Config(
+        as_requests = Knobs(
             per_batch,
             config.batch_timeout_ms,
             config.concurrency,
@@ -365,7 +365,7 @@ class QueueModel:
         p95 = float(np.percentile(served, 95)) * 1e3 if served.size else self.objective.slo_ms
         return p95, float(violating)
 
-    def _objective(self, config: Config, p95_ms: float, violating: float) -> float:
+    def _objective(self, config: Knobs, p95_ms: float, violating: float) -> float:
         n = 1000
         probe = Measurement(
             duration_s=1.0,
@@ -379,7 +379,7 @@ class QueueModel:
         )
         return self.objective(config, probe)
 
-    def _objective_slope(self, config: Config, p95_ms: float, violating: float) -> float:
+    def _objective_slope(self, config: Knobs, p95_ms: float, violating: float) -> float:
         """d objective / d p95 (1 for the latency objective): turns an error in ms into one in
         the objective's units."""
         return abs(
@@ -394,7 +394,7 @@ class QueueModel:
         return np.cumsum(gaps).tolist()
 
     def _service_for(
-        self, config: Config, rows_per_request: float
+        self, config: Knobs, rows_per_request: float
     ) -> tuple[ServiceTimes, float, bool] | None:
         """Service times for ``config``'s threads, in requests per batch: measured when that
         setting was, else derived from the nearest measured one (with its uncertainty)."""
@@ -429,8 +429,8 @@ class QueueModel:
         return slowdown(*target) / slowdown(*source)
 
 
-Ask = tuple[Config, Arrivals, int | None]  # (configuration, arrivals, replicas; None: default)
-CacheKey = tuple[Config, Arrivals, int, int]
+Ask = tuple[Knobs, Arrivals, int | None]  # (configuration, arrivals, replicas; None: default)
+CacheKey = tuple[Knobs, Arrivals, int, int]
 """(configuration, quantized arrivals, replicas, trace length)."""
 Simulated = tuple[tuple[tuple[float, float], ...], float, bool]
 """(p95 ms before the offset, violating share) per trace; relative uncertainty; measured."""

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rrl.space import Config
+from models.knobs import Knobs
 
 ThreadSetting = tuple[int, int]  # (concurrency, intra-op threads)
 
@@ -94,7 +94,7 @@ class _Sampler:
 
 def simulate(
     arrivals_s: Sequence[float],
-    config: Config,
+    config: Knobs,
     times: ServiceTimes,
     *,
     slo_s: float,
@@ -219,13 +219,13 @@ def figures(latencies_s: Sequence[float] | np.ndarray, slo_s: float) -> Figures:
 class Scored:
     """One configuration replayed over a trace: the whole trace and each phase."""
 
-    config: Config
+    config: Knobs
     overall: Figures
     phases: tuple[Figures, ...]
 
 
 def score(
-    configs: Iterable[Config],
+    configs: Iterable[Knobs],
     arrivals_s: Sequence[float],
     phase_of: Sequence[int],
     n_phases: int,
@@ -248,11 +248,11 @@ def request_grid(
     settings: Iterable[ThreadSetting],
     batch_sizes: Sequence[int],
     timeouts_ms: Sequence[float],
-) -> list[Config]:
+) -> list[Knobs]:
     """The request-level grid under each thread setting (batch 1 never waits, so only with
     timeout 0)."""
     return [
-        Config(b, t, c, intra, 1)
+        Knobs(b, t, c, intra, 1)
         for c, intra in settings
         for b in batch_sizes
         for t in timeouts_ms

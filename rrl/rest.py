@@ -43,12 +43,12 @@ from rrl.agent_settings import AgentSettings, RestSettings
 from rrl.decisions import Decision, Step
 
 if TYPE_CHECKING:
+    from models.knobs import Knobs
     from rrl.budget import CoreBudget
     from rrl.measurement import Measurement
     from rrl.memory import StateKey
     from rrl.objective import Objective
     from rrl.queueing import Arrivals, QueueModel
-    from rrl.space import Config
     from rrl.trial import Trial
     from rrl.workload import WorkloadMonitor, WorkloadState
 
@@ -192,15 +192,15 @@ class RestRules:
     queue_model: QueueModel
     monitor: WorkloadMonitor
     rest: Rest
-    incumbent: Config | None
+    incumbent: Knobs | None
     workload: WorkloadState | None
     budget: CoreBudget | None
     trial: Trial | None
-    _recall: Config | None
+    _recall: Knobs | None
     _after: tuple[str, str] | None
     _gated_at: float
-    _asked: tuple[StateKey, Config] | None
-    _pending: list[tuple[Config, Arrivals, Measurement]]
+    _asked: tuple[StateKey, Knobs] | None
+    _pending: list[tuple[Knobs, Arrivals, Measurement]]
 
     def _key(self) -> StateKey:
         raise NotImplementedError  # the policy's

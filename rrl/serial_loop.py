@@ -43,8 +43,8 @@ from typing import Protocol
 
 import numpy as np
 
+from models.knobs import Knobs
 from rrl.replay import ServiceTimes, batch_start
-from rrl.space import Config
 
 WINDOW_S = 0.25
 """The bins of the other processes' load."""
@@ -113,7 +113,7 @@ class _Lane:
     the one dispatch it may have pending (the batcher's loop waits for one batch at a time)."""
 
     stream: Traffic
-    config: Config
+    config: Knobs
     samples: dict[int, list[float]]
     rng: np.random.Generator
     ready: list[float]
@@ -179,7 +179,7 @@ class Replayed:
 
 def replay(
     streams: Sequence[Traffic],
-    configs: Sequence[Config],
+    configs: Sequence[Knobs],
     cores: int,
     *,
     seed: int = 0,

@@ -15,72 +15,10 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Protocol
 
 import numpy as np
 
-KNOBS = (
-    "max_batch_size",
-    "batch_timeout_ms",
-    "concurrency",
-    "intra_op_threads",
-    "inter_op_threads",
-)
-
-
-class KnobsView(Protocol):
-    """What the gateway's knobs look like from here (``gateway.knobs.Knobs`` has these)."""
-
-    @property
-    def max_batch_size(self) -> int: ...
-    @property
-    def batch_timeout_s(self) -> float: ...
-    @property
-    def concurrency(self) -> int: ...
-    @property
-    def intra_op_threads(self) -> int: ...
-    @property
-    def inter_op_threads(self) -> int: ...
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class Config:
-    """One setting of the five knobs (the timeout in milliseconds, as on the wire)."""
-
-    max_batch_size: int
-    batch_timeout_ms: float
-    concurrency: int
-    intra_op_threads: int
-    inter_op_threads: int
-
-    def knob_changes(self) -> dict[str, int | float]:
-        """The body of a knob change (``set_knobs`` / ``PUT .../knobs``)."""
-        return {name: getattr(self, name) for name in KNOBS}
-
-    def as_tuple(self) -> tuple[int, float, int, int, int]:
-        return (
-            self.max_batch_size,
-            self.batch_timeout_ms,
-            self.concurrency,
-            self.intra_op_threads,
-            self.inter_op_threads,
-        )
-
-    @classmethod
-    def from_knobs(cls, knobs: KnobsView) -> Config:
-        return cls(
-            max_batch_size=knobs.max_batch_size,
-            batch_timeout_ms=round(knobs.batch_timeout_s * 1000.0, 6),
-            concurrency=knobs.concurrency,
-            intra_op_threads=knobs.intra_op_threads,
-            inter_op_threads=knobs.inter_op_threads,
-        )
-
-    def __str__(self) -> str:
-        return (
-            f"batch={self.max_batch_size} timeout={self.batch_timeout_ms:g}ms "
-            f"conc={self.concurrency} intra={self.intra_op_threads} inter={self.inter_op_threads}"
-        )
+from models.knobs import Knobs
 
 
 @dataclass(frozen=True)
@@ -158,9 +96,9 @@ class ConfigSpace:
         return math.prod(self.shape)
 
     @cached_property
-    def configs(self) -> tuple[Config, ...]:
+    def configs(self) -> tuple[Knobs, ...]:
         return tuple(
-            Config(int(b), float(t), int(c), int(i), int(o))
+            Knobs(int(b), float(t), int(c), int(i), int(o))
             for b, t, c, i, o in itertools.product(*self.axes)
         )
 
@@ -193,10 +131,10 @@ class ConfigSpace:
         return np.sqrt((diff**2).sum(axis=2))
 
     @cached_property
-    def _flat_of(self) -> dict[Config, int]:
+    def _flat_of(self) -> dict[Knobs, int]:
         return {c: i for i, c in enumerate(self.configs)}
 
-    def __iter__(self) -> Iterator[Config]:
+    def __iter__(self) -> Iterator[Knobs]:
         return iter(self.configs)
 
     def __len__(self) -> int:
@@ -205,17 +143,17 @@ class ConfigSpace:
     def __contains__(self, config: object) -> bool:
         return config in self._flat_of
 
-    def flat(self, config: Config) -> int:
+    def flat(self, config: Knobs) -> int:
         """The flat index of a configuration on the grid (``snap`` one that is not)."""
         try:
             return self._flat_of[config]
         except KeyError:
             raise KeyError(f"{config} is not on the grid; snap() it first") from None
 
-    def coord(self, config: Config) -> np.ndarray:
+    def coord(self, config: Knobs) -> np.ndarray:
         return self.coords[self.flat(config)]
 
-    def snap(self, config: Config) -> Config:
+    def snap(self, config: Knobs) -> Knobs:
         """The nearest grid configuration, axis by axis (log2 scale for batch and timeout), so
         a gateway started with off-grid knobs can still be described in this space."""
         b = _nearest_log(self.batch_sizes, config.max_batch_size)
@@ -224,7 +162,7 @@ class ConfigSpace:
             if config.batch_timeout_ms <= 0 or len(self.timeouts_ms) == 1
             else _nearest_timeout(self.timeouts_ms, config.batch_timeout_ms)
         )
-        return Config(
+        return Knobs(
             int(b),
             float(t),
             _clamp(self.concurrency, config.concurrency),
@@ -232,10 +170,10 @@ class ConfigSpace:
             _clamp(self.inter_op_threads, config.inter_op_threads),
         )
 
-    def at(self, flat: int) -> Config:
+    def at(self, flat: int) -> Knobs:
         return self.configs[flat]
 
-    def at_coord(self, coord: Sequence[float] | np.ndarray) -> Config:
+    def at_coord(self, coord: Sequence[float] | np.ndarray) -> Knobs:
         """The grid configuration nearest to ``coord``, axis by axis."""
         positions = tuple(
             int(np.argmin(np.abs(axis - float(x))))
@@ -267,10 +205,10 @@ class ConfigSpace:
         )
 
 
-def tf_serving_default(space: ConfigSpace, cores: int) -> Config:
+def tf_serving_default(space: ConfigSpace, cores: int) -> Knobs:
     """TF Serving's CPU guidance, snapped to the grid: threads = cores (intra and inter), batch
     threads (concurrency) = cores, a large maximum batch, batch timeout 0."""
-    return space.snap(Config(space.batch_sizes[-1], 0.0, cores, cores, cores))
+    return space.snap(Knobs(space.batch_sizes[-1], 0.0, cores, cores, cores))
 
 
 def _is_power_of_two(x: float) -> bool:
@@ -308,7 +246,7 @@ def core_share(cores: int, models: int) -> int:
     return max(1, cores // max(models, 1))
 
 
-def expert_default(cores: int, max_batch_size: int) -> Config:
+def expert_default(cores: int, max_batch_size: int) -> Knobs:
     """What a practitioner would configure without measuring: eager batching (timeout 0, so a
     free instance takes whatever is queued, up to the max batch: batch 1 at a trickle, large in
     a burst; Triton's dynamic batcher does not delay either), and instances sized to the cores
@@ -325,7 +263,7 @@ def expert_default(cores: int, max_batch_size: int) -> Config:
     if cores < 1 or max_batch_size < 1:
         raise ValueError("cores and max_batch_size must be at least 1")
     concurrency = max(1, min(cores // 2, 4))
-    return Config(
+    return Knobs(
         max_batch_size=2 ** int(math.log2(min(max_batch_size, EXPERT_BATCH_CAP))),
         batch_timeout_ms=0.0,
         concurrency=concurrency,

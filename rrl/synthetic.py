@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from models.knobs import Knobs
 from rrl.measurement import Measurement
-from rrl.space import Config, ConfigSpace
+from rrl.space import ConfigSpace
 
 
 @dataclass
@@ -44,10 +45,10 @@ class Landscape:
     def optimum_value(self) -> float:
         return float(self.values.min())
 
-    def value(self, config: Config) -> float:
+    def value(self, config: Knobs) -> float:
         return float(self.values[self.space.flat(config)])
 
-    def measure(self, config: Config) -> Measurement:
+    def measure(self, config: Knobs) -> Measurement:
         value = self.value(config)
         if self.noise_sd > 0:
             assert self.rng is not None

@@ -31,9 +31,10 @@ from typing import Any
 
 import numpy as np
 
+from models.knobs import Knobs
 from rrl.measurement import Measurement
 from rrl.objective import Objective
-from rrl.space import Config, ConfigSpace
+from rrl.space import ConfigSpace
 from rrl.workload import WorkloadState
 
 
@@ -71,7 +72,7 @@ class ProfileTable:
         samples: dict[tuple[int, int], list[np.ndarray]] = {}
         for cell in doc["cells"]:
             b, t, c, i, o = cell["config"]
-            flat = self.space.flat(Config(int(b), float(t), int(c), int(i), int(o)))
+            flat = self.space.flat(Knobs(int(b), float(t), int(c), int(i), int(o)))
             rows = np.array(
                 [[np.nan if v is None else v for v in w] for w in cell["windows"]], dtype=float
             )
@@ -199,7 +200,7 @@ class Testbed:
         twin.__dict__["_truth"] = self._truth  # the cached_property's own slot
         return twin
 
-    def measure(self, config: Config, load: int) -> Measurement:
+    def measure(self, config: Knobs, load: int) -> Measurement:
         flat = self.space.flat(config)
         recorded = self.table.window_count(load, flat)
         window_s = float(np.nanmean(self.table.field("duration_s")[load, flat]))
@@ -242,12 +243,12 @@ class Testbed:
         best = int(np.argmin(truth))
         return truth - truth[best] <= 2.0 * se[best]
 
-    def oracle(self, load: int) -> tuple[Config, float]:
+    def oracle(self, load: int) -> tuple[Knobs, float]:
         truth = self.truth(load)
         best = int(np.argmin(truth))
         return self.space.at(best), float(truth[best])
 
-    def gap(self, config: Config, load: int) -> float:
+    def gap(self, config: Knobs, load: int) -> float:
         """How much worse than the oracle ``config`` is, as a fraction of the oracle's value."""
         _, best = self.oracle(load)
         return float(self.truth(load)[self.space.flat(config)] / best - 1.0)

@@ -32,15 +32,15 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rrl.space import Config
+from models.knobs import Knobs
 
 # (config, its measured objective, the rate it was measured at, the rate to express it at)
-Normalise = Callable[[Config, float, float, float], float]
+Normalise = Callable[[Knobs, float, float, float], float]
 
 
 @dataclass(frozen=True, slots=True)
 class Window:
-    config: Config
+    config: Knobs
     objective: float
     rate_per_s: float
 
@@ -56,8 +56,8 @@ class Outcome:
 
 @dataclass
 class Trial:
-    incumbent: Config
-    candidate: Config
+    incumbent: Knobs
+    candidate: Knobs
     baseline: Window | None
     interleave: bool
     margin: float
@@ -67,15 +67,15 @@ class Trial:
     above this objective (violating the SLO), whatever the incumbent did."""
     windows: list[Window] = field(default_factory=list)
 
-    def schedule(self) -> list[Config]:
+    def schedule(self) -> list[Knobs]:
         c, i = self.candidate, self.incumbent
         return [c, i, c] if self.interleave else [c, c]
 
-    def next_config(self) -> Config:
+    def next_config(self) -> Knobs:
         return self.schedule()[min(len(self.windows), len(self.schedule()) - 1)]
 
     def record(
-        self, config: Config, objective: float, rate: float, norm: Normalise
+        self, config: Knobs, objective: float, rate: float, norm: Normalise
     ) -> Outcome | None:
         """One measured window of the trial; an outcome once the trial is decided."""
         if config != self.next_config():  # chosen before the trial began: not part of it

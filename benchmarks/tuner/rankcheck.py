@@ -37,18 +37,19 @@ from benchmarks.tuner.run import (
 from benchmarks.tuner.scenarios import SCENARIOS, Phase, Scenario, resolve
 from benchmarks.tuner.search import ModelPlan, streams
 from benchmarks.tuner.servicetimes import calibrate, measure_samples
-from rrl.space import Config, expert_default
+from models.knobs import Knobs
+from rrl.space import expert_default
 
 SIZES = [1, 2, 4, 8, 16, 32]
 
 
-def configs(cores: int, max_batch: int) -> dict[str, Config]:
+def configs(cores: int, max_batch: int) -> dict[str, Knobs]:
     """The expert default and a few that spread instances and batch sizes differently."""
     return {
         "expert": expert_default(cores, max_batch),
-        "4x4": Config(4, 0.0, 4, 1, 1),
-        "1x32": Config(32, 0.0, 1, 1, 1),
-        "2x16": Config(16, 0.0, 2, 1, 1),
+        "4x4": Knobs(4, 0.0, 4, 1, 1),
+        "1x32": Knobs(32, 0.0, 1, 1, 1),
+        "2x16": Knobs(16, 0.0, 2, 1, 1),
     }
 
 
@@ -88,7 +89,7 @@ def run_check(
         "seconds": seconds,
         "seed": seed,
         "slo_ms": model.slo_ms,
-        "configs": {n: c.knob_changes() for n, c in chosen.items()},
+        "configs": {n: c.as_dict() for n, c in chosen.items()},
         "capacity_rps": capacity.rps,
         "capacity_cpu": {ref: use.as_dict() for ref, use in cpu.items()},
         "cpu_raw": {ref: vars(use) for ref, use in cpu.items()},
@@ -105,7 +106,7 @@ def measure(
     scenario: Scenario,
     model: Model,
     phases: tuple[Phase, ...],
-    chosen: dict[str, Config],
+    chosen: dict[str, Knobs],
     seed: int,
     rounds: int,
     repo: Path,
@@ -120,7 +121,7 @@ def measure(
                 model.name, phases, seed, model.slo_ms, workdir / f"round{r}-{name}"
             )
             result = arm_runs.run_arm(
-                name, scenario, [load], repo, workdir, knobs={model.name: config.knob_changes()}
+                name, scenario, [load], repo, workdir, knobs={model.name: config.as_dict()}
             )
             o = result["overall"]
             measured[name].append(

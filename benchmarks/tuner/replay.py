@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from models.knobs import Knobs
 from rrl import serial_loop
 from rrl.replay import Figures, ServiceTimes, figures
 from rrl.serial_loop import WINDOW_S, Replayed
-from rrl.space import Config
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class JointScored:
     """A per-gateway configuration (one per stream) replayed: per stream, the whole trace and
     each window."""
 
-    configs: tuple[Config, ...]
+    configs: tuple[Knobs, ...]
     overall: tuple[Figures, ...]
     windows: tuple[tuple[Figures, ...], ...]
     """[window][stream]."""
@@ -64,14 +64,14 @@ def _background_load(streams: Sequence[Stream], horizon_s: float) -> np.ndarray:
 
 
 def simulate(
-    streams: Sequence[Stream], configs: Sequence[Config], cores: int, *, seed: int = 0
+    streams: Sequence[Stream], configs: Sequence[Knobs], cores: int, *, seed: int = 0
 ) -> list[np.ndarray]:
     """Each stream's latencies in seconds (``inf``: refused) under ``configs``, jointly."""
     return replay(streams, configs, cores, seed=seed).latencies
 
 
 def replay(
-    streams: Sequence[Stream], configs: Sequence[Config], cores: int, *, seed: int = 0
+    streams: Sequence[Stream], configs: Sequence[Knobs], cores: int, *, seed: int = 0
 ) -> Replayed:
     """``configs`` (one per stream) replayed jointly over the streams' arrivals, the other
     processes' load drawn from them."""
@@ -82,7 +82,7 @@ def replay(
 
 def score(
     streams: Sequence[Stream],
-    joint: Sequence[tuple[Config, ...]],
+    joint: Sequence[tuple[Knobs, ...]],
     n_windows: int,
     cores: int,
     *,
@@ -101,11 +101,11 @@ def score(
     return out
 
 
-def candidates(scored: Sequence[JointScored], slo_ms: float, n_windows: int) -> list[Config]:
+def candidates(scored: Sequence[JointScored], slo_ms: float, n_windows: int) -> list[Knobs]:
     """One model's candidates for the joint search, from its replay alone on the machine: per
     thread setting, the best request-level configuration over the whole trace and in each
     window."""
-    picked: dict[Config, None] = {}
+    picked: dict[Knobs, None] = {}
     key = lambda s: (s.configs[0].concurrency, s.configs[0].intra_op_threads)  # noqa: E731
     for _, group in itertools.groupby(sorted(scored, key=key), key=key):
         members = list(group)
@@ -118,7 +118,7 @@ def candidates(scored: Sequence[JointScored], slo_ms: float, n_windows: int) -> 
 def search(
     scored: Sequence[JointScored],
     slos_ms: Sequence[float],
-    exclude: Sequence[tuple[Config, ...]],
+    exclude: Sequence[tuple[Knobs, ...]],
     k: int,
 ) -> tuple[list[JointScored], list[JointScored]]:
     """(the k best per-gateway configurations over the whole trace, not among ``exclude``;

@@ -41,7 +41,8 @@ from benchmarks.tuner.scenarios import (
 )
 from benchmarks.tuner.search import ModelPlan, prediction, replay_seed
 from benchmarks.tuner.servicetimes import calibrate, measure_samples
-from rrl.space import Config, core_share, expert_default
+from models.knobs import Knobs
+from rrl.space import core_share, expert_default
 
 NAME = "tuner_e2e"  # the results file; the command is `iotgw bench tuner`
 CAPACITY_SEED = 1000  # the ramp's arrivals: not one of the scenario's seeds
@@ -74,7 +75,7 @@ class Model:
     name: str
     slo_ms: float
     max_batch_size: int
-    configured: Config
+    configured: Knobs
 
 
 def read_model(repo: Path, name: str) -> Model:
@@ -83,7 +84,7 @@ def read_model(repo: Path, name: str) -> Model:
     (v,) = [v for v in scan_repository(repo) if v.name == name]
     assert isinstance(v, ModelVersion), v
     b = v.config.batching
-    configured = Config(
+    configured = Knobs(
         b.max_batch_size, b.batch_timeout_ms, b.concurrency, b.intra_op_threads, b.inter_op_threads
     )
     return Model(name, v.config.slo_ms, v.config.max_batch_size, configured)
@@ -99,7 +100,7 @@ def build_repo(models: tuple[str, ...], root: Path) -> Path:
 
 
 def measure_capacity(
-    scenario: Scenario, model: Model, expert: Config, repo: Path, workdir: Path, quick: bool
+    scenario: Scenario, model: Model, expert: Knobs, repo: Path, workdir: Path, quick: bool
 ) -> tuple[Capacity, dict[str, CpuUse]]:
     """The ramp through one gateway, the model alone, per reference configuration (see
     ``scenarios``), and where the CPU went on each ramp (``cpu``)."""
@@ -110,7 +111,7 @@ def measure_capacity(
     log_name = f"gateway-capacity-{scenario.name}-{model.name}.log"
     with arm_runs.gateway(scenario, repo, workdir, agent=False, log_name=log_name) as target:
         for ref in scenario.references():
-            knobs = expert.knob_changes()
+            knobs = expert.as_dict()
             if ref == "batch1":
                 knobs["max_batch_size"] = 1
             set_knobs(target.base, model.name, knobs)
@@ -134,7 +135,7 @@ def measure_capacity(
     return Capacity(rps, ramps), cpu
 
 
-def thread_settings(cores: int, expert: Config) -> list[tuple[int, int]]:
+def thread_settings(cores: int, expert: Knobs) -> list[tuple[int, int]]:
     """A few thread settings: one instance, one per core, two per core, one with every core,
     and the expert default's."""
     wanted = {
@@ -147,7 +148,7 @@ def thread_settings(cores: int, expert: Config) -> list[tuple[int, int]]:
     return sorted(wanted)
 
 
-def experts(cores: int, models: list[Model]) -> tuple[list[Config], list[Config]]:
+def experts(cores: int, models: list[Model]) -> tuple[list[Knobs], list[Knobs]]:
     """(the expert default of the per-gateway arm, which is also what each agent starts from
     by itself (``gateway.tuning``): each model sized to an equal share of the cores; each model's
     expert default alone, with all the cores, for its capacity)."""
@@ -161,7 +162,7 @@ def experts(cores: int, models: list[Model]) -> tuple[list[Config], list[Config]
 def run_seed(
     scenario: Scenario,
     plans: list[ModelPlan],
-    agent_start: list[Config],
+    agent_start: list[Knobs],
     seed: int,
     opts: Options,
     repo: Path,
@@ -174,7 +175,7 @@ def run_seed(
     scored, best, oracle = replay_seed(scenario, plans, windows, seed, cores, opts.replay_arms)
     replay_s = time.monotonic() - started
     by_configs = {s.configs: s for s in scored}
-    arm_plans: dict[str, tuple[tuple[Config, ...], arm_runs.Switches | None]] = {
+    arm_plans: dict[str, tuple[tuple[Knobs, ...], arm_runs.Switches | None]] = {
         "configured": (tuple(m.configured for m in plans), None),
         "expert": (tuple(m.expert for m in plans), None),
         **{f"replay-best-{i + 1}": (s.configs, None) for i, s in enumerate(best)},
@@ -196,7 +197,7 @@ def run_seed(
             )
             for k, m in enumerate(plans)
         ]
-        knobs = {m.name: c.knob_changes() for m, c in zip(plans, configs, strict=True)}
+        knobs = {m.name: c.as_dict() for m, c in zip(plans, configs, strict=True)}
         started = time.monotonic()
         result = arm_runs.run_arm(
             arm, scenario, loads, repo, workdir, knobs=knobs, switches=switches
@@ -228,13 +229,13 @@ def _progress(scenario: str, seed: int, arm: str, result: dict[str, Any]) -> Non
 
 
 def _switches(
-    plans: list[ModelPlan], windows: list[dict[str, Any]], configs: list[tuple[Config, ...]]
+    plans: list[ModelPlan], windows: list[dict[str, Any]], configs: list[tuple[Knobs, ...]]
 ) -> arm_runs.Switches:
     """Knob changes at the window boundaries, for the models whose configuration changes."""
     out: arm_runs.Switches = []
     for i in range(1, len(windows)):
         changed = {
-            m.name: configs[i][k].knob_changes()
+            m.name: configs[i][k].as_dict()
             for k, m in enumerate(plans)
             if configs[i][k] != configs[i - 1][k]
         }
@@ -272,7 +273,7 @@ def run_scenario(
         devices=scenario.devices,
         transport=scenario.transport,
         framing=scenario.framing,
-        agent_start={m.name: c.knob_changes() for m, c in zip(models, agent_start, strict=True)},
+        agent_start={m.name: c.as_dict() for m, c in zip(models, agent_start, strict=True)},
     )
     return runs, summary, config
 
@@ -281,8 +282,8 @@ def _model_plan(
     scenario: Scenario,
     stream: Stream,
     model: Model,
-    solo_expert: Config,
-    expert: Config,
+    solo_expert: Knobs,
+    expert: Knobs,
     opts: Options,
     repo: Path,
     workdir: Path,
@@ -321,8 +322,8 @@ def _model_plan(
     plan = ModelPlan(model.name, model.slo_ms, phases, service, model.configured, expert)
     config = {
         "slo_ms": model.slo_ms,
-        "configured": model.configured.knob_changes(),
-        "expert_default": expert.knob_changes(),
+        "configured": model.configured.as_dict(),
+        "expert_default": expert.as_dict(),
         "capacity_rps": capacity.rps,
         "rates_of_capacity_rps": rates.rps,
         "rates_from": None if opts.rates_from is None else str(opts.rates_from),

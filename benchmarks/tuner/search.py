@@ -24,8 +24,8 @@ import numpy as np
 from benchmarks.tuner.arms import stream_seed
 from benchmarks.tuner.replay import JointScored, Stream, candidates, score, search
 from benchmarks.tuner.scenarios import Phase, Scenario
+from models.knobs import Knobs
 from rrl.replay import ServiceTimes, request_grid
-from rrl.space import Config
 
 TIMEOUTS_MS = (0.0, 1.0, 2.0, 4.0, 8.0)
 
@@ -38,8 +38,8 @@ class ModelPlan:
     slo_ms: float
     phases: tuple[Phase, ...]
     service: ServiceTimes
-    configured: Config
-    expert: Config
+    configured: Knobs
+    expert: Knobs
 
 
 def seeded_trace(

@@ -121,6 +121,6 @@ class HillClimb:
     def describe(self) -> dict[str, Any]:
         return {
             "phase": "exploit" if self.done else ("polish" if self.polishing else "climb"),
-            "home": self.space.at(self.home).knob_changes(),
+            "home": self.space.at(self.home).as_dict(),
             "measurements": self.obs.count,
         }

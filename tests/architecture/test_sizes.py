@@ -1,10 +1,12 @@
 """Sizes a newcomer can read (docs/architecture.md): no module of the five packages over
 ``MAX_MODULE_LINES`` lines and no function over ``MAX_FUNCTION_LINES``, read with ``ast``.
 
-A function may be longer only if it is listed in ``LONG_FUNCTIONS`` with the reason: a
-declarative table (a literal that reads row by row and splits into nothing shorter), or the
-split that would bring it under the limit. The list only shrinks: a listed function that is
-gone or back under the limit fails the test too.
+A module may be longer only if it is listed in ``LONG_MODULES`` with the reason it is one unit
+(a split would cut one idea in two, which costs a reader more than its length). A function may
+be longer only if it is listed in ``LONG_FUNCTIONS`` with the reason: a declarative table (a
+literal that reads row by row and splits into nothing shorter), or the split that would bring it
+under the limit. Both lists only shrink: a listed entry that is gone or back under the limit
+fails the test too.
 """
 
 from __future__ import annotations
@@ -16,6 +18,14 @@ from tests.architecture.imports import MODULES, ROOT, module_path, syntax_tree
 
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 60
+
+# "path" -> why the module is one unit although it is longer.
+LONG_MODULES: dict[str, str] = {
+    "gateway/service.py": "InferenceService is the one transport-free surface every adapter "
+    "calls (lookup, request checks, byte budget, control), as MLServer's DataPlane is",
+    "rrl/policy.py": "the online agent's decision rule: choose and learn, read top to bottom "
+    "in one place, with the shared state they both change",
+}
 
 # "path::Qualified.name" -> why it may be longer (a declarative table, or the fix to make).
 LONG_FUNCTIONS: dict[str, str] = {}
@@ -54,14 +64,19 @@ def function_lengths() -> dict[str, int]:
     }
 
 
-def test_no_module_over_the_limit() -> None:
-    long = {
-        _relative(module): n
+def test_no_module_over_the_limit_but_the_listed() -> None:
+    lengths = {
+        _relative(module): len(module_path(module).read_text(encoding="utf-8").splitlines())
         for module in sorted(MODULES)
-        if (n := len(module_path(module).read_text(encoding="utf-8").splitlines()))
-        > MAX_MODULE_LINES
+    }
+    long = {
+        path: n for path, n in lengths.items() if n > MAX_MODULE_LINES and path not in LONG_MODULES
     }
     assert not long, f"modules over {MAX_MODULE_LINES} lines (split by role): {long}"
+    settled = [path for path in LONG_MODULES if lengths.get(path, 0) <= MAX_MODULE_LINES]
+    assert not settled, (
+        f"no longer over {MAX_MODULE_LINES} lines, drop from LONG_MODULES: {settled}"
+    )
 
 
 def test_no_function_over_the_limit_but_the_listed() -> None:

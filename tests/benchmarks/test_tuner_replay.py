@@ -13,12 +13,12 @@ import pytest
 from benchmarks.tuner.cpu import CpuUse
 from benchmarks.tuner.replay import Stream, candidates, replay, score, search, simulate
 from benchmarks.tuner.servicetimes import Costs, calibrate
+from models.knobs import Knobs
 from rrl import replay as rrl_replay
-from rrl.space import Config
 
 FIXED = {(c, 1): {1: [0.002], 8: [0.004]} for c in (1, 2, 4)}
 CHEAP = {(c, 1): {1: [1e-5], 8: [2e-5]} for c in (1, 2, 4)}
-EAGER = Config(8, 0.0, 1, 1, 1)
+EAGER = Knobs(8, 0.0, 1, 1, 1)
 
 
 def _stream(
@@ -57,7 +57,7 @@ def test_the_loop_answers_no_faster_than_its_cost_allows(
     # 1,000 requests/s against a loop that needs 2 ms each (at batch 1, the batch's cost is
     # the request's): however many instances, the k-th answer is at least k x 2 ms in.
     s = _stream(1000, 2, per_request_s=per_request_s, per_batch_s=per_batch_s)
-    (lat,) = simulate([s], [Config(1, 0.0, concurrency, 1, 1)], cores=2)
+    (lat,) = simulate([s], [Knobs(1, 0.0, concurrency, 1, 1)], cores=2)
     done = _answered_by(s, lat)
     assert done.size > 0
     floor = s.arrivals_s[0] + 0.002 * np.arange(1, done.size + 1)
@@ -69,7 +69,7 @@ def test_more_instances_never_make_the_loop_cheaper(rate: float) -> None:
     # Inference is cheap against the loop's cost per batch (sensor_mlp's case): the loop pays
     # every batch, and more instances can only start more, smaller ones.
     s = _stream(rate, 4, per_request_s=0.0005, per_batch_s=0.002, samples=CHEAP)
-    runs = {c: replay([s], [Config(8, 0.0, c, 1, 1)], cores=2) for c in (1, 2, 4)}
+    runs = {c: replay([s], [Knobs(8, 0.0, c, 1, 1)], cores=2) for c in (1, 2, 4)}
     for fewer, more in ((1, 2), (2, 4)):
         assert runs[more].batches[0] >= runs[fewer].batches[0]
         assert runs[more].loop_cpu_s >= runs[fewer].loop_cpu_s - 1e-9
@@ -79,7 +79,7 @@ def test_more_instances_never_make_the_loop_cheaper(rate: float) -> None:
 
 
 def test_other_processes_cpu_competes_with_the_instances() -> None:
-    config = Config(8, 0.0, 2, 1, 1)
+    config = Knobs(8, 0.0, 2, 1, 1)
     (free,) = simulate([_stream(300, 5)], [config], cores=2)
     (busy,) = simulate([_stream(300, 5, background_s=0.004)], [config], cores=2)
     # 1.2 cores of other work on 2 cores: the batches run slower.
@@ -112,7 +112,7 @@ def test_batch_one_saturating_below_the_loops_cpu_charges_the_rest_per_batch() -
     s = _stream(
         1500, 2, per_request_s=costs.per_request_s, per_batch_s=costs.per_batch_s, samples=samples
     )
-    (lat,) = simulate([s], [Config(1, 0.0, 1, 2, 1)], cores=2)
+    (lat,) = simulate([s], [Knobs(1, 0.0, 1, 2, 1)], cores=2)
     assert np.count_nonzero(lat > s.slo_s) > 0  # batch 1 no longer keeps up at 1,500/s
     # A model whose batch-1 capacity its inference explains (vision_cnn's) keeps the CPU fit.
     slow = {(1, 2): {1: [0.002]}}
@@ -120,10 +120,10 @@ def test_batch_one_saturating_below_the_loops_cpu_charges_the_rest_per_batch() -
 
 
 def test_another_models_batches_slow_this_one() -> None:
-    alone = simulate([_stream(100, 5)], [Config(8, 0.0, 2, 1, 1)], cores=2)[0]
+    alone = simulate([_stream(100, 5)], [Knobs(8, 0.0, 2, 1, 1)], cores=2)[0]
     shared = simulate(
         [_stream(100, 5), _stream(400, 5, seed=1)],
-        [Config(8, 0.0, 2, 1, 1), Config(1, 0.0, 2, 1, 1)],
+        [Knobs(8, 0.0, 2, 1, 1), Knobs(1, 0.0, 2, 1, 1)],
         cores=2,
     )[0]
     assert np.median(shared) > np.median(alone)
@@ -134,7 +134,7 @@ def test_search_ranks_the_joint_grid_and_picks_each_windows_best() -> None:
     half = (a.arrivals_s > 2).astype(np.int32)
     a = Stream(a.arrivals_s, half, a.times, a.slo_s)
     b = Stream(b.arrivals_s, (b.arrivals_s > 2).astype(np.int32), b.times, b.slo_s)
-    grid = [Config(m, 0.0, c, 1, 1) for m in (1, 8) for c in (1, 2)]
+    grid = [Knobs(m, 0.0, c, 1, 1) for m in (1, 8) for c in (1, 2)]
     alone = score([a], [(g,) for g in grid], 2, cores=2)
     picked = candidates(alone, 100.0, 2)
     assert picked and set(picked) <= set(grid)

@@ -8,8 +8,10 @@ differs from what this renders; regenerate it with
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import types
+import typing
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -69,11 +71,20 @@ def render() -> str:
     parts.append(_MODEL_INTRO)
     model_keys = {n: f for n, f in ModelConfig.model_fields.items() if n != "batching"}
     parts.append(_table("Top level", model_keys, section=None))
-    parts.append(_table("`[batching]`", BatchingDefaults.model_fields, section=None))
+    parts.append(_table("`[batching]`", _dataclass_fields(BatchingDefaults), section=None))
     return "\n".join(parts)
 
 
 _TOP_LEVEL = ("log_level", "log_format")
+
+
+def _dataclass_fields(cls: type) -> dict[str, FieldInfo]:
+    """A pydantic-validated dataclass's fields as pydantic reads them (the knobs are one)."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return {
+        f.name: FieldInfo.from_annotated_attribute(hints[f.name], f.default)
+        for f in dataclasses.fields(cls)
+    }
 
 
 def _table(title: str, fields: dict[str, FieldInfo], *, section: str | None) -> str:

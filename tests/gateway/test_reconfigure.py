@@ -190,7 +190,7 @@ async def test_knob_changes_under_load_lose_no_request(
                     )
                 else:
                     knobs = await asyncio.gather(
-                        *(gw.service.set_knobs(m, 1, changes) for m in MODELS)
+                        *(gw.service.change_knobs(m, 1, changes) for m in MODELS)
                     )
                     results = [k.as_dict() for k in knobs]
                 for model, result in zip(MODELS, results, strict=True):
@@ -205,7 +205,7 @@ async def test_knob_changes_under_load_lose_no_request(
             for model in MODELS:
                 await asyncio.gather(
                     _set_over_http(http, url, model, LAST_HTTP),
-                    gw.service.set_knobs(model, "1", LAST_PYTHON),
+                    gw.service.change_knobs(model, "1", LAST_PYTHON),
                 )
                 expected[model] = {**expected[model], **LAST_HTTP, **LAST_PYTHON}
                 assert await _get_knobs(http, url, model) == expected[model]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from models.knobs import Knobs
 from rrl.ask_tell import Tuner, TuningProblem
 from rrl.objective import LatencyObjective
-from rrl.space import Config, ConfigSpace
+from rrl.space import ConfigSpace
 from rrl.synthetic import Landscape
 
 SPACE = ConfigSpace.for_machine(2)
@@ -17,7 +18,7 @@ def problem(seed: int = 0, space: ConfigSpace = SPACE) -> TuningProblem:
     return TuningProblem(space, LatencyObjective(slo_ms=1e6), cores=2, seed=seed)
 
 
-def drive(tuner: Tuner, land: Landscape, steps: int) -> tuple[list[Config], list[Config]]:
+def drive(tuner: Tuner, land: Landscape, steps: int) -> tuple[list[Knobs], list[Knobs]]:
     """Run ``steps`` ask/tell rounds; returns (proposed, recommended) per step."""
     proposed, recommended = [], []
     for _ in range(steps):
@@ -28,5 +29,5 @@ def drive(tuner: Tuner, land: Landscape, steps: int) -> tuple[list[Config], list
     return proposed, recommended
 
 
-def coord(config: Config, space: ConfigSpace = SPACE) -> np.ndarray:
+def coord(config: Knobs, space: ConfigSpace = SPACE) -> np.ndarray:
     return space.coord(config)

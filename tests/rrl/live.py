@@ -15,7 +15,7 @@ import numpy as np
 
 from gateway.main import Gateway
 from gateway.settings import GatewaySettings
-from gateway.tuning import TunedService
+from gateway.tuning import AgentControl
 from rrl.decisions import log_line
 from rrl.measurement import Measurement
 from rrl.online import AgentSettings, ModelAgent
@@ -131,7 +131,7 @@ async def running_agent(
     """An agent of the test's own on sensor_mlp (SLO 100 ms, 2 cores, 0.4 s windows), on a
     gateway whose tuner is off, running until the block ends."""
     agent = ModelAgent(
-        TunedService(gw.service),
+        AgentControl(gw.service),
         "sensor_mlp",
         space=space,
         slo_ms=100.0,
@@ -183,7 +183,7 @@ def hand_built_agent(
 ) -> ModelAgent:
     """An agent on the gateway's service, not started: its rules driven step by step."""
     agent = ModelAgent(
-        TunedService(gw.service),
+        AgentControl(gw.service),
         model,
         space=space,
         slo_ms=100.0,

@@ -8,11 +8,11 @@ import dataclasses
 import numpy as np
 import pytest
 
+from models.knobs import Knobs
 from rrl.adaptive import AdaptiveSettings, make_adaptive_rrl
 from rrl.measurement import Measurement
 from rrl.region_rl import RRLSettings, make_rrl
 from rrl.registry import TUNERS, build_tuner
-from rrl.space import Config
 from rrl.synthetic import Landscape, bowl, random_lipschitz
 from tests.rrl.helpers import SPACE, drive, problem
 
@@ -45,14 +45,14 @@ def test_the_oracle_is_exact() -> None:
 def test_static_default_is_tf_serving_guidance_and_never_moves() -> None:
     land = Landscape.from_function(SPACE, EASY)
     proposed, recommended = drive(build_tuner("static", problem(0)), land, 10)
-    expected = Config(128, 0.0, 2, 2, 2)  # threads = cores, batch threads = cores, large batch
+    expected = Knobs(128, 0.0, 2, 2, 2)  # threads = cores, batch threads = cores, large batch
     assert set(proposed) == set(recommended) == {expected}
 
 
 class _BatchSLO:
     """Latency falls with the batch size until batches of more than 16 rows miss the SLO."""
 
-    def measure(self, config: Config) -> Measurement:
+    def measure(self, config: Knobs) -> Measurement:
         late = config.max_batch_size > 16
         return Measurement(
             duration_s=1.0,
@@ -75,7 +75,7 @@ def test_aimd_settles_at_the_largest_batch_that_meets_the_slo() -> None:
         tuner.observe(config, env.measure(config))
         batches.append(config.max_batch_size)
         # Only the batch size moves; the rest is the static default.
-        assert dataclasses.replace(config, max_batch_size=128) == Config(128, 0.0, 2, 2, 2)
+        assert dataclasses.replace(config, max_batch_size=128) == Knobs(128, 0.0, 2, 2, 2)
     tail = batches[100:]
     assert set(tail) == {16, 32}  # it probes one notch above, then backs off
     assert tuner.recommend().max_batch_size == 16
@@ -115,7 +115,7 @@ def test_every_tuner_learns_from_configurations_it_did_not_propose() -> None:
     land = Landscape.from_function(SPACE, EASY)
     for name in TUNERS:
         tuner = build_tuner(name, problem(0))
-        tuner.observe(Config(24, 3.0, 1, 1, 1), land.measure(Config(32, 4.0, 1, 1, 1)))
+        tuner.observe(Knobs(24, 3.0, 1, 1, 1), land.measure(Knobs(32, 4.0, 1, 1, 1)))
         for _ in range(5):
             other = SPACE.at(int(np.random.default_rng(1).integers(SPACE.size)))
             tuner.observe(other, land.measure(other))

@@ -16,11 +16,12 @@ import pytest
 
 from gateway.main import Gateway
 from gateway.settings import GatewaySettings
-from gateway.tuning import TunedService
+from gateway.tuning import AgentControl
+from models.knobs import Knobs
 from rrl.budget import CoreBudget, threads_of
 from rrl.decisions import Decision, Step
 from rrl.online import AgentSettings, ModelAgent
-from rrl.space import Config, ConfigSpace
+from rrl.space import ConfigSpace
 from tests.rrl.live import DEADLINE_US, hand_built_agent, measurement, poisson_load
 
 GRID = ConfigSpace.for_machine(2, max_batch_size=16, max_timeout_ms=2.0)
@@ -97,12 +98,12 @@ async def test_two_agents_never_grow_into_cores_the_other_keeps_busy(
         url = f"http://127.0.0.1:{gw.http_port}"
         agents = [
             ModelAgent(
-                TunedService(gw.service),
+                AgentControl(gw.service),
                 model,
                 space=GRID,
                 slo_ms=100.0,
                 cores=2,
-                settings=AgentSettings(start=Config(8, 0.0, 1, 1, 1), min_requests=30),
+                settings=AgentSettings(start=Knobs(8, 0.0, 1, 1, 1), min_requests=30),
                 listener=listen,
                 budget=budget,
             )
@@ -118,7 +119,7 @@ async def test_two_agents_never_grow_into_cores_the_other_keeps_busy(
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-        knobs = [Config.from_knobs(gw.service.knobs(m)) for m in MODELS]
+        knobs = [gw.service.knobs(m) for m in MODELS]
     for statuses in results:
         assert set(statuses) == {200}, statuses
     assert held, "no decision"
@@ -130,7 +131,7 @@ async def test_two_agents_never_grow_into_cores_the_other_keeps_busy(
     assert all(any(d.measurement is not None for d in a.history) for a in agents)
 
 
-ONE, THREE = Config(4, 0.0, 1, 1, 1), Config(4, 0.0, 3, 1, 1)
+ONE, THREE = Knobs(4, 0.0, 1, 1, 1), Knobs(4, 0.0, 3, 1, 1)
 
 
 def busy_and_quiet(gw: Gateway, budget: CoreBudget) -> tuple[ModelAgent, ModelAgent]:
@@ -149,7 +150,7 @@ def busy_and_quiet(gw: Gateway, budget: CoreBudget) -> tuple[ModelAgent, ModelAg
         agent.monitor.update(time.monotonic() - 3.0, 0)
         agent.monitor.update(time.monotonic(), arrivals)
         for _ in range(3):  # windows that prove the model's error
-            agent.learn(Step(Config(4, 0.0, 2, 1, 1), "exploit"), measurement(2.0, n=30))
+            agent.learn(Step(Knobs(4, 0.0, 2, 1, 1), "exploit"), measurement(2.0, n=30))
     budget.report("busy", ONE, 100.0, busy_cores=1.0)
     return busy, quiet
 
@@ -171,8 +172,8 @@ async def test_cores_another_model_leaves_idle_go_to_the_one_in_a_burst(
         assert step.kind == "explore" and step.config.concurrency == 2, step
         assert budget.as_dict()["wants"] == {}
         # All four cores, beside three idle instances; not more threads than there are cores.
-        assert budget.fits("busy", Config(4, 0.0, 4, 1, 1))
-        assert not budget.fits("busy", Config(4, 0.0, 3, 2, 1))
+        assert budget.fits("busy", Knobs(4, 0.0, 4, 1, 1))
+        assert not budget.fits("busy", Knobs(4, 0.0, 3, 2, 1))
 
 
 async def test_a_held_back_model_gets_the_cores_another_yields(
@@ -204,12 +205,12 @@ async def test_a_held_back_model_gets_the_cores_another_yields(
 def test_models_keeping_more_cores_busy_than_there_are_come_down_to_their_allowances() -> None:
     budget = CoreBudget(4)
     # Grown while the other was idle; now both are busy: 1.9 + 2.9 cores busy on 4.
-    budget.report("a", Config(4, 0.0, 2, 1, 1), 100.0, busy_cores=1.9)
+    budget.report("a", Knobs(4, 0.0, 2, 1, 1), 100.0, busy_cores=1.9)
     budget.report("b", THREE, 100.0, busy_cores=2.9)
     assert budget.as_dict()["wants"] == {}
     assert (budget.allowance("a"), budget.allowance("b")) == (2, 2)
     assert (budget.should_yield("a"), budget.should_yield("b")) == (None, 2)
-    budget.report("b", Config(4, 0.0, 2, 1, 1), 100.0, busy_cores=1.95)
+    budget.report("b", Knobs(4, 0.0, 2, 1, 1), 100.0, busy_cores=1.95)
     assert (budget.should_yield("a"), budget.should_yield("b")) == (None, None)
     # Threads unmeasured are counted busy, all of them.
     budget.report("c", THREE, 0.0)
@@ -233,7 +234,7 @@ async def test_several_tuned_models_start_from_their_share_of_the_cores(
         started = {}
         for agent in agents:
             expected = agent.space.snap(expert_default(share, agent.space.batch_sizes[-1]))
-            knobs = Config.from_knobs(gw.service.knobs(agent.model))
+            knobs = gw.service.knobs(agent.model)
             assert knobs == agent.incumbent == expected, (agent.model, knobs, expected)
             started[agent.model] = threads_of(expected)
         # Each model's expert default for its half: together within the cores (on a machine

@@ -1,6 +1,6 @@
-"""The control protocol against a real gateway service: rrl's helpers read the knobs, change all
-five of them (the gateway applies them, threads included) and turn a window snapshot into a
-measurement, with requests served throughout."""
+"""The control protocol against a real gateway service: the agent's control reads the knobs,
+changes all five of them (the gateway applies them, threads included) and turns a window snapshot
+into a measurement, with requests served throughout."""
 
 from __future__ import annotations
 
@@ -12,21 +12,23 @@ import numpy as np
 
 from gateway.metrics import GatewayMetrics
 from gateway.service import InferenceService
+from gateway.tuning import AgentControl
 from gateway.types import InferenceRequest
+from models.knobs import Knobs
 from models.repository import scan_repository
-from rrl.control import ModelControl, apply_config, current_config, measure
-from rrl.space import Config, ConfigSpace
+from rrl.control import ModelControl, current_config, measure
+from rrl.space import ConfigSpace
 
 
-async def test_the_gateway_service_is_a_model_control(mlp_repo: Path) -> None:
+async def test_the_agents_control_sets_every_knob_while_requests_are_served(mlp_repo: Path) -> None:
     executor = ThreadPoolExecutor(8)
     service = InferenceService(executor=executor, metrics=GatewayMetrics())
     service.add_versions(scan_repository(mlp_repo))
     await service.load_all()
-    control: ModelControl = service  # structural: no adapter needed
+    control: ModelControl = AgentControl(service)
     space = ConfigSpace.for_machine(2)
     try:
-        assert current_config(control, "sensor_mlp", space) == Config(32, 1.0, 1, 1, 1)
+        assert current_config(control, "sensor_mlp", space) == Knobs(32, 1.0, 1, 1, 1)
 
         async def one() -> None:
             # A generous deadline: a session rebuild on a busy machine may take longer than the
@@ -35,10 +37,10 @@ async def test_the_gateway_service_is_a_model_control(mlp_repo: Path) -> None:
             request = InferenceRequest("sensor_mlp", {"features": x}, timeout_s=30.0)
             await service.infer(request, transport="test")
 
-        target = Config(8, 0.0, 2, 2, 1)
+        target = Knobs(8, 0.0, 2, 2, 1)
         # Requests keep flowing while the threads change (instances rebuilt and swapped).
         traffic = asyncio.gather(*(one() for _ in range(40)))
-        applied = await apply_config(control, "sensor_mlp", target)
+        applied = await control.set_knobs("sensor_mlp", None, target)
         await traffic
         assert applied == target
         assert current_config(control, "sensor_mlp", space) == target

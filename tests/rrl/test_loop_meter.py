@@ -17,10 +17,9 @@ import pytest
 from gateway.loop_meter import STRETCHES, LoopMeter, Stretch, per_request_cost
 from gateway.metrics import GatewayMetrics
 from gateway.service import InferenceService
-from gateway.tuning import TunedService
+from gateway.tuning import AgentControl
 from gateway.types import InferenceRequest
 from models.repository import scan_repository
-from rrl.control import front_end_s
 
 
 def test_the_estimate_moves_only_after_enough_requests() -> None:
@@ -103,15 +102,15 @@ async def test_a_gateway_reports_its_loop_cost_per_request(mlp_repo: Path) -> No
     service = InferenceService(executor=executor, metrics=GatewayMetrics())
     service.add_versions(scan_repository(mlp_repo))
     await service.load_all()
-    control = TunedService(service)
+    control = AgentControl(service)
     try:
-        assert front_end_s(control) is None
+        assert control.front_end_s() is None
         x = np.zeros((1, 32), dtype=np.float32)
         request = InferenceRequest("sensor_mlp", {"features": x}, timeout_s=30.0)
         for _ in range(3):
             await asyncio.gather(*(service.infer(request, transport="test") for _ in range(150)))
         assert service.host("sensor_mlp").arrived_total == 450
-        cost = front_end_s(control)
+        cost = control.front_end_s()
         assert cost is not None and cost > 0.0
     finally:
         await service.close()

@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from models.knobs import Knobs
 from rrl.gate import decide
 from rrl.objective import make_objective
 from rrl.online import MODEL_NICENESS, model_process
 from rrl.policy import Policy
 from rrl.queueing import Arrivals, QueueModel
-from rrl.space import Config, ConfigSpace
+from rrl.space import ConfigSpace
 
 SERVICE = {1: [0.002] * 20, 8: [0.004] * 20, 32: [0.009] * 20}
 
@@ -46,7 +47,7 @@ def _threads(pid: int) -> dict[int, tuple[int, int]]:
     reason="reads the threads' priorities from /proc (Linux only)",
 )
 def test_the_model_process_answers_as_in_place_and_runs_at_idle_priority() -> None:
-    asks = [(Config(b, 0.0, c, 1, 1), Arrivals(300.0), None) for b in (1, 8, 32) for c in (1, 2)]
+    asks = [(Knobs(b, 0.0, c, 1, 1), Arrivals(300.0), None) for b in (1, 8, 32) for c in (1, 2)]
     pool = model_process()
     try:
         remote = _model()
@@ -79,7 +80,7 @@ def test_the_agents_simulations_all_run_where_the_model_sends_them(
         return simulate(self, key)  # type: ignore[arg-type]
 
     monkeypatch.setattr(QueueModel, "_simulate", recorded)
-    incumbent, other = Config(32, 0.0, 1, 1, 1), Config(8, 0.0, 2, 1, 1)
+    incumbent, other = Knobs(32, 0.0, 1, 1, 1), Knobs(8, 0.0, 2, 1, 1)
     with ThreadPoolExecutor(max_workers=1) as pool:
         model = _model()
         model.executor = pool

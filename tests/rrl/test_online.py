@@ -17,12 +17,13 @@ import aiohttp
 import pytest
 
 from gateway.main import Gateway
+from models.knobs import Knobs
 from rrl.agent_settings import RestSettings
 from rrl.decisions import Step, log_line
 from rrl.gate import needs_rebuild
 from rrl.memory import StateKey
 from rrl.online import ModelAgent
-from rrl.space import Config, ConfigSpace, expert_default
+from rrl.space import ConfigSpace, expert_default
 from rrl.trial import Trial, Window
 from tests.rrl.live import (
     TINY,
@@ -45,14 +46,14 @@ EXPERT = expert_default(len(os.sched_getaffinity(0)), max_batch_size=128)
 # requests/s under heavy steal that loop, not the knobs, set the latency. 128/s is the middle
 # of its workload rate level (2**7), so a load that comes back measured 40% off is still the
 # same state.
-WAITING = Config(32, 32.0, 1, 1, 1)
+WAITING = Knobs(32, 32.0, 1, 1, 1)
 BUSY_RPS = 128.0
 BUSY_LEVEL = 7  # log2(BUSY_RPS)
 GRID = ConfigSpace.for_machine(2, max_batch_size=32, max_timeout_ms=32.0)
 
 
 def running(
-    gw: Gateway, start: Config, **settings: Any
+    gw: Gateway, start: Knobs, **settings: Any
 ) -> contextlib.AbstractAsyncContextManager[ModelAgent]:
     """An agent of our own on a gateway whose tuner is off, started from ``start``. It rests
     (``rrl.rest``) as the gateway's would, but asks the gate again every few seconds: these
@@ -124,8 +125,8 @@ async def test_the_gate_tries_only_what_it_predicts_a_clear_gain_for(
     assert state["queue_model"]["measured_threads"]
     # The gateway's loop cost per request reached the model (0 until measured).
     assert state["queue_model"]["loop_ms_per_request"] > 0
-    assert state["best"] == agent.incumbent.knob_changes()  # type: ignore[union-attr]
-    assert agent.current is not None and agent.current.knob_changes() == pytest.approx(knobs)
+    assert state["best"] == agent.incumbent.as_dict()  # type: ignore[union-attr]
+    assert agent.current is not None and agent.current.as_dict() == pytest.approx(knobs)
     assert 'iotgw_tuner_decisions_total{kind="exploit",model="sensor_mlp",version="1"}' in metrics
 
 
@@ -171,7 +172,7 @@ async def test_a_clear_predicted_gain_is_tried_compared_fairly_and_kept(
     # The 32 ms wait was what cost: the winner waits less (no wait, or a short one for a
     # small batch, as the service times measured on the machine have it).
     assert winner.batch_timeout_ms < WAITING.batch_timeout_ms, winner
-    assert agent.incumbent == winner and Config.from_knobs(knobs) == winner
+    assert agent.incumbent == winner and knobs == winner
     # Every request answered before, during and after the knob changes was served.
     assert set(statuses) == {200} and statuses[200] > 0, statuses
 
@@ -214,7 +215,7 @@ async def test_a_worse_candidate_is_reverted_within_one_window(
     after = history[tried[0] + 1]
     assert (after.kind, after.config) == ("revert", EXPERT)
     assert "worse, reverted after one window" in history[tried[0]].reason
-    assert Config.from_knobs(knobs) == EXPERT and agent.incumbent == EXPERT
+    assert knobs == EXPERT and agent.incumbent == EXPERT
     # Not tried again in the state it lost in (the load may have moved on since).
     lost_in = history[tried[0]].workload
     assert lost_in is not None
@@ -243,7 +244,7 @@ async def test_the_configuration_learned_for_a_state_returns_at_once_when_it_rec
             assert learned != WAITING and agent.memory.recall(busy_key).config == learned  # type: ignore[union-attr]
             # An operator sets other knobs; the agent takes them as its incumbent.
             agent.paused = True
-            await gw.service.set_knobs("sensor_mlp", None, WAITING.knob_changes())
+            await gw.service.set_knobs("sensor_mlp", None, WAITING)
             agent.paused = False
             trickle = await poisson_load(url, rate_per_s=30, seconds=9, seed=1)
             again = await poisson_load(url, rate_per_s=BUSY_RPS, seconds=9, seed=2)
@@ -258,7 +259,7 @@ async def test_the_configuration_learned_for_a_state_returns_at_once_when_it_rec
     assert history[recalls[-1] - 1].workload is not None
     assert history[recalls[-1] - 1].workload.rate_level == busy_key.rate_level  # type: ignore[union-attr]
     assert any(k.rate_level < busy_key.rate_level for k in agent.memory.best)  # the trickle
-    assert Config.from_knobs(knobs) == learned
+    assert knobs == learned
     for s in (statuses, trickle, again):
         assert set(s) == {200}, s
 
@@ -268,7 +269,7 @@ async def test_the_agent_starts_from_the_expert_default_and_an_idle_model_keeps_
 ) -> None:
     async with gateway(mlp_repo, tmp_path, interval_s=0.3) as gw:
         agent = await started(gw)
-        assert gw.service.knobs("sensor_mlp").as_dict() == pytest.approx(EXPERT.knob_changes())
+        assert gw.service.knobs("sensor_mlp").as_dict() == pytest.approx(EXPERT.as_dict())
         assert agent.current == agent.incumbent == EXPERT
         await until(lambda: agent.workload is not None, "the (idle) workload state")
         assert not {"explore", "exploit", "hold"} & set(agent.counts), agent.counts
@@ -368,7 +369,7 @@ async def test_a_trial_cut_short_by_a_workload_change_is_still_logged(
         trickle_state = agent.workload
         await trickle
         # A trial starts (its knobs really change), and a burst arrives in its first window.
-        candidate = GRID.snap(Config(8, 1.0, 1, 1, 1))
+        candidate = GRID.snap(Knobs(8, 1.0, 1, 1, 1))
         rebuilt, applied = await agent._apply(candidate)
         burst = asyncio.create_task(poisson_load(url, 400.0, seconds=5.0, statuses=statuses))
         started = time.monotonic()
@@ -390,9 +391,9 @@ async def test_a_candidate_that_rebuilds_sessions_waits_for_the_pace(
     space = ConfigSpace.for_machine(2, max_batch_size=4, max_timeout_ms=1.0)
     async with gateway(mlp_repo, tmp_path, enabled=False) as gw:
         agent = hand_built_agent(gw, space, min_rebuild_gap_s=60.0)
-        one = Config(4, 0.0, 1, 1, 1)
+        one = Knobs(4, 0.0, 1, 1, 1)
         agent.current = agent.incumbent = space.snap(one)
-        rebuilt, _ = await agent._apply(Config(4, 0.0, 2, 1, 1))  # a real rebuild
+        rebuilt, _ = await agent._apply(Knobs(4, 0.0, 2, 1, 1))  # a real rebuild
         assert rebuilt and agent.last_rebuild_s > 0
         agent.current = agent.incumbent = one
         # The model knows one instance at 20 ms a batch (overloaded at 100/s) and two at 1 ms.
@@ -401,7 +402,7 @@ async def test_a_candidate_that_rebuilds_sessions_waits_for_the_pace(
         agent.monitor.update(time.monotonic() - 3.0, 0)
         agent.monitor.update(time.monotonic(), 300)  # 100 requests/s
         for _ in range(3):  # windows that prove the model's error (it is trusted after them)
-            agent.learn(Step(Config(4, 0.0, 2, 1, 1), "exploit"), measurement(2.0))
+            agent.learn(Step(Knobs(4, 0.0, 2, 1, 1), "exploit"), measurement(2.0))
         step = agent.choose()
         assert step.kind == "hold" and step.config == one
         assert step.gate is not None and step.gate.candidate is not None

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from models.knobs import Knobs
 from rrl.objective import make_objective
 from rrl.queueing import Arrivals, QueueModel
-from rrl.space import Config
 
 TINY = {1: [1e-5] * 10, 8: [1.2e-5] * 10, 32: [1.6e-5] * 10}
 """sensor_mlp's batches inside the runtime call: about 10 us whatever the size."""
@@ -25,7 +25,7 @@ def _model(per_request_s: float = LOOP_S) -> QueueModel:
     return model
 
 
-def _p95(model: QueueModel, config: Config, rate: float) -> float:
+def _p95(model: QueueModel, config: Knobs, rate: float) -> float:
     prediction = model.predict(config, Arrivals(rate))
     assert prediction is not None
     return prediction.p95_ms
@@ -34,7 +34,7 @@ def _p95(model: QueueModel, config: Config, rate: float) -> float:
 @pytest.mark.parametrize("rate", [300.0, 1400.0])
 def test_more_instances_are_not_more_front_ends(rate: float) -> None:
     model = _model()
-    one, four = (_p95(model, Config(32, 0.0, c, 1, 1), rate) for c in (1, 4))
+    one, four = (_p95(model, Knobs(32, 0.0, c, 1, 1), rate) for c in (1, 4))
     assert four >= one - 0.05  # what four instances could overlap is 10 us of inference
 
 
@@ -43,16 +43,16 @@ def test_above_batch_one_capacity_the_loop_needs_batches() -> None:
     # whatever the instances; a short timeout forms batches and keeps up.
     model = _model()
     for c in (1, 4):
-        collapsed = model.predict(Config(1, 0.0, c, 1, 1), Arrivals(1800.0))
+        collapsed = model.predict(Knobs(1, 0.0, c, 1, 1), Arrivals(1800.0))
         assert collapsed is not None and collapsed.violation_fraction > 0.01
-    batched = model.predict(Config(32, 1.0, 1, 1, 1), Arrivals(1800.0))
+    batched = model.predict(Knobs(32, 1.0, 1, 1, 1), Arrivals(1800.0))
     assert batched is not None and batched.violation_fraction == 0.0
     assert batched.p95_ms < 20.0
 
 
 def test_the_loop_cost_measured_moves_the_predictions_and_drops_the_cache() -> None:
     model = _model(per_request_s=0.0)
-    config = Config(8, 0.0, 1, 1, 1)
+    config = Knobs(8, 0.0, 1, 1, 1)
     cheap = _p95(model, config, 1000.0)
     simulated = model.simulations
     model.observe_front_end(0.0)  # unchanged: answered from the cache
@@ -65,7 +65,7 @@ def test_the_loop_cost_measured_moves_the_predictions_and_drops_the_cache() -> N
 
 def test_a_tiny_models_service_time_wobble_keeps_the_cache_and_a_real_move_drops_it() -> None:
     model = _model()
-    config = Config(8, 0.0, 1, 1, 1)
+    config = Knobs(8, 0.0, 1, 1, 1)
     before = _p95(model, config, 1000.0)
     simulated = model.simulations
     # 10 us batches measured at 18 us: +80%, yet 8 us against the loop's 0.5 ms per batch.

@@ -12,8 +12,9 @@ import math
 import numpy as np
 import pytest
 
+from models.knobs import Knobs
 from rrl.replay import ServiceTimes, figures, request_grid, score, simulate
-from rrl.space import Config, expert_default
+from rrl.space import expert_default
 
 MS = 1e-3
 # One instance: 1 ms for a batch of 1, 2 ms for up to 32 rows (the per-call cost dominates).
@@ -31,7 +32,7 @@ def poisson(rate: float, seconds: float, seed: int = 0) -> list[float]:
 
 
 def test_eager_batching_serves_a_trickle_one_by_one_without_waiting() -> None:
-    lat = simulate(trickle(), Config(32, 0.0, 1, 1, 1), TIMES, slo_s=SLO_S)
+    lat = simulate(trickle(), Knobs(32, 0.0, 1, 1, 1), TIMES, slo_s=SLO_S)
     assert lat == pytest.approx([1 * MS] * 50)
 
 
@@ -39,25 +40,25 @@ def test_a_timeout_waits_only_while_another_request_is_expected() -> None:
     # One request every 50 ms: once the batcher has watched the arrivals, no other is expected
     # within a 4 ms window, so none waits (the gateway's batcher dispatches at once); the first
     # waits the whole timeout (nothing watched yet).
-    lat = simulate(trickle(), Config(32, 4.0, 1, 1, 1), TIMES, slo_s=SLO_S)
+    lat = simulate(trickle(), Knobs(32, 4.0, 1, 1, 1), TIMES, slo_s=SLO_S)
     assert lat == pytest.approx([5 * MS] + [1 * MS] * 49)
     # One every 1 ms: each batch of 4 waits for its 4th arrival, then 2 ms of service.
     dense = trickle(n=64, gap_s=1 * MS)
-    lat = simulate(dense, Config(4, 4.0, 1, 1, 1), TIMES, slo_s=SLO_S)
+    lat = simulate(dense, Knobs(4, 4.0, 1, 1, 1), TIMES, slo_s=SLO_S)
     assert lat[60:64] == pytest.approx([(3 - i) * MS + 2 * MS for i in range(4)])
 
 
 def test_batch_one_collapses_above_its_capacity_where_eager_batching_keeps_up() -> None:
     burst = poisson(1500.0, 2.0)  # batch 1 serves 1000/s on one instance
-    batch1 = figures(simulate(burst, Config(1, 0.0, 1, 1, 1), TIMES, slo_s=SLO_S), SLO_S)
-    eager = figures(simulate(burst, Config(32, 0.0, 1, 1, 1), TIMES, slo_s=SLO_S), SLO_S)
+    batch1 = figures(simulate(burst, Knobs(1, 0.0, 1, 1, 1), TIMES, slo_s=SLO_S), SLO_S)
+    eager = figures(simulate(burst, Knobs(32, 0.0, 1, 1, 1), TIMES, slo_s=SLO_S), SLO_S)
     assert batch1.violations > len(burst) // 4
     assert eager.violations == 0
 
 
 def test_requests_past_their_deadline_are_refused_not_served() -> None:
     burst = [0.0] * 500  # 500 at once on one instance at batch 1: 0.5 s of work, SLO 0.1 s
-    lat = simulate(burst, Config(1, 0.0, 1, 1, 1), TIMES, slo_s=SLO_S)
+    lat = simulate(burst, Knobs(1, 0.0, 1, 1, 1), TIMES, slo_s=SLO_S)
     served = [x for x in lat if math.isfinite(x)]
     assert 90 <= len(served) <= 102
     assert figures(lat, SLO_S).violations == 500 - sum(1 for x in served if x <= SLO_S)
@@ -65,7 +66,7 @@ def test_requests_past_their_deadline_are_refused_not_served() -> None:
 
 def test_the_gateway_costs_add_to_every_request_and_batch() -> None:
     times = ServiceTimes(TIMES.samples, per_batch_s=0.5 * MS, per_request_s=0.25 * MS)
-    lat = simulate(trickle(), Config(32, 0.0, 1, 1, 1), times, slo_s=SLO_S)
+    lat = simulate(trickle(), Knobs(32, 0.0, 1, 1, 1), times, slo_s=SLO_S)
     assert lat == pytest.approx([1.75 * MS] * 50)
 
 
@@ -77,14 +78,14 @@ def test_on_one_serial_loop_more_instances_serve_no_more_batches_of_one() -> Non
     burst = poisson(2000.0, 1.0)
     done = {}
     for c in (1, 2):
-        lat = simulate(burst, Config(1, 0.0, c, 1, 1), times, slo_s=SLO_S, serial=True)
+        lat = simulate(burst, Knobs(1, 0.0, c, 1, 1), times, slo_s=SLO_S, serial=True)
         ends = sorted(a + x for a, x in zip(burst, lat, strict=True) if math.isfinite(x))
         assert np.all(np.diff(ends) >= 0.75 * MS - 1e-9)
         done[c] = len(ends)
-    parallel = simulate(burst, Config(1, 0.0, 2, 1, 1), times, slo_s=SLO_S)
+    parallel = simulate(burst, Knobs(1, 0.0, 2, 1, 1), times, slo_s=SLO_S)
     assert sum(math.isfinite(x) for x in parallel) > done[2]
     # At a trickle the loop is free: a request pays its costs once, as before.
-    lat = simulate(trickle(), Config(32, 0.0, 1, 1, 1), times, slo_s=SLO_S, serial=True)
+    lat = simulate(trickle(), Knobs(32, 0.0, 1, 1, 1), times, slo_s=SLO_S, serial=True)
     assert lat == pytest.approx([1.75 * MS] * 50)
 
 
@@ -94,10 +95,10 @@ def test_score_reports_each_phase_and_the_grid_skips_timeouts_at_batch_one() -> 
     arrivals = trickle(20) + [1.0 + t for t in poisson(1500.0, 1.0)]
     phase = [0] * 20 + [1] * (len(arrivals) - 20)
     scored = {s.config: s for s in score(grid, arrivals, phase, 2, TIMES, slo_s=SLO_S)}
-    eager = scored[Config(32, 0.0, 1, 1, 1)]
+    eager = scored[Knobs(32, 0.0, 1, 1, 1)]
     assert eager.phases[0].p95_ms == pytest.approx(1.0)
     assert sum(f.requests for f in eager.phases) == eager.overall.requests == len(arrivals)
-    assert scored[Config(1, 0.0, 1, 1, 1)].phases[1].violations > 0
+    assert scored[Knobs(1, 0.0, 1, 1, 1)].phases[1].violations > 0
 
 
 @pytest.mark.parametrize("cores", [1, 2, 3, 8, 16])

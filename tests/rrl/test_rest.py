@@ -19,12 +19,13 @@ from typing import Any
 import pytest
 
 from gateway.main import Gateway
+from models.knobs import Knobs
 from rrl.agent_settings import RestSettings
 from rrl.objective import make_objective
 from rrl.online import ModelAgent
 from rrl.queueing import Arrivals, QueueModel
 from rrl.rest import Rest
-from rrl.space import Config, ConfigSpace, expert_default
+from rrl.space import ConfigSpace, expert_default
 from tests.rrl.live import gateway, poisson_load, running_agent, until
 
 EXPERT = expert_default(len(os.sched_getaffinity(0)), max_batch_size=32)
@@ -196,7 +197,7 @@ def test_a_rest_ends_when_two_windows_running_serve_the_same_load_twice_as_slowl
 def test_the_same_question_at_the_same_load_is_answered_from_the_cache() -> None:
     model = QueueModel(make_objective("latency", slo_ms=100.0, cores=2), cores=2)
     model.observe_service((2, 1), {1: [0.0004] * 10, 4: [0.0006] * 10, 32: [0.002] * 10})
-    config = Config(32, 0.0, 2, 1, 1)
+    config = Knobs(32, 0.0, 2, 1, 1)
     first = model.predict_many([(config, Arrivals(300.0), None)])[0]
     simulated = model.simulations
     assert first is not None and simulated == model.settings.replicas

@@ -1,0 +1,28 @@
+"""What one served model version's requests experienced over a recent window: the snapshot the
+gateway's admin API and dashboard show and the tuner measures its configurations by."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class WindowStats:
+    """Requests answered, refused and arrived over the last ``window_s`` seconds. Latencies are
+    inside the gateway (admission to reply), over the answered requests."""
+
+    window_s: float
+    completed: int
+    rate_per_s: float
+    rows_per_request: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    slo_violations: int
+    rejected: int
+    queue_depth: int
+    arrived: int = 0
+    """Requests that reached the model in the window, answered yet or not: the offered load.
+    Completions lag it whenever a queue builds (a step up in rate), so a rate judged from them
+    reads a burst as a fraction of itself."""
+    arrived_rows: int = 0
