@@ -88,7 +88,12 @@ def tf_expected(gpus: Sequence[object], *, built_with_cuda: bool) -> Placement:
     if gpus:
         return Placement(GPU_DEVICE, "GPU:0", f"{len(gpus)} GPU(s) visible to TensorFlow")
     if not built_with_cuda:
-        why = "this TensorFlow build has no CUDA (tensorflow-cpu): pip install 'iotgw[gpu]'"
+        # iotgw is installed from a checkout (it is on no package index), so the command that
+        # works is the checkout's: ``pip install 'iotgw[gpu]'`` would find nothing.
+        why = (
+            "this TensorFlow build has no CUDA (tensorflow-cpu): install the iotgw[gpu] extra "
+            "(pip install -e '.[gpu]' in the iotgw source folder; README \"GPU\")"
+        )
     else:
         why = (
             "TensorFlow sees no GPU (no driver, CUDA libraries missing, or CUDA_VISIBLE_DEVICES "

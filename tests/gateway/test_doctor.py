@@ -75,6 +75,18 @@ def test_text_names_the_provider_and_why(repo: Path, capsys: pytest.CaptureFixtu
     assert "libcudnn.so.9 (cuDNN 9): " in text
 
 
+def test_a_cpu_tensorflow_names_the_install_command_of_a_checkout(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """iotgw is on no package index: the GPU hint is the command that works in its checkout."""
+    report = json.loads(_run(capsys, "--model-repo", str(repo), "--json"))
+    if report["tensorflow"]["built_with_cuda"]:
+        pytest.skip("this TensorFlow is built with CUDA")
+    text = _run(capsys, "--model-repo", str(repo))
+    assert "install the iotgw[gpu] extra (pip install -e '.[gpu]' in the iotgw source" in text
+    assert "pip install 'iotgw[gpu]'" not in text
+
+
 # ONNX Runtime warns that the CPU build has no CUDA provider: the fallback under test.
 @pytest.mark.filterwarnings("ignore:Specified provider 'CUDAExecutionProvider'")
 def test_a_gpu_build_is_expected_on_cuda_and_load_shows_the_fallback(
