@@ -3,7 +3,7 @@ ingest processes (which answer from a catalog), so both refuse the same requests
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -12,12 +12,30 @@ from models.runtime import ModelMetadata
 
 _T = TypeVar("_T")
 
+# Models an unknown-model refusal names at most: an edge gateway serves a handful, and a reply
+# stays short where one serves hundreds (GET /v2/repository/index lists them all).
+MAX_LISTED = 20
+
 
 def parse_version(model: str, version: int | str) -> int:
     try:
         return int(version)
     except ValueError:
         raise NotFound(f"model {model!r} has no version {version!r}") from None
+
+
+def unknown_model(model: str, served: Iterable[str] | None = None) -> NotFound:
+    """The refusal for a model the gateway does not have. Given the names it has (``served``),
+    it lists them, so that a misspelt name is seen in the reply itself."""
+    if served is None:
+        return NotFound(f"unknown model {model!r}")
+    names = sorted(served)
+    if not names:
+        return NotFound(f"unknown model {model!r}; the gateway serves no models")
+    listed = ", ".join(names[:MAX_LISTED])
+    if len(names) > MAX_LISTED:
+        listed += f" and {len(names) - MAX_LISTED} more (GET /v2/repository/index)"
+    return NotFound(f"unknown model {model!r}; served: {listed}")
 
 
 def unloaded(model: str) -> ModelUnavailable:
@@ -34,10 +52,14 @@ def pick_version(
     versions: Mapping[int, _T] | None,
     broken: Mapping[int, str] | None,
     is_ready: Callable[[_T], bool],
+    *,
+    served: Callable[[], Iterable[str]] | None = None,
 ) -> _T:
     """The entry of ``model`` at ``version`` (default: the highest ready one, else the highest).
     ``versions`` holds the versions that were read, ``broken`` the reasons of those that could
-    not be; ``None`` for a model with none of either."""
+    not be; ``None`` for a model with none of either. ``served`` gives the names of every model
+    for the refusal of an unknown one to list (asked only then: a lookup of a known model pays
+    nothing for it)."""
     if version is not None and version != "":
         v = parse_version(model, version)
         if versions is not None and v in versions:
@@ -46,12 +68,12 @@ def pick_version(
         if reason is not None:
             raise ModelUnavailable(f"model {model} version {v} is unavailable: {reason}")
         if versions is None and broken is None:
-            raise NotFound(f"unknown model {model!r}")
+            raise unknown_model(model, served() if served is not None else None)
         raise NotFound(f"model {model!r} has no version {v}")
     if not versions:
         if broken is not None:
             raise ModelUnavailable(f"model {model} is unavailable: {'; '.join(broken.values())}")
-        raise NotFound(f"unknown model {model!r}")
+        raise unknown_model(model, served() if served is not None else None)
     ready = [v for v, entry in versions.items() if is_ready(entry)]
     return versions[max(ready) if ready else max(versions)]
 
@@ -84,6 +106,10 @@ class Catalog:
 
     def check_model(self, model: str, version: int | str | None = None) -> None:
         self.entry(model, version)
+
+    def model_names(self) -> list[str]:
+        """Every model the serving process knows, as ``InferenceService.model_names``."""
+        return sorted(set(self.versions) | set(self.broken) | self.unloaded)
 
     def metadata(self, model: str, version: int | str | None = None) -> ModelMetadata:
         entry = self.entry(model, version)
