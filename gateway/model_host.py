@@ -297,6 +297,7 @@ class ModelHost:
             queue_depth=self._batcher.queue_depth,
             arrived=len(arrived),
             arrived_rows=sum(a[1] for a in arrived),
+            in_system=self._in_flight,
         )
 
     def service_samples(self) -> dict[int, tuple[float, ...]]:

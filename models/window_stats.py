@@ -26,3 +26,6 @@ class WindowStats:
     Completions lag it whenever a queue builds (a step up in rate), so a rate judged from them
     reads a burst as a fraction of itself."""
     arrived_rows: int = 0
+    in_system: int = 0
+    """Requests inside the model now (queued or running): a closed loop of N clients keeps it
+    near N, an open-loop load lets it come and go (``rrl.evidence.LoadKind``)."""

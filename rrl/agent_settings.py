@@ -67,6 +67,9 @@ class AgentSettings:
     """Smallest relative difference a trial reads as better or worse (see ``rrl.trial``)."""
     trial_gap: int = 3
     """Incumbent windows between two trials: at most a quarter of the windows are trials."""
+    measured_search: bool = True
+    """When the gate lets nothing through, measure the incumbent's neighbours before resting
+    (``rrl.evidence``); off, the agent rests on the gate's prediction alone."""
     gate_every_s: float = 2.0
     """How often the gate is asked while nothing changes (a new workload state resets it; an
     incumbent violating the SLO asks at once)."""

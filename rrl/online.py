@@ -57,7 +57,7 @@ from rrl.gate import needs_rebuild
 from rrl.measurement import Measurement
 from rrl.objective import Objective
 from rrl.policy import Policy
-from rrl.priors import Priors
+from rrl.priors import Priors, leave_ctrl_c_to_the_parent
 from rrl.space import ConfigSpace
 from rrl.workload import MonitorSettings
 
@@ -305,6 +305,7 @@ class ModelAgent(Policy):
         # Arrivals, not completions: completions read a building queue short.
         state = self.monitor.update(now, stats.arrived, stats.arrived_rows)
         self._tick_counts.append(stats.arrived * self.settings.tick_s / span)
+        self.load_kind.observe(stats.in_system)
         if self.monitor.state is not None and state != self.workload:
             self.workload = state
             # Counts from before a step would read the step itself as burstiness.
@@ -337,6 +338,17 @@ class ModelAgent(Policy):
         snap["decisions"] = [d.as_dict() for d in list(self.history)[-decisions:]]
         snap["estimates"] = snap.get("estimates", [])[:estimates]
         return snap
+
+    def _evidence(self) -> dict[str, Any]:
+        """Whether the model's "no" stands, and what kind of load it is judged against."""
+        miss = self.trust.last_miss()
+        return {
+            "model_trusted": self.trust.trusted,
+            "last_miss": None if miss is None else miss.describe(),
+            "load": "closed-loop" if self.load_kind.closed else "open-loop",
+            "population": self.load_kind.population if self.load_kind.closed else None,
+            "measured_configurations": self.tuner.estimate_counts()[0],
+        }
 
     def _build_snapshot(self) -> dict[str, Any]:
         best = self.incumbent or self.tuner.recommend()
@@ -375,6 +387,7 @@ class ModelAgent(Policy):
                 "simulations": self.queue_model.simulations,
                 "cache_hits": self.queue_model.cache_hits,
             },
+            "evidence": self._evidence(),
             "rest": None
             if self.rest.state is None
             else {
@@ -404,7 +417,12 @@ def model_process() -> ProcessPoolExecutor:
     """A process for the queueing model's simulations (``QueueModel.executor``); several agents
     may share one (the gateway's do)."""
     spawn = multiprocessing.get_context("spawn")  # no fork of a process running sessions
-    return ProcessPoolExecutor(max_workers=1, mp_context=spawn, initializer=lowest_priority)
+    return ProcessPoolExecutor(max_workers=1, mp_context=spawn, initializer=_model_worker_start)
+
+
+def _model_worker_start() -> None:
+    leave_ctrl_c_to_the_parent()  # Ctrl-C is the gateway's to handle: it shuts the pool down
+    lowest_priority()
 
 
 def lowest_priority() -> None:

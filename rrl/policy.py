@@ -9,6 +9,15 @@
   ``explore_regret`` times the incumbent, and a candidate that lost a trial in a workload state
   is not tried there again. At most one trial per ``trial_gap`` incumbent windows, unless the
   incumbent violates the SLO.
+- **Measured search** (``rrl.evidence``): when the gate lets nothing through, the agent still
+  measures the incumbent's neighbours (one notch on each axis, and the corners: the largest
+  batch with every core in one instance's threads, or in single-thread instances) before it
+  rests; it rests only once each lost a measured trial in this state. Which neighbour next:
+  in a closed loop (requests inside nearly constant, never zero), the closed-loop rule
+  (Little's law over the batches it forms); once the model's predictions of the incumbent
+  missed beyond their stated uncertainty in two of three windows, the tuner's region estimates
+  (from measurements; the model no longer vetoes); otherwise the model's optimistic
+  prediction, which still vetoes a neighbour it predicts to violate the SLO.
 - **Fair comparison and revert** (``rrl.trial``): candidate and incumbent in interleaved (no
   rebuild) or paired (rebuild) windows, each normalised to a common arrival rate by the model;
   a candidate worse after its first window (or beyond the safety limit) is reverted at once.
@@ -19,7 +28,8 @@
   the SLO.
 - **Drain**: an interval that started with a backlog and ended with a shorter queue measured
   the backlog draining, not its configuration: not learned, and what drains it keeps running.
-- **Rest** (``rrl.rest``): nothing simulated, the interval backing off, while nothing moves.
+- **Rest** (``rrl.rest``): nothing simulated, the interval backing off, while nothing moves,
+  once the gate and the measured search found nothing left to try.
 
 Every decision records what the model predicted, what was measured, and why (``rrl.decisions``).
 """
@@ -37,6 +47,7 @@ from rrl.agent_settings import ONLINE_TUNERS, AgentSettings
 from rrl.ask_tell import PerWorkload, TuningProblem
 from rrl.budget import CoreBudget, threads_of
 from rrl.decisions import Decision, Step, log_line
+from rrl.evidence import LoadKind, ModelTrust, closed_loop_latency_ms, neighbours
 from rrl.gate import Verdict, decide, needs_rebuild, screen
 from rrl.measurement import Measurement
 from rrl.memory import StateKey, StateMemory
@@ -104,6 +115,8 @@ class Policy(RestRules):
         self.rest = Rest(s.rest, s.interval_s)
         self._asked: tuple[StateKey, Knobs] | None = None  # where the gate let nothing through
         self._pending: list[tuple[Knobs, Arrivals, Measurement]] = []
+        self.trust = ModelTrust(kappa=s.gate.kappa)
+        self.load_kind = LoadKind()
 
     def choose(self, queued: int = 0) -> Step:
         """The next interval's configuration and why, with ``queued`` requests waiting now
@@ -163,6 +176,10 @@ class Policy(RestRules):
         )
         self.verdict, self._gated_at = verdict, time.monotonic()
         candidate = verdict.candidate
+        if candidate is None and self.settings.measured_search:
+            measured = self._measured_candidate(arrivals, verdict)
+            if measured is not None:
+                return self._start_trial(*measured, verdict)
         if candidate is None:
             held_back = self._held_back(arrivals)
             if self.queue_model.calibrated and verdict.considered and not held_back:
@@ -170,10 +187,16 @@ class Policy(RestRules):
                 self._asked = (self._key(), self.incumbent)
             reason = verdict.reason + held_back
             return Step(self.incumbent, "exploit", reason, verdict.incumbent, verdict)
+        return self._start_trial(candidate, verdict.reason, verdict)
+
+    def _start_trial(self, candidate: Knobs, reason: str, verdict: Verdict) -> Step:
+        """Try ``candidate`` against the incumbent (``rrl.trial``), once the rebuild pace
+        allows a candidate that rebuilds sessions (at once when the incumbent violates)."""
+        assert self.incumbent is not None
         rebuild = needs_rebuild(self.incumbent, candidate)
-        if rebuild and not urgent and not self._rebuild_allowed():
+        if rebuild and not self._incumbent_violates() and not self._rebuild_allowed():
             wait = self._next_rebuild_at() - time.monotonic()
-            reason = f"{candidate} waits {wait:.1f}s for the rebuild pace ({verdict.reason})"
+            reason = f"{candidate} waits {wait:.1f}s for the rebuild pace ({reason})"
             return Step(self.incumbent, "hold", reason, verdict.incumbent, verdict)
         self.trial = Trial(
             self.incumbent,
@@ -183,7 +206,81 @@ class Policy(RestRules):
             margin=self._trial_margin(),
             predicted_gain=verdict.gain,
         )
-        return Step(candidate, "explore", verdict.reason, verdict.best, verdict)
+        return Step(candidate, "explore", reason, verdict.best, verdict)
+
+    def _measured_candidate(self, arrivals: Arrivals, verdict: Verdict) -> tuple[Knobs, str] | None:
+        """The next configuration to measure near the incumbent when the gate let nothing
+        through: the agent rests only once every neighbour (``rrl.evidence.neighbours``) lost a
+        measured trial in this state, not on a prediction. In a closed loop (which the queueing
+        model does not model) the closed-loop rule ranks them; once the model's predictions of
+        the incumbent missed (``rrl.evidence.ModelTrust``), the tuner's own estimates (region
+        estimates from measurements) do; with a model whose predictions held, its optimistic
+        prediction does, and it may still veto a neighbour it predicts to violate the SLO.
+        None: none left to measure (or the model's error is not proven yet)."""
+        assert self.incumbent is not None
+        closed = self.load_kind.closed
+        if not closed and not self.queue_model.calibrated:
+            return None
+        key, budget = self._key(), self.budget
+        pool = [
+            c
+            for c in neighbours(self.space, self.incumbent, self.cores)
+            if not self.memory.was_rejected(key, c)
+            and not (budget is not None and not budget.fits(self.model, c))
+        ]
+        if not pool:
+            return None
+        if closed:
+            best, why = self._closed_loop_pick(pool)
+        elif not self.trust.trusted:
+            best = min(pool, key=lambda c: _or_inf(self.tuner.predict(c)))
+            miss = self.trust.last_miss()
+            because = "the model's predictions missed" if miss is None else miss.describe()
+            why = f"{because}: candidates are tried on measurement"
+        else:
+            safe = self._safe_pick(pool, arrivals, verdict)
+            if safe is None:
+                return None
+            best, why = safe
+        return best, f"measured search: {why}; {len(pool)} neighbour(s) untried here"
+
+    def _closed_loop_pick(self, pool: list[Knobs]) -> tuple[Knobs, str]:
+        """The neighbour the closed-loop rule predicts fastest per request, and why."""
+        assert self.incumbent is not None
+        population, rule = self.load_kind.population, self.queue_model.batch_seconds
+        best = min(pool, key=lambda c: _or_inf(closed_loop_latency_ms(c, population, rule)))
+        ms = closed_loop_latency_ms(best, population, rule)
+        mine = closed_loop_latency_ms(self.incumbent, population, rule)
+        predicted = "unknown" if ms is None else f"{ms:.1f}ms"
+        against = "" if mine is None else f" against the incumbent's {mine:.1f}ms"
+        return best, (
+            f"closed loop of {population} requests (the open-loop model does not apply): "
+            f"{best} predicted {predicted} per request by the closed-loop rule{against}"
+        )
+
+    def _safe_pick(
+        self, pool: list[Knobs], arrivals: Arrivals, verdict: Verdict
+    ) -> tuple[Knobs, str] | None:
+        """The neighbour with the best optimistic prediction (``kappa`` deviations below its
+        objective) among those whose optimistic prediction still meets the SLO."""
+        inc = verdict.incumbent
+        if inc is None:
+            return None
+        kappa = self.settings.gate.kappa
+        predicted = self.queue_model.predict_many([(c, arrivals, 1) for c in pool])
+        safe = [
+            (p.objective - kappa * p.sd, c, p)
+            for c, p in zip(pool, predicted, strict=True)
+            if p is not None
+            and p.objective - kappa * p.sd <= self._slo_value(c, self.settings.violating_fraction)
+        ]
+        if not safe:
+            return None
+        _, best, p = min(safe, key=lambda h: (h[0], h[1]))
+        return best, (
+            f"{verdict.reason}; {best} predicted J {p.objective:.2f} +- {kappa * p.sd:.2f} "
+            f"against {inc.objective:.2f}: measured before resting"
+        )
 
     def _candidates(self, arrivals: Arrivals) -> list[Knobs]:
         """The model's shortlist of the grid (screened every ``screen_every_s``, or when the
@@ -324,6 +421,8 @@ class Policy(RestRules):
         elif self.trial is None and config == self.incumbent:
             self._incumbent_window(config, value, measurement.rate_per_s)
             incumbent_window = True
+            if step.predicted is not None and self.queue_model.calibrated:
+                self.trust.judge(step.predicted.objective, step.predicted.sd, value)
         decision = self._record(
             Decision(
                 time.time(),
@@ -396,6 +495,7 @@ class Policy(RestRules):
         self._since_trial = 0
         key = self._key()
         if outcome.verdict == "accept":
+            self.memory.reject(key, trial.incumbent)  # it lost: not tried again in this state
             self.incumbent = trial.candidate
             self.memory.remember(key, trial.candidate, outcome.candidate)
             self._baseline = Window(trial.candidate, value, m.rate_per_s)
@@ -452,6 +552,7 @@ class Policy(RestRules):
         self._incumbent_values.clear()
         self._gated_at = -math.inf
         self._asked = None
+        self.trust.reset()
         self.rest.wake()  # the "workload" decision says why
         if self.trial is not None:
             self.trial = None
@@ -499,3 +600,7 @@ class Policy(RestRules):
 
     def _recorded(self, decision: Decision) -> None:
         """Called after each decision is recorded (the agent publishes it)."""
+
+
+def _or_inf(value: float | None) -> float:
+    return math.inf if value is None else value

@@ -419,6 +419,23 @@ class QueueModel:
         )
         return times, rel, rel == 0.0
 
+    def batch_seconds(self, config: Knobs, rows: int) -> float | None:
+        """One batch of ``rows`` single-row requests under ``config``'s threads: the median
+        measured (derived from the nearest measured setting when that one was not), plus the
+        gateway's costs per batch and per request; None before anything was measured."""
+        found = self._service_for(config, 1.0)
+        if found is None:
+            return None
+        times = found[0]
+        setting = (config.concurrency, config.intra_op_threads)
+        sizes = times.batch_sizes(setting)
+        if not sizes:
+            return None
+        seconds = times.median_s(setting, rows)
+        if rows > sizes[-1]:  # beyond every measured size: linear in rows from the largest
+            seconds *= rows / sizes[-1]
+        return seconds + times.per_batch_s + rows * times.per_request_s
+
     def _scale(self, source: ThreadSetting, target: ThreadSetting) -> float:
         """How much slower one batch runs under ``target`` than under ``source``: the cores'
         time-slicing between all threads, and the intra-op speed-up."""

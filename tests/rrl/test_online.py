@@ -115,7 +115,10 @@ async def test_the_gate_tries_only_what_it_predicts_a_clear_gain_for(
         else:
             assert v["gain"] > v["uncertainty"] and "clears" in v["reason"], v
     explored = [d for d in state["decisions"] if d["kind"] == "explore"]
-    assert all(d["gate"] is None or d["gate"]["tried"] == d["config"] for d in explored)
+    for d in explored:
+        # What the gate tried, or a neighbour measured before resting (``rrl.evidence``).
+        if d["gate"] is not None and d["gate"]["tried"] != d["config"]:
+            assert d["reason"].startswith("measured search"), d
     # Each measured decision shows what the model predicted for it beside what it measured.
     measured = [d for d in state["decisions"] if d["measurement"] is not None]
     assert measured and any(d["predicted"] is not None for d in measured)

@@ -1,0 +1,150 @@
+"""The agent's measured evidence, decided with injected service times, scripted readings and
+scripted windows: a model proven wrong loses its veto, a closed loop is told from an open one
+and predicted by its own rule, and the agent measures its neighbourhood before it rests."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from models.knobs import Knobs
+from rrl.agent_settings import AgentSettings
+from rrl.decisions import Step
+from rrl.evidence import LoadKind, ModelTrust, closed_loop_latency_ms, neighbours
+from rrl.measurement import Measurement
+from rrl.policy import Policy
+from rrl.space import ConfigSpace
+
+SPACE = ConfigSpace.for_machine(2, max_batch_size=32)
+INCUMBENT = Knobs(4, 0.0, 1, 1, 1)
+
+
+def window(p95_ms: float, n: int = 200, duration_s: float = 2.0) -> Measurement:
+    return Measurement(duration_s, n, n, p95_ms / 2, p95_ms, p95_ms, 0, 0)
+
+
+def test_the_model_loses_its_veto_after_two_misses_in_three_and_regains_it() -> None:
+    trust = ModelTrust(kappa=2.0)
+    assert trust.trusted
+    trust.judge(10.0, 1.0, 11.5)  # within 2 sd
+    trust.judge(10.0, 1.0, 25.0)  # one miss: a stray window
+    assert trust.trusted
+    trust.judge(10.0, 1.0, 30.0)  # two in three: proven wrong
+    assert not trust.trusted
+    miss = trust.last_miss()
+    assert miss is not None and "measured 30.00" in miss.describe()
+    for _ in range(2):
+        trust.judge(10.0, 1.0, 10.5)
+        assert not trust.trusted  # a miss is still among the last three
+    trust.judge(10.0, 1.0, 9.5)
+    assert trust.trusted  # three running within the band
+    trust.judge(10.0, 1.0, 30.0)
+    trust.judge(10.0, 1.0, 30.0)
+    trust.reset()
+    assert trust.trusted and trust.last_miss() is None
+
+
+def test_a_closed_loop_keeps_its_population_and_an_open_loop_does_not() -> None:
+    closed = LoadKind()
+    for reading in [31, 32, 30, 32, 29, 31, 32, 30]:  # 32 clients, a few replies in transit
+        closed.observe(reading)
+    assert closed.closed and closed.population == 32
+    rng = np.random.default_rng(7)
+    open_loop = LoadKind()
+    for reading in rng.poisson(12.0, size=8):  # the same mean load, arriving at random
+        open_loop.observe(int(reading))
+    assert not open_loop.closed
+    trickle = LoadKind()
+    for reading in [1, 0, 1, 1, 0, 1, 1, 1]:  # empties now and then: open
+        trickle.observe(reading)
+    assert not trickle.closed
+    young = LoadKind()
+    for reading in [32] * 7:  # too few readings to say
+        young.observe(reading)
+    assert not young.closed
+
+
+def test_a_closed_loop_is_predicted_by_littles_law_over_the_batches_it_forms() -> None:
+    # One batch: 1 ms plus 0.5 ms a row (per instance, the threads' measured times).
+    def batch_seconds(config: Knobs, rows: int) -> float:
+        return 0.001 + 0.0005 * rows
+
+    # 32 requests always in: batch 32 on one instance serves all 32 in 17 ms.
+    assert closed_loop_latency_ms(Knobs(32, 0.0, 1, 1, 1), 32, batch_seconds) == 17.0
+    # Batch 2 on 2 instances: 4 requests per 2 ms, so each of the 32 waits 16 ms.
+    assert closed_loop_latency_ms(Knobs(2, 0.0, 2, 1, 1), 32, batch_seconds) == 16.0
+    # Batch 8 on one instance: 8 per 5 ms, 32 wait 20 ms.
+    assert closed_loop_latency_ms(Knobs(8, 0.0, 1, 1, 1), 32, batch_seconds) == 20.0
+    assert closed_loop_latency_ms(Knobs(8, 0.0, 1, 1, 1), 0, batch_seconds) is None
+
+
+def test_the_neighbourhood_reaches_threads_with_the_largest_batch_within_the_cores() -> None:
+    found = neighbours(SPACE, Knobs(2, 0.0, 2, 1, 1), cores=2)
+    assert Knobs(32, 0.0, 1, 2, 1) in found  # every core in one instance's threads
+    assert Knobs(4, 0.0, 2, 1, 1) in found and Knobs(1, 0.0, 2, 1, 1) in found
+    assert Knobs(2, 0.0, 1, 1, 1) in found
+    assert Knobs(2, 0.0, 2, 1, 1) not in found
+    assert all(c.concurrency * c.intra_op_threads <= 2 for c in found)
+    assert all(SPACE.snap(c) == c for c in found)
+
+
+def calibrated_policy(**settings: object) -> Policy:
+    """A policy at 100 requests/s whose queueing model knows one instance's service times
+    (1 ms a batch up to batch 32) and has proven its error on three incumbent windows."""
+    s = AgentSettings(gate_every_s=0.0, trial_gap=0, **settings)  # type: ignore[arg-type]
+    policy = Policy("m", space=SPACE, slo_ms=100.0, cores=2, settings=s)
+    policy.current = policy.incumbent = INCUMBENT
+    samples = {1: [0.001] * 20, 4: [0.0011] * 20, 32: [0.0015] * 20}
+    policy.queue_model.observe_service((1, 1), samples)
+    now = time.monotonic()
+    policy.monitor.update(now - 3.0, 0)
+    policy.monitor.update(now, 300)
+    for _ in range(3):
+        predicted = policy._predict(INCUMBENT)
+        assert predicted is not None
+        policy.learn(Step(INCUMBENT, "exploit", predicted=predicted), window(predicted.p95_ms))
+    assert policy.queue_model.calibrated and policy.trust.trusted
+    return policy
+
+
+def test_a_model_that_missed_the_incumbent_twice_has_its_candidates_tried_on_measurement() -> None:
+    policy = calibrated_policy()
+    for _ in range(2):  # the incumbent measures far slower than the model says
+        predicted = policy._predict(INCUMBENT)
+        assert predicted is not None
+        policy.learn(Step(INCUMBENT, "exploit", predicted=predicted), window(80.0))
+    assert not policy.trust.trusted
+    step = policy.choose()
+    assert step.kind == "explore" and step.config != INCUMBENT
+    assert "measured search" in step.reason and "the model predicted the incumbent" in step.reason
+    assert policy.trial is not None and policy.trial.candidate == step.config
+    assert step.config in neighbours(SPACE, INCUMBENT, 2)
+
+
+def test_a_closed_loop_ranks_the_neighbours_by_the_closed_loop_rule() -> None:
+    policy = calibrated_policy()
+    for _ in range(8):
+        policy.load_kind.observe(32)
+    step = policy.choose()
+    assert step.kind == "explore" and "closed loop of 32 requests" in step.reason
+    # The largest batch forms the fewest batches for 32 requests always in: fastest per request.
+    assert step.config.max_batch_size == 32
+
+
+def test_the_agent_rests_only_once_its_neighbourhood_lost_measured_trials() -> None:
+    policy = calibrated_policy()
+    key = policy._key()
+    tried = []
+    for _ in range(len(neighbours(SPACE, INCUMBENT, 2)) + 1):
+        step = policy.choose()
+        if step.kind != "explore":
+            break
+        assert policy._asked is None  # no rest while a neighbour is untried
+        tried.append(step.config)
+        policy.memory.reject(key, step.config)  # the trial showed no gain beyond the noise
+        policy.trial = None
+    assert step.kind == "exploit", step
+    safe = set(tried)
+    assert safe and safe <= set(neighbours(SPACE, INCUMBENT, 2))
+    assert policy._asked == (key, INCUMBENT)  # the rest may now begin
