@@ -291,6 +291,7 @@ class InferenceService:
             self._hosts.get(model),
             _reasons(self._broken.get(model)),
             lambda h: h.ready,
+            served=self.model_names,
         )
 
     def check_model(self, model: str, version: int | str | None = None) -> None:

@@ -101,7 +101,12 @@ class Catalog:
         if model in self.unloaded:
             raise unloaded(model)
         return pick_version(
-            model, version, self.versions.get(model), self.broken.get(model), lambda e: e.ready
+            model,
+            version,
+            self.versions.get(model),
+            self.broken.get(model),
+            lambda e: e.ready,
+            served=self.model_names,
         )
 
     def check_model(self, model: str, version: int | str | None = None) -> None:

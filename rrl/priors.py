@@ -18,6 +18,7 @@ import functools
 import logging
 import math
 import multiprocessing
+import signal
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -117,7 +118,9 @@ def load_profile_priors(
     )
     if apart:
         spawn = multiprocessing.get_context("spawn")  # no fork of a process running sessions
-        with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
+        with ProcessPoolExecutor(
+            max_workers=1, mp_context=spawn, initializer=leave_ctrl_c_to_the_parent
+        ) as pool:
             priors, why = pool.submit(read).result()
     else:
         priors, why = read()
@@ -125,3 +128,10 @@ def load_profile_priors(
     unusable = not priors and (Path(profiles_dir) / f"{model}.json").is_file()
     log.log(logging.WARNING if unusable else logging.INFO, "%s", why)
     return priors
+
+
+def leave_ctrl_c_to_the_parent() -> None:
+    """A pool worker's initializer: SIGINT ignored. Ctrl-C in a terminal signals the whole
+    foreground process group; the parent handles it and shuts its pools down, where a worker
+    taking it too would die of a KeyboardInterrupt and print its traceback over the shutdown."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)

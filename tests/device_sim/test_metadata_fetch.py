@@ -22,5 +22,5 @@ async def test_unknown_model_is_named_in_plain_words(demo_repo: Path, tmp_path: 
         with pytest.raises(ValueError) as refused:
             await fetch_metadata(s, base_url(gw), "sensor_mpl")
     message = str(refused.value)
-    assert message.endswith("answered 404: unknown model 'sensor_mpl'"), message
+    assert message.endswith("answered 404: unknown model 'sensor_mpl'; served: sensor_mlp"), message
     assert "b'" not in message and 'b"' not in message

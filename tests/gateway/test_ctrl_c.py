@@ -66,12 +66,6 @@ def _infer(url: str, body: bytes) -> None:
         r.read()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the pools of rrl/online.py (model_process) and rrl/priors.py (apart=True) start "
-    "their workers with Python's SIGINT handler; an initializer that ignores SIGINT fixes it "
-    "(and this marker then goes)",
-)
 def test_sigint_to_the_process_group_stops_the_gateway_without_a_traceback(
     demo_repo: Path, tmp_path: Path
 ) -> None:

@@ -186,7 +186,7 @@ async def test_refusals_and_other_routes_match_the_single_process_gateway(
     async with aiohttp.ClientSession() as s:
         async with s.post(f"{gw.url}/v2/models/nope/infer", data=b"{}") as r:
             assert r.status == 404
-            assert (await r.json()) == {"error": "unknown model 'nope'"}
+            assert (await r.json()) == {"error": f"unknown model 'nope'; served: {MODEL}"}
         async with s.post(f"{gw.url}/v2/models/{MODEL}/infer", data=b"[[[") as r:
             assert r.status == 400
             assert "malformed" in (await r.json())["error"]
