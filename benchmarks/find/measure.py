@@ -1,0 +1,177 @@
+"""One measurement of ``iotgw bench find``: a gateway (static knobs, or its agent on), a load
+(closed loop through wrk, Poisson through ``iotgw sim``), and what the clients saw."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import python_argv
+from benchmarks.servers import admin_request, clean_env, set_knobs, start_gateway
+from benchmarks.tuner.arms import figures
+from benchmarks.wrk import WrkResult, run_wrk
+from models.knobs import Knobs
+
+SIM_DEVICES = 64
+
+
+@contextlib.contextmanager
+def gateway(repo: Path, workdir: Path, *, agent: bool, log_name: str) -> Iterator[str]:
+    """A fresh ``iotgw serve`` over HTTP: the default (agent on, every setting shipped) or
+    ``--no-tuner``; yields its base URL and stops it on exit."""
+    tuner = () if agent else ("--no-tuner",)
+    server, base = start_gateway(repo, workdir, 180.0, tuner_args=tuner, log_name=log_name)
+    with server:
+        yield base
+
+
+def json_body(base: str, model: str) -> bytes:
+    """One single-row OIP JSON request for ``model``, shaped from its metadata (zeros)."""
+    status, meta = admin_request("GET", f"{base}/v2/models/{model}", timeout_s=10)
+    if status != 200:
+        raise RuntimeError(f"no metadata for {model}: {status} {meta}")
+    first = meta["inputs"][0]
+    shape = [1, *(int(d) for d in first["shape"][1:])]
+    count = 1
+    for d in shape:
+        count *= d
+    doc = {"inputs": [{"name": first["name"], "datatype": "FP32", "shape": shape}]}
+    doc["inputs"][0]["data"] = [0.0] * count
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def closed(base: str, model: str, body: bytes, connections: int, seconds: float) -> WrkResult:
+    return run_wrk(
+        f"{base}/v2/models/{model}/infer", body, connections=connections, seconds=seconds
+    )
+
+
+def static_closed(
+    base: str, model: str, body: bytes, knobs: Knobs, connections: int, warmup_s: float, s: float
+) -> dict[str, Any]:
+    set_knobs(base, model, knobs.as_dict())
+    closed(base, model, body, connections, warmup_s)
+    return closed(base, model, body, connections, s).as_dict()
+
+
+def open_loop(
+    base: str,
+    model: str,
+    rate_per_s: float,
+    phases: list[tuple[str, float]],
+    out: Path,
+    *,
+    slo_ms: float,
+    seed: int,
+) -> dict[str, Any]:
+    """Poisson arrivals at ``rate_per_s`` through ``phases`` (name, seconds) from the device
+    simulator over HTTP; its summary (per phase, and a timeline of p95 by bin)."""
+    out.mkdir(parents=True, exist_ok=True)
+    scenario = out / "scenario.json"
+    doc = {
+        "phases": [
+            {"name": n, "duration_s": d, "process": "poisson", "rate": rate_per_s}
+            for n, d in phases
+        ]
+    }
+    scenario.write_text(json.dumps(doc), encoding="utf-8")
+    argv = python_argv(
+        "gateway.cli",
+        "sim",
+        "run",
+        "--transport",
+        "http",
+        "--http-url",
+        base,
+        "--model",
+        model,
+        "--scenario",
+        str(scenario),
+        "--devices",
+        str(SIM_DEVICES),
+        "--seed",
+        str(seed),
+        "--timeout-s",
+        "10",
+        "--framing",
+        "json",
+        "--slo-ms",
+        str(slo_ms),
+        "--out",
+        str(out),
+        "--no-plots",
+        "--quiet",
+    )
+    total = sum(d for _, d in phases)
+    done = subprocess.run(
+        argv, capture_output=True, text=True, env=clean_env(), timeout=total + 120, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"iotgw sim failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return dict(json.loads((out / "summary.json").read_text(encoding="utf-8")))
+
+
+def phase_figures(summary: dict[str, Any], name: str) -> dict[str, Any]:
+    """What the clients saw in one phase of a simulator run (as ``iotgw bench tuner`` reads
+    its phases)."""
+    (phase,) = [p for p in summary["phases"] if p["name"] == name]
+    return figures(phase)
+
+
+def static_open(
+    base: str,
+    model: str,
+    knobs: Knobs,
+    rate: float,
+    warmup_s: float,
+    s: float,
+    out: Path,
+    *,
+    slo_ms: float,
+    seed: int,
+) -> dict[str, Any]:
+    set_knobs(base, model, knobs.as_dict())
+    summary = open_loop(
+        base, model, rate, [("warmup", warmup_s), ("measured", s)], out, slo_ms=slo_ms, seed=seed
+    )
+    return {**phase_figures(summary, "measured"), "send_lag_ms": summary.get("send_lag_ms")}
+
+
+def wait_for_agent(base: str, model: str, timeout_s: float = 120.0) -> None:
+    """Until the gateway's agent for ``model`` has started (its state answers)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            status, _ = admin_request("GET", f"{base}/admin/tuner/{model}", timeout_s=5)
+            if status == 200:
+                return
+        time.sleep(0.5)
+    raise RuntimeError(f"the agent for {model} did not start within {timeout_s:g}s")
+
+
+def start_agent_at(base: str, model: str, knobs: Knobs) -> None:
+    """Set ``knobs`` by hand (which pauses the agent) and resume it: it starts from them."""
+    set_knobs(base, model, knobs.as_dict())
+    status, doc = admin_request("PUT", f"{base}/admin/tuner/{model}", {"paused": False}, 10)
+    if status != 200:
+        raise RuntimeError(f"could not resume the agent: {status} {doc}")
+
+
+def agent_state(base: str, model: str) -> dict[str, Any]:
+    """The agent's final knobs and what it did (decision kinds, configurations measured)."""
+    _, snap = admin_request("GET", f"{base}/admin/tuner/{model}?decisions=1000", timeout_s=10)
+    kinds: dict[str, int] = {}
+    for d in snap.get("decisions", []):
+        kinds[d["kind"]] = kinds.get(d["kind"], 0) + 1
+    _, knobs = admin_request("GET", f"{base}/admin/models/{model}/knobs", timeout_s=10)
+    return {
+        "final_knobs": knobs["knobs"],
+        "decisions": kinds,
+        "evidence": snap.get("evidence"),
+        "explored": [d["config"] for d in snap.get("decisions", []) if d["kind"] == "explore"],
+    }

@@ -1,0 +1,174 @@
+"""The figures of ``iotgw bench find``: the finalists of the screening, the best static per
+load with its noise floor, and the agent's worst case against it, each target judged only where
+the floor can resolve it."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from benchmarks.find.plan import TARGET_P99, TARGET_SETTLE_S, TARGET_THROUGHPUT, WITHIN
+from models.knobs import Knobs
+
+
+def finalists(screened: dict[str, list[dict[str, Any]]], keep: int) -> list[Knobs]:
+    """The ``keep`` fastest configurations (nothing failed) at each screened load, together."""
+    out: list[Knobs] = []
+    for rows in screened.values():
+        ok = sorted((r for r in rows if not r["failed"]), key=lambda r: -r["rate_per_s"])
+        for r in ok[:keep]:
+            k = Knobs(**r["knobs"])
+            if k not in out:
+                out.append(k)
+    return out
+
+
+def is_closed(load: str) -> bool:
+    return load.startswith("c")
+
+
+def _score(row: dict[str, Any], closed: bool) -> float | None:
+    if closed:
+        return None if row["failed"] else float(row["rate_per_s"])
+    lost = row["lost"] or row["errors"]
+    return None if lost or row["p99_ms"] is None else float(row["p99_ms"])
+
+
+def best_static(rows: Sequence[dict[str, Any]], load: str) -> dict[str, Any]:
+    """The finalist with the best mean of its two runs (throughput in a closed loop, p99 in an
+    open one); ``floor``: its two runs' ratio, larger over smaller (1.0: the same twice)."""
+    closed = is_closed(load)
+    by: dict[tuple[Any, ...], list[float]] = {}
+    for r in rows:
+        s = _score(r, closed)
+        if s is not None:
+            by.setdefault(tuple(sorted(r["knobs"].items())), []).append(s)
+    scored = [(statistics.fmean(v), k, v) for k, v in by.items() if len(v) == 2]
+    if not scored:
+        return {"knobs": None, "value": None, "runs": [], "floor": None}
+    value, knobs, runs = (max if closed else min)(scored, key=lambda x: x[0])
+    return {
+        "knobs": dict(knobs),
+        "value": round(value, 3),
+        "runs": [round(x, 3) for x in runs],
+        "floor": round(max(runs) / min(runs), 4) if min(runs) > 0 else None,
+    }
+
+
+def settle_s(run: dict[str, Any], best: float, closed: bool, floor: float) -> float | None:
+    """Seconds until the agent is within ``WITHIN`` of the best static (or within the noise
+    floor, when the floor is wider) and stays there to the end of the run; None: never."""
+    margin = max(1.0 + WITHIN, floor)
+    if closed:
+        pieces = [(s["seconds"], s["rate_per_s"]) for s in run["slices"]]
+        pieces.append((run["measured"]["seconds"], run["measured"]["rate_per_s"]))
+
+        def good(v: float) -> bool:
+            return v * margin >= best
+
+    else:
+        bin_s = float(run["timeline_bin_s"])
+        per = max(1, round(10.0 / bin_s))
+        bins = [b["p95_ms"] for b in run["timeline"]]
+        pieces = [
+            (per * bin_s, statistics.median(x for x in bins[i : i + per] if x is not None))
+            for i in range(0, len(bins), per)
+            if any(x is not None for x in bins[i : i + per])
+        ]
+
+        def good(v: float) -> bool:
+            return v <= best * margin
+
+    t, settled = 0.0, None
+    for seconds, value in pieces:
+        # The first good piece of the stretch of good pieces that runs to the end.
+        settled = (t if settled is None else settled) if good(value) else None
+        t += seconds
+    return None if settled is None else round(settled, 1)
+
+
+def _judge(value: float | None, target: float, floor: float | None, above: bool) -> str:
+    """met / missed, or unresolved when the floor (the best static twice) spans the target's
+    margin: the machine cannot tell the two apart."""
+    if value is None:
+        return "missed: no figure"
+    margin = (1.0 - target) if above else (target - 1.0)
+    if floor is not None and floor - 1.0 >= margin:
+        return f"unresolved: the same knobs measured twice differ {floor:.3f}x"
+    ok = value >= target if above else value <= target
+    return "met" if ok else "missed"
+
+
+def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    statics = {r["model"]: r for r in runs if r["kind"] == "static"}
+    by: dict[str, dict[str, Any]] = {}
+    tput: list[tuple[float, float]] = []  # (ratio, floor)
+    p99: list[tuple[float, float]] = []
+    settles: list[float | None] = []
+    for r in runs:
+        if r["kind"] != "agent":
+            continue
+        best = statics[r["model"]]["best"][r["load"]]
+        closed = is_closed(r["load"])
+        if best["value"] is None:
+            continue
+        floor = best["floor"] or 1.0
+        if closed:
+            ratio = r["measured"]["rate_per_s"] / best["value"]
+        else:
+            measured = r["measured"]["p99_ms"]
+            ratio = measured / best["value"] if measured is not None else float("inf")
+        settle = settle_s(r, best["value"], closed, floor)
+        (tput if closed else p99).append((ratio, floor))
+        settles.append(settle)
+        entry = by.setdefault(r["model"], {}).setdefault(r["load"], {"floor": floor, "runs": {}})
+        entry["best_static"] = best["knobs"]
+        entry["runs"][f"{r['start']}#{r['repeat']}"] = {
+            "ratio": round(ratio, 4),
+            "settle_s": settle,
+            "final_knobs": r["final_knobs"],
+        }
+    worst_t = min(tput, default=None, key=lambda x: x[0])
+    worst_p = max(p99, default=None, key=lambda x: x[0])
+    t_floor = max((f for _, f in tput), default=None)
+    p_floor = max((f for _, f in p99), default=None)
+    never = any(s is None for s in settles)
+    worst_settle = None if never or not settles else max(s for s in settles if s is not None)
+    return {
+        "worst_throughput_vs_best_static": None if worst_t is None else round(worst_t[0], 4),
+        "throughput_noise_floor": t_floor,
+        "throughput_target": _judge(
+            None if worst_t is None else worst_t[0], TARGET_THROUGHPUT, t_floor, above=True
+        ),
+        "worst_p99_vs_best_static": None if worst_p is None else round(worst_p[0], 4),
+        "p99_noise_floor": p_floor,
+        "p99_target": _judge(None if worst_p is None else worst_p[0], TARGET_P99, p_floor, False),
+        "worst_settle_s": worst_settle,
+        "settle_never": never,
+        "settle_target": "missed: some run never settled"
+        if never
+        else ("met" if worst_settle is not None and worst_settle <= TARGET_SETTLE_S else "missed"),
+        "by_model": by,
+    }
+
+
+def print_report(summary: dict[str, Any]) -> None:
+    for model, loads in summary["by_model"].items():
+        for load, entry in loads.items():
+            for start, r in entry["runs"].items():
+                print(
+                    f"{model:11s} {load:8s} {start:14s} ratio {r['ratio']:.3f} "
+                    f"(floor {entry['floor']:.3f}) settle {r['settle_s']}s -> {r['final_knobs']}"
+                )
+    for key in (
+        "worst_throughput_vs_best_static",
+        "throughput_noise_floor",
+        "throughput_target",
+        "worst_p99_vs_best_static",
+        "p99_noise_floor",
+        "p99_target",
+        "worst_settle_s",
+        "settle_target",
+    ):
+        print(f"{key}: {summary[key]}")

@@ -1,0 +1,45 @@
+"""``iotgw bench find --quick`` runs the whole pipeline (static grid, finalists twice, agent
+runs from two starts, closed and open loop) and writes a results file of the agreed shape. No
+figure is asserted: benchmarks are not tests (see benchmarks.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_quick_find_writes_every_figure_with_its_floor(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "bench", "find", "--quick", "--out", str(tmp_path)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    doc = json.loads((tmp_path / "tuner_find.quick.json").read_text(encoding="utf-8"))
+    summary = doc["summary"]
+    for key in ("worst_throughput_vs_best_static", "worst_p99_vs_best_static"):
+        assert summary[key] is not None and summary[key] > 0, summary
+    assert summary["throughput_noise_floor"] >= 1.0 and summary["p99_noise_floor"] >= 1.0
+    assert {"throughput_target", "p99_target", "settle_target"} <= set(summary)
+    static = next(r for r in doc["runs"] if r["kind"] == "static")
+    assert static["finalists"] and static["screened"] and static["capacity_rps"] > 0
+    agents = [r for r in doc["runs"] if r["kind"] == "agent"]
+    assert {(r["load"], r["start"]) for r in agents} == {
+        (load, start) for load in ("c8", "open0.5") for start in ("default", "batch1")
+    }
+    for r in agents:
+        assert r["final_knobs"] and r["decisions"], r
+        if r["load"] == "c8":
+            assert r["measured"]["failed"] == 0 and r["measured"]["requests"] > 0
+        else:
+            assert r["measured"]["lost"] == 0 and r["measured"]["ok"] > 0

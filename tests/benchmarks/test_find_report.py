@@ -1,0 +1,104 @@
+"""``iotgw bench find``'s figures from scripted runs: which configurations go on from the
+screening, which static is best and how far apart its two runs were, when an agent settled,
+and a target the noise floor cannot resolve reported as such."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks.find.report import best_static, finalists, settle_s, summarize
+from benchmarks.wrk import parse_wrk
+from models.knobs import Knobs
+
+A, B, C = Knobs(32, 2.0, 1, 2, 1), Knobs(2, 0.0, 2, 1, 1), Knobs(1, 0.0, 1, 1, 1)
+
+
+def closed_row(knobs: Knobs, rate: float, failed: int = 0, repeat: int = 0) -> dict[str, Any]:
+    return {"knobs": knobs.as_dict(), "rate_per_s": rate, "failed": failed, "repeat": repeat}
+
+
+def open_row(knobs: Knobs, p99: float | None, lost: int = 0) -> dict[str, Any]:
+    return {"knobs": knobs.as_dict(), "p99_ms": p99, "lost": lost, "errors": 0}
+
+
+def test_the_finalists_are_the_fastest_at_each_screened_load_without_failures() -> None:
+    screened = {
+        "c1": [closed_row(C, 900.0), closed_row(A, 400.0), closed_row(B, 950.0, failed=3)],
+        "c32": [closed_row(A, 700.0), closed_row(B, 560.0), closed_row(C, 300.0)],
+    }
+    assert finalists(screened, 1) == [C, A]
+    assert finalists(screened, 2) == [C, A, B]
+
+
+def test_the_best_static_is_the_best_mean_of_two_runs_and_its_floor_their_ratio() -> None:
+    rows = [closed_row(A, 700.0), closed_row(B, 660.0), closed_row(A, 640.0), closed_row(B, 650.0)]
+    best = best_static(rows, "c32")
+    assert best["knobs"] == A.as_dict() and best["value"] == 670.0
+    assert best["floor"] == round(700.0 / 640.0, 4)
+    # Open loop: the lowest p99; a configuration that lost a request is out.
+    rows = [open_row(A, 30.0), open_row(A, 33.0), open_row(B, 20.0), open_row(B, 21.0, lost=1)]
+    best = best_static(rows, "open0.6")
+    assert best["knobs"] == A.as_dict() and best["value"] == 31.5
+
+
+def test_an_agent_settles_when_it_reaches_the_best_static_for_good() -> None:
+    slices = [{"seconds": 10.0, "rate_per_s": r} for r in (400.0, 690.0, 500.0, 680.0, 690.0)]
+    run = {"slices": slices, "measured": {"seconds": 30.0, "rate_per_s": 700.0}}
+    assert settle_s(run, 700.0, closed=True, floor=1.0) == 30.0
+    run["measured"] = {"seconds": 30.0, "rate_per_s": 600.0}  # fell away at the end: never
+    assert settle_s(run, 700.0, closed=True, floor=1.0) is None
+    # A noise floor wider than 5% widens what counts as there: 600 is within 1.2x of 700.
+    assert settle_s(run, 700.0, closed=True, floor=1.2) == 30.0
+
+
+def agent(load: str, start: str, **figures: Any) -> dict[str, Any]:
+    return {
+        "kind": "agent",
+        "model": "m",
+        "load": load,
+        "start": start,
+        "repeat": 0,
+        "final_knobs": A.as_dict(),
+        **figures,
+    }
+
+
+def test_the_summary_is_the_worst_case_and_a_floor_wider_than_the_target_leaves_it_open() -> None:
+    static = {
+        "kind": "static",
+        "model": "m",
+        "best": {
+            "c32": {"knobs": A.as_dict(), "value": 700.0, "runs": [700.0, 700.0], "floor": 1.02},
+            "open0.6": {"knobs": A.as_dict(), "value": 20.0, "runs": [18.0, 22.0], "floor": 1.22},
+        },
+    }
+    slices = [{"seconds": 10.0, "rate_per_s": 700.0}]
+    timeline = [{"t": t, "p95_ms": 10.0, "ok": 100} for t in range(30)]
+    runs = [
+        static,
+        agent("c32", "default", slices=slices, measured={"seconds": 30.0, "rate_per_s": 690.0}),
+        agent("c32", "batch1", slices=slices, measured={"seconds": 30.0, "rate_per_s": 630.0}),
+        agent(
+            "open0.6", "default", measured={"p99_ms": 23.0}, timeline=timeline, timeline_bin_s=1.0
+        ),
+    ]
+    s = summarize(runs)
+    assert s["worst_throughput_vs_best_static"] == 0.9 and s["throughput_target"] == "missed"
+    assert s["worst_p99_vs_best_static"] == 1.15
+    assert s["p99_target"].startswith("unresolved")  # 1.22x between the same knobs twice
+    # The batch-1 start never came within 5% of the best static: no worst settle time to give.
+    assert s["settle_never"] and s["worst_settle_s"] is None
+    assert s["settle_target"].startswith("missed")
+    assert set(s["by_model"]["m"]) == {"c32", "open0.6"}
+
+
+def test_wrk_figures_are_read_from_its_done_hook_and_failures_counted() -> None:
+    out = (
+        "Running 10s test @ http://127.0.0.1:1/v2/models/m/infer\n"
+        'IOTGW_WRK {"requests": 7000, "duration_us": 10000000, "non_2xx": 40, "connect": 0, '
+        '"read": 1, "write": 0, "timeout": 2, "p50_us": 4100, "p90_us": 9000, '
+        '"p99_us": 53000, "max_us": 90000, "mean_us": 4500.0}\n'
+    )
+    r = parse_wrk(out, 32)
+    assert r.requests == 7000 and r.failed == 43 and r.rate_per_s == 695.7
+    assert (r.p50_ms, r.p99_ms) == (4.1, 53.0)
