@@ -9,6 +9,7 @@ import logging
 import stat
 import time
 from collections import deque
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -242,12 +243,20 @@ class ModelHost:
     async def set_knobs(self, new: Knobs) -> Knobs:
         """Set the knobs; returns once every one is in effect. Request-level knobs take effect
         from the next batch; thread and concurrency changes swap runtime instances."""
-        try:
-            self.limits.check(new)
-        except InvalidKnobs as exc:
-            raise BadRequest(str(exc)) from exc
+        return await self._change(lambda _: new)
+
+    async def change_knobs(self, changes: Mapping[str, object]) -> Knobs:
+        """Change some knobs by wire name; the others keep what they hold when the change
+        takes the knob lock (two changes at once both land, one after the other)."""
+        return await self._change(lambda current: current.with_changes(changes))
+
+    async def _change(self, to: Callable[[Knobs], Knobs]) -> Knobs:
         async with self._knob_lock:
             old = self._knobs
+            try:
+                new = self.limits.check(to(old))
+            except InvalidKnobs as exc:
+                raise BadRequest(str(exc)) from exc
             if (new.concurrency, new.intra_op_threads, new.inter_op_threads) != (
                 old.concurrency,
                 old.intra_op_threads,

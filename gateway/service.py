@@ -42,7 +42,7 @@ from gateway.model_host import (
 from gateway.settings import ServingSettings
 from gateway.types import InferenceRequest, InferenceResponse
 from gateway.versions import Catalog, CatalogEntry, pick_version, unloaded
-from models.knobs import InvalidKnobs, KnobLimits, Knobs
+from models.knobs import KnobLimits, Knobs
 from models.repository import BrokenVersion, ModelVersion, with_plan_defaults
 from models.runtime import BackendError, ModelMetadata, Runtime, Threads
 from models.window_stats import WindowStats
@@ -419,11 +419,10 @@ class InferenceService:
         self, model: str, version: int | str | None, changes: Mapping[str, object]
     ) -> Knobs:
         """Change some knobs by wire name (the admin API's body); the others stay."""
-        try:
-            knobs = self.host(model, version).knobs.with_changes(changes)
-        except InvalidKnobs as exc:
-            raise BadRequest(str(exc)) from exc
-        return await self.set_knobs(model, version, knobs)
+        host = self.host(model, version)
+        if not host.ready:
+            raise ModelUnavailable(f"model {model} version {host.version} is not ready")
+        return await host.change_knobs(changes)
 
     def stats(
         self, model: str, version: int | str | None = None, window_s: float = 10.0

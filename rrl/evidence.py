@@ -17,7 +17,8 @@
   open-loop model fed the arrival rate (which is X itself) predicts a lightly loaded server
   instead: a closed loop is predicted by this rule.
 - **The measured neighbourhood** (``neighbours``): the configurations one notch from the
-  incumbent on each axis, plus the corners that matter on a small box (the largest batch with
+  incumbent on each axis, the same cores split the other way (instances and threads swapped),
+  plus the corners that matter on a small box (the largest batch with
   all the cores in one instance's threads, and with one thread per core-sized instance). These
   are what the agent measures before it rests: it rests on trials that showed no gain, not on a
   prediction.
@@ -141,9 +142,10 @@ def closed_loop_latency_ms(
 
 def neighbours(space: ConfigSpace, incumbent: Knobs, cores: int) -> list[Knobs]:
     """One notch from ``incumbent`` on each axis (inter-op threads kept: the served graphs are
-    chains), then the corners: the largest batch with every core in one instance's intra-op
-    threads, and with one single-thread instance per core. On the grid, within the cores
-    (instances x intra-op threads), nearest first, the incumbent left out."""
+    chains), its instances and intra-op threads swapped, then the corners: the largest batch
+    with every core in one instance's intra-op threads, and with one single-thread instance
+    per core. On the grid, within the cores (instances x intra-op threads), nearest first, the
+    incumbent left out."""
     axes: dict[str, Sequence[float]] = {
         "max_batch_size": space.batch_sizes,
         "batch_timeout_ms": space.timeouts_ms,
@@ -157,6 +159,13 @@ def neighbours(space: ConfigSpace, incumbent: Knobs, cores: int) -> list[Knobs]:
         for step in (-1, 1):
             if 0 <= at + step < len(axis):
                 found.append(incumbent.with_changes({name: axis[at + step]}))
+    # Instances and threads swapped (2 x 1 <-> 1 x 2): the same cores, split the other way,
+    # which one notch on each axis cannot reach while both steps alone oversubscribe or idle.
+    found.append(
+        incumbent.with_changes(
+            {"concurrency": incumbent.intra_op_threads, "intra_op_threads": incumbent.concurrency}
+        )
+    )
     largest = space.batch_sizes[-1]
     top = max(t for t in space.intra_op_threads if t <= cores)
     wide = max(c for c in space.concurrency if c <= cores)

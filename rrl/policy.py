@@ -521,6 +521,10 @@ class Policy(RestRules):
         ratio between the two rates (the same trace seed on both sides)."""
         if seen <= 0 or common <= 0 or math.isclose(seen, common):
             return value
+        if self.load_kind.closed:
+            # The same clients on both sides: the rate is what each configuration served, and
+            # a faster one has the higher rate by Little's law, not a heavier load to excuse.
+            return value
         a = self.arrivals()
         # Both at once, and in the model's process when it has one: a simulation here would
         # hold the interpreter lock the gateway's event loop needs.

@@ -86,6 +86,9 @@ class Prediction:
     """Standard deviation of ``objective``: sampling spread, proven model error, and the
     uncertainty of service times not measured under this configuration's threads."""
     measured_threads: bool
+    simulated_p95_ms: float = math.nan
+    """The simulation's own p95, before the calibration's offset: what a window's residual is
+    measured against."""
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -228,7 +231,10 @@ class QueueModel:
         it says nothing of what the model leaves out."""
         if max(measurement.violation_fraction, predicted.violation_fraction) > 0.01:
             return None
-        residual = measurement.p95_ms - (predicted.p95_ms - self.offset_ms())
+        simulated = predicted.simulated_p95_ms
+        if math.isnan(simulated):
+            simulated = predicted.p95_ms - self.offset_ms()
+        residual = measurement.p95_ms - simulated
         self._residuals.append(residual)
         return residual
 
@@ -348,14 +354,15 @@ class QueueModel:
         config = key[0]
         figures, rel, measured = simulated
         offset = self.offset_ms()
-        p95 = float(np.mean([f[0] for f in figures])) + offset
+        simulated_p95 = float(np.mean([f[0] for f in figures]))
+        p95 = _calibrated(simulated_p95, offset)
         violating = float(np.mean([f[1] for f in figures]))
         objective = self._objective(config, p95, violating)
-        per_trace = [self._objective(config, f[0] + offset, f[1]) for f in figures]
+        per_trace = [self._objective(config, _calibrated(f[0], offset), f[1]) for f in figures]
         spread = float(np.std(per_trace, ddof=1)) if len(per_trace) > 1 else 0.0
-        model_error = self.error_ms() + rel * max(p95, 0.0)  # an offset may push p95 below 0
+        model_error = self.error_ms() + rel * p95
         sd = math.hypot(spread, self._objective_slope(config, p95, violating) * model_error)
-        return Prediction(config, p95, violating, objective, sd, measured)
+        return Prediction(config, p95, violating, objective, sd, measured, simulated_p95)
 
     def _figures(self, lat: np.ndarray, slo_s: float) -> tuple[float, float]:
         served = lat[np.isfinite(lat)]
@@ -451,6 +458,14 @@ CacheKey = tuple[Knobs, Arrivals, int, int]
 """(configuration, quantized arrivals, replicas, trace length)."""
 Simulated = tuple[tuple[tuple[float, float], ...], float, bool]
 """(p95 ms before the offset, violating share) per trace; relative uncertainty; measured."""
+
+
+def _calibrated(simulated_ms: float, offset_ms: float) -> float:
+    """A simulated p95 with the offset what the simulation leaves out adds. A negative offset
+    (measured below simulated, lately, on the configurations that ran) never takes more than
+    half of a simulated figure: an additive offset learned at one load would otherwise put a
+    light load's p95 below zero."""
+    return max(simulated_ms + offset_ms, simulated_ms / 2)
 
 
 def _simulate_many(model: QueueModel, keys: Sequence[CacheKey]) -> list[Simulated | None]:

@@ -103,7 +103,11 @@ async def test_two_agents_never_grow_into_cores_the_other_keeps_busy(
                 space=GRID,
                 slo_ms=100.0,
                 cores=2,
-                settings=AgentSettings(start=Knobs(8, 0.0, 1, 1, 1), min_requests=30),
+                # The budget's rule alone (tests/rrl/live.py's ISOLATED): that the measured
+                # search keeps within the budget is decided in tests/rrl/test_evidence.py.
+                settings=AgentSettings(
+                    start=Knobs(8, 0.0, 1, 1, 1), min_requests=30, measured_search=False
+                ),
                 listener=listen,
                 budget=budget,
             )

@@ -10,6 +10,7 @@ import numpy as np
 
 from models.knobs import Knobs
 from rrl.agent_settings import AgentSettings
+from rrl.budget import CoreBudget, threads_of
 from rrl.decisions import Step
 from rrl.evidence import LoadKind, ModelTrust, closed_loop_latency_ms, neighbours
 from rrl.measurement import Measurement
@@ -84,6 +85,7 @@ def test_the_neighbourhood_reaches_threads_with_the_largest_batch_within_the_cor
     assert Knobs(32, 0.0, 1, 2, 1) in found  # every core in one instance's threads
     assert Knobs(4, 0.0, 2, 1, 1) in found and Knobs(1, 0.0, 2, 1, 1) in found
     assert Knobs(2, 0.0, 1, 1, 1) in found
+    assert Knobs(2, 0.0, 1, 2, 1) in found  # the same two cores as threads of one instance
     assert Knobs(2, 0.0, 2, 1, 1) not in found
     assert all(c.concurrency * c.intra_op_threads <= 2 for c in found)
     assert all(SPACE.snap(c) == c for c in found)
@@ -148,3 +150,35 @@ def test_the_agent_rests_only_once_its_neighbourhood_lost_measured_trials() -> N
     safe = set(tried)
     assert safe and safe <= set(neighbours(SPACE, INCUMBENT, 2))
     assert policy._asked == (key, INCUMBENT)  # the rest may now begin
+
+
+def test_a_closed_loops_windows_are_compared_as_measured_not_normalised_by_rate() -> None:
+    policy = calibrated_policy()
+    # Open loop: the model's ratio between the two rates scales the value.
+    assert policy._normalise(INCUMBENT, 10.0, 150.0, 100.0) != 10.0
+    for _ in range(8):
+        policy.load_kind.observe(32)
+    # Closed loop: the faster configuration served more requests by Little's law; its rate is
+    # its own doing, so its value stands as measured.
+    assert policy._normalise(INCUMBENT, 10.0, 150.0, 100.0) == 10.0
+
+
+def test_the_measured_search_measures_only_what_the_core_budget_lets_it_hold() -> None:
+    policy = calibrated_policy()
+    budget = CoreBudget(2)
+    policy.budget = budget
+    budget.report("m", INCUMBENT, 100.0, busy_cores=0.2)
+    other = Knobs(8, 0.0, 1, 1, 1)
+    budget.report("other", other, 500.0, busy_cores=1.0)  # another model keeps a core busy
+    tried = []
+    for _ in range(len(neighbours(SPACE, INCUMBENT, 2)) + 1):
+        step = policy.choose()
+        if step.kind != "explore":
+            break
+        tried.append(step.config)
+        policy.memory.reject(policy._key(), step.config)
+        policy.trial = None
+    assert tried, "nothing measured"
+    # One thread is what the other model leaves: no neighbour holding two was measured.
+    assert all(threads_of(c) <= 1 for c in tried), tried
+    assert any(threads_of(c) > 1 for c in neighbours(SPACE, INCUMBENT, 2))
