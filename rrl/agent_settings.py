@@ -70,6 +70,10 @@ class AgentSettings:
     measured_search: bool = True
     """When the gate lets nothing through, measure the incumbent's neighbours before resting
     (``rrl.evidence``); off, the agent rests on the gate's prediction alone."""
+    measured_trials: int = 12
+    """Measured-search trials per workload state at most: each runs a window of a candidate
+    that may be worse (and a rebuild), so the search has a budget; spent, the agent rests on
+    the best it measured."""
     gate_every_s: float = 2.0
     """How often the gate is asked while nothing changes (a new workload state resets it; an
     incumbent violating the SLO asks at once)."""

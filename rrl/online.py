@@ -276,7 +276,7 @@ class ModelAgent(Policy):
             window = elapsed - s.settle_s
             if elapsed >= interval and window > 0:
                 m = measure(self.control, self.model, window)
-                if m.offered >= s.min_requests:
+                if m.offered >= self.min_window_requests():
                     return m, None
             if elapsed >= max(s.max_interval_s, interval):
                 return None, None
@@ -305,8 +305,8 @@ class ModelAgent(Policy):
         # Arrivals, not completions: completions read a building queue short.
         state = self.monitor.update(now, stats.arrived, stats.arrived_rows)
         self._tick_counts.append(stats.arrived * self.settings.tick_s / span)
-        self.load_kind.observe(stats.in_system)
-        if self.monitor.state is not None and state != self.workload:
+        self.observe_in_system(stats.in_system)
+        if self.monitor.state is not None and state != self.workload and not self.same_loop():
             self.workload = state
             # Counts from before a step would read the step itself as burstiness.
             self._tick_counts.clear()

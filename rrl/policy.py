@@ -116,6 +116,8 @@ class Policy(RestRules):
         self._asked: tuple[StateKey, Knobs] | None = None  # where the gate let nothing through
         self._pending: list[tuple[Knobs, Arrivals, Measurement]] = []
         self.trust = ModelTrust(kappa=s.gate.kappa)
+        self._searched: dict[StateKey, int] = {}  # measured-search trials per state
+        self._loop: int | None = None  # the closed loop's population this state holds for
         self.load_kind = LoadKind()
 
     def choose(self, queued: int = 0) -> Step:
@@ -179,7 +181,9 @@ class Policy(RestRules):
         if candidate is None and self.settings.measured_search:
             measured = self._measured_candidate(arrivals, verdict)
             if measured is not None:
-                return self._start_trial(*measured, verdict)
+                key = self._key()
+                self._searched[key] = self._searched.get(key, 0) + 1
+                return self._start_trial(*measured, verdict, blind=True)
         if candidate is None:
             held_back = self._held_back(arrivals)
             if self.queue_model.calibrated and verdict.considered and not held_back:
@@ -189,9 +193,15 @@ class Policy(RestRules):
             return Step(self.incumbent, "exploit", reason, verdict.incumbent, verdict)
         return self._start_trial(candidate, verdict.reason, verdict)
 
-    def _start_trial(self, candidate: Knobs, reason: str, verdict: Verdict) -> Step:
+    def _start_trial(
+        self, candidate: Knobs, reason: str, verdict: Verdict, *, blind: bool = False
+    ) -> Step:
         """Try ``candidate`` against the incumbent (``rrl.trial``), once the rebuild pace
-        allows a candidate that rebuilds sessions (at once when the incumbent violates)."""
+        allows a candidate that rebuilds sessions (at once when the incumbent violates). A
+        ``blind`` trial (the measured search: no predicted gain behind it) must win by twice
+        the noise: a trial compares two or three windows a side, so a candidate no better than
+        the incumbent clears one noise spread about one time in five, and the search runs a
+        dozen; each false win moves the incumbent to a configuration no better, or worse."""
         assert self.incumbent is not None
         rebuild = needs_rebuild(self.incumbent, candidate)
         if rebuild and not self._incumbent_violates() and not self._rebuild_allowed():
@@ -203,7 +213,7 @@ class Policy(RestRules):
             candidate,
             self._baseline,
             interleave=not rebuild,
-            margin=self._trial_margin(),
+            margin=self._trial_margin() * (2.0 if blind else 1.0),
             predicted_gain=verdict.gain,
         )
         return Step(candidate, "explore", reason, verdict.best, verdict)
@@ -216,12 +226,15 @@ class Policy(RestRules):
         the incumbent missed (``rrl.evidence.ModelTrust``), the tuner's own estimates (region
         estimates from measurements) do; with a model whose predictions held, its optimistic
         prediction does, and it may still veto a neighbour it predicts to violate the SLO.
-        None: none left to measure (or the model's error is not proven yet)."""
+        None: none left to measure, the search's budget (``measured_trials``) spent in this state,
+        or the model's error not proven yet (open loop)."""
         assert self.incumbent is not None
         closed = self.load_kind.closed
         if not closed and not self.queue_model.calibrated:
             return None
         key, budget = self._key(), self.budget
+        if self._searched.get(key, 0) >= self.settings.measured_trials:
+            return None
         pool = [
             c
             for c in neighbours(self.space, self.incumbent, self.cores)
@@ -421,7 +434,9 @@ class Policy(RestRules):
         elif self.trial is None and config == self.incumbent:
             self._incumbent_window(config, value, measurement.rate_per_s)
             incumbent_window = True
-            if step.predicted is not None and self.queue_model.calibrated:
+            # The model predicts an open-loop p95; a closed loop's value is another figure.
+            judged = self.queue_model.calibrated and not self.load_kind.closed
+            if step.predicted is not None and judged:
                 self.trust.judge(step.predicted.objective, step.predicted.sd, value)
         decision = self._record(
             Decision(
@@ -516,6 +531,39 @@ class Policy(RestRules):
         if self.monitor.in_band(rate):
             self.memory.remember(self._key(), config, value)
 
+    def observe_in_system(self, in_system: int) -> None:
+        """One tick's reading of the requests inside the model (``rrl.evidence.LoadKind``)."""
+        self.load_kind.observe(in_system)
+        # Kept until the next workload state: a loop of another size after a spell of mixed
+        # readings is still another loop.
+        if self.load_kind.closed and self._loop is None:
+            self._loop = self.load_kind.population
+
+    def same_loop(self) -> bool:
+        """Whether the load is still the closed loop the workload state was held for: its rate
+        follows the configuration (a faster one answers the same clients more often), so a new
+        rate level is not a new workload, and moving to one would drop a trial and start the
+        search over. A loop of another size is a new workload."""
+        if self._loop is None or not self.load_kind.closed:
+            return False
+        return abs(self.load_kind.population - self._loop) <= max(1, self._loop // 4)
+
+    def value_of(self, config: Knobs, measurement: Measurement) -> float:
+        """The objective of a measured window. In a closed loop the time per request is N / X
+        (Little's law: N requests always in, X answered per second), read from the count of
+        answers, which a window measures far more closely than its p95; it stands in for the
+        p95 (the SLO's penalty for late answers is kept)."""
+        if self.load_kind.closed and measurement.throughput_per_s > 0:
+            per_request_ms = 1000.0 * self.load_kind.population / measurement.throughput_per_s
+            measurement = replace(measurement, p95_ms=per_request_ms)
+        return self.objective(config, measurement)
+
+    def min_window_requests(self) -> int:
+        """Requests a window must hold: in a closed loop of N, ten rounds of the N (a window of
+        a few batches reads their quantisation, not the configuration)."""
+        least = self.settings.min_requests
+        return max(least, 10 * self.load_kind.population) if self.load_kind.closed else least
+
     def _normalise(self, config: Knobs, value: float, seen: float, common: float) -> float:
         """``value`` measured at ``seen`` requests/s, expressed at ``common`` by the model's
         ratio between the two rates (the same trace seed on both sides)."""
@@ -557,6 +605,7 @@ class Policy(RestRules):
         self._gated_at = -math.inf
         self._asked = None
         self.trust.reset()
+        self._loop = self.load_kind.population if self.load_kind.closed else None
         self.rest.wake()  # the "workload" decision says why
         if self.trial is not None:
             self.trial = None

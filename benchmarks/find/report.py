@@ -89,15 +89,22 @@ def settle_s(run: dict[str, Any], best: float, closed: bool, floor: float) -> fl
 
 
 def _judge(value: float | None, target: float, floor: float | None, above: bool) -> str:
-    """met / missed, or unresolved when the floor (the best static twice) spans the target's
-    margin: the machine cannot tell the two apart."""
+    """met or missed when the figure clears the target even after the noise floor (the best
+    static measured twice, larger over smaller) moves it either way; unresolved when it lies
+    within the floor of the target: the machine cannot tell the two apart."""
     if value is None:
         return "missed: no figure"
-    margin = (1.0 - target) if above else (target - 1.0)
-    if floor is not None and floor - 1.0 >= margin:
-        return f"unresolved: the same knobs measured twice differ {floor:.3f}x"
-    ok = value >= target if above else value <= target
-    return "met" if ok else "missed"
+    f = floor or 1.0
+    low, high = value / f, value * f
+    if above:
+        met, missed = low >= target, high < target
+    else:
+        met, missed = high <= target, low > target
+    if met:
+        return "met"
+    if missed:
+        return "missed"
+    return f"unresolved: within the noise floor ({f:.3f}x between the same knobs twice)"
 
 
 def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from models.repository import ModelVersion, scan_repository
 MODELS = ("sensor_mlp", "vision_cnn")
 
 
-def run(plan: Plan, out_dir: Path | None, *, quick: bool) -> Path:
+def run(plan: Plan, out_dir: Path | None, *, quick: bool, statics_from: Path | None = None) -> Path:
     bench = BenchRun(NAME, quick, out_dir)
     runs: list[dict[str, Any]] = []
     with bench.workdir() as tmp:
@@ -26,7 +27,11 @@ def run(plan: Plan, out_dir: Path | None, *, quick: bool) -> Path:
         versions = {v.name: v for v in scan_repository(repo) if isinstance(v, ModelVersion)}
         for model in plan.models:
             config = versions[model].config
-            statics = best_statics(plan, bench, repo, tmp, model, config.max_batch_size)
+            statics = (
+                best_statics(plan, bench, repo, tmp, model, config.max_batch_size)
+                if statics_from is None
+                else earlier_statics(statics_from, model)
+            )
             runs.append({"model": model, "kind": "static", **statics})
             capacity = statics["capacity_rps"]
             for load in plan.loads:
@@ -48,6 +53,8 @@ def run(plan: Plan, out_dir: Path | None, *, quick: bool) -> Path:
             "JSON) for the open loop, its send lag recorded beside each figure",
             "agent": "the default iotgw serve (tuner on, every setting shipped), a fresh "
             "gateway per run; poor starts set by hand, then the agent resumed",
+            # Not the same run: the agent's figures against another run's statics.
+            "statics_from": None if statics_from is None else str(statics_from),
         },
     )
 
@@ -95,6 +102,14 @@ def best_statics(
         "loads": per_load,
         "best": {name: report.best_static(rows, name) for name, rows in per_load.items()},
     }
+
+
+def earlier_statics(path: Path, model: str) -> dict[str, Any]:
+    """The static measurements of ``model`` from an earlier results file (to rerun the agent
+    alone; the results say so, since their ratio then spans two runs)."""
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    (static,) = [r for r in doc["runs"] if r["kind"] == "static" and r["model"] == model]
+    return {k: v for k, v in static.items() if k not in ("model", "kind")}
 
 
 def static_at(
@@ -227,6 +242,11 @@ def cli(argv: list[str] | None = None) -> int:
     p.add_argument("--starts", help="comma-separated subset of the starts")
     p.add_argument("--screen-at", help="comma-separated connections the grid is screened at")
     p.add_argument("--repeats", type=int, help="agent runs per load and start")
+    p.add_argument(
+        "--statics-from",
+        type=Path,
+        help="take the best statics from this earlier results file (the agent runs alone)",
+    )
     args = p.parse_args(argv)
     plan = QUICK if args.quick else FULL
     picks: dict[str, Any] = {}
@@ -245,5 +265,5 @@ def cli(argv: list[str] | None = None) -> int:
         picks["repeats"] = args.repeats
     if picks:
         plan = dataclasses.replace(plan, **picks)
-    run(plan, args.out, quick=args.quick)
+    run(plan, args.out, quick=args.quick, statics_from=args.statics_from)
     return 0

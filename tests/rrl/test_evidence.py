@@ -182,3 +182,51 @@ def test_the_measured_search_measures_only_what_the_core_budget_lets_it_hold() -
     # One thread is what the other model leaves: no neighbour holding two was measured.
     assert all(threads_of(c) <= 1 for c in tried), tried
     assert any(threads_of(c) > 1 for c in neighbours(SPACE, INCUMBENT, 2))
+
+
+def test_a_closed_loops_window_is_valued_by_littles_law_and_holds_ten_rounds() -> None:
+    policy = calibrated_policy()
+    m = window(p95_ms=90.0, n=1000, duration_s=2.0)  # 500 answered per second
+    open_value = policy.value_of(INCUMBENT, m)
+    assert policy.min_window_requests() == policy.settings.min_requests
+    for _ in range(8):
+        policy.load_kind.observe(32)
+    # 32 requests always in, 500 answered a second: 64 ms each, whatever one window's p95 read.
+    assert policy.value_of(INCUMBENT, m) == policy.objective(INCUMBENT, window(64.0, 1000))
+    assert policy.value_of(INCUMBENT, m) != open_value
+    assert policy.min_window_requests() == 320
+
+
+def test_the_measured_search_has_a_budget_of_trials_per_state() -> None:
+    policy = calibrated_policy(measured_trials=2)
+    kinds = []
+    for _ in range(4):
+        step = policy.choose()
+        kinds.append(step.kind)
+        if step.kind == "explore":
+            policy.memory.reject(policy._key(), step.config)
+            policy.trial = None
+    assert kinds == ["explore", "explore", "exploit", "exploit"]
+    assert policy._asked == (policy._key(), INCUMBENT)  # spent: the rest may begin
+
+
+def test_a_closed_loops_own_rate_moves_are_not_a_new_workload_but_another_loop_is() -> None:
+    policy = calibrated_policy()
+    assert not policy.same_loop()  # open loop: every rate level is a workload
+    for reading in [32, 31, 32, 30, 32, 32, 31, 32]:
+        policy.observe_in_system(reading)
+    assert policy.same_loop()  # what a faster configuration answers is the same 32 clients
+    for reading in [128, 126, 128, 127, 128, 128, 125, 128]:
+        policy.observe_in_system(reading)
+    assert not policy.same_loop()  # 128 clients: a new workload
+    for reading in np.random.default_rng(3).poisson(20.0, size=8):
+        policy.observe_in_system(int(reading))
+    assert not policy.same_loop()
+
+
+def test_a_measured_search_trial_must_win_by_twice_the_margin_of_a_predicted_one() -> None:
+    policy = calibrated_policy()
+    step = policy.choose()
+    assert step.kind == "explore" and step.reason.startswith("measured search")
+    assert policy.trial is not None
+    assert policy.trial.margin == 2 * policy._trial_margin()
