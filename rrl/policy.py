@@ -230,7 +230,10 @@ class Policy(RestRules):
         or the model's error not proven yet (open loop)."""
         assert self.incumbent is not None
         closed = self.load_kind.closed
-        if not closed and not self.queue_model.calibrated:
+        # An overloaded incumbent's windows never calibrate the model (refusals cap their
+        # p95), so waiting for a proven model there would keep the overload for good.
+        unproven = not self.queue_model.calibrated
+        if not closed and unproven and not self._incumbent_violates():
             return None
         key, budget = self._key(), self.budget
         if self._searched.get(key, 0) >= self.settings.measured_trials:
@@ -245,10 +248,12 @@ class Policy(RestRules):
             return None
         if closed:
             best, why = self._closed_loop_pick(pool)
-        elif not self.trust.trusted:
+        elif not self.trust.trusted or unproven:
             best = min(pool, key=lambda c: _or_inf(self.tuner.predict(c)))
             miss = self.trust.last_miss()
             because = "the model's predictions missed" if miss is None else miss.describe()
+            if unproven:
+                because = "the incumbent violates the SLO and the model's error is not proven"
             why = f"{because}: candidates are tried on measurement"
         else:
             safe = self._safe_pick(pool, arrivals, verdict)

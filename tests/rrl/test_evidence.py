@@ -230,3 +230,26 @@ def test_a_measured_search_trial_must_win_by_twice_the_margin_of_a_predicted_one
     assert step.kind == "explore" and step.reason.startswith("measured search")
     assert policy.trial is not None
     assert policy.trial.margin == 2 * policy._trial_margin()
+
+
+def test_an_overloaded_incumbent_is_searched_on_measurement_before_the_model_is_proven() -> None:
+    s = AgentSettings(gate_every_s=0.0, trial_gap=0)
+    policy = Policy("m", space=SPACE, slo_ms=100.0, cores=2, settings=s)
+    policy.current = policy.incumbent = INCUMBENT
+    policy.queue_model.observe_service((1, 1), {1: [0.001] * 20, 4: [0.0011] * 20})
+    now = time.monotonic()
+    policy.monitor.update(now - 3.0, 0)
+    policy.monitor.update(now, 300)
+    late = Measurement(2.0, 200, 150, 120.0, 240.0, 260.0, 80, 50)  # refusals, late answers
+    policy.learn(Step(INCUMBENT, "exploit"), late)
+    assert not policy.queue_model.calibrated  # overloaded windows prove nothing of the model
+    step = policy.choose()
+    assert step.kind == "explore" and "violates the SLO" in step.reason, step
+    # A model not yet proven, with an incumbent that meets the SLO: nothing blind is tried.
+    calm = Policy("m", space=SPACE, slo_ms=100.0, cores=2, settings=s)
+    calm.current = calm.incumbent = INCUMBENT
+    calm.queue_model.observe_service((1, 1), {1: [0.001] * 20, 4: [0.0011] * 20})
+    calm.monitor.update(now - 3.0, 0)
+    calm.monitor.update(now, 300)
+    calm.learn(Step(INCUMBENT, "exploit"), window(5.0))
+    assert calm.choose().kind == "exploit"
