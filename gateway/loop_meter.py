@@ -1,5 +1,5 @@
 """What the gateway's event loop spends per request: the CPU of the loop's own thread over the
-requests that reached the models meanwhile. The tuner's queueing model (``rrl.queueing``)
+requests that reached the models meanwhile. The tuner's queueing model (``rrl.agent.queueing``)
 charges it on one serial server, so that more instances are not predicted to bring more front
 ends.
 

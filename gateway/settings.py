@@ -390,7 +390,7 @@ class TunerSettings(BaseModel):
     start: Literal["expert", "configured"] = Field(
         "expert",
         description="Where each agent starts: expert (eager batching, instances sized to the "
-        "model's share of the cores; rrl.space.expert_default) or configured (the model's "
+        "model's share of the cores; rrl.tuners.space.expert_default) or configured (the model's "
         "config.toml knobs).",
     )
 

@@ -1,18 +1,18 @@
-"""The online tuner inside the gateway: one ``rrl.online.ModelAgent`` per tuned model, its state
-on ``/metrics`` and on ``/admin/tuner``.
+"""The online tuner inside the gateway: one ``rrl.agent.model_agent.ModelAgent`` per tuned model,
+its state on ``/metrics`` and on ``/admin/tuner``.
 
-Each agent first sets its model to the expert default (``rrl.space.expert_default``: eager
+Each agent first sets its model to the expert default (``rrl.tuners.space.expert_default``: eager
 batching, instances sized to the model's share of the cores: all of them for one tuned model, an
 equal share each for several, so the agents start within the joint core budget;
 ``tuner.start = "configured"`` keeps the model's ``config.toml`` knobs instead), so tuning
 starts from what a practitioner would configure.
-Each model's served (default) version is tuned over the grid ``rrl.space.ConfigSpace`` builds
+Each model's served (default) version is tuned over the grid ``rrl.tuners.space.ConfigSpace`` builds
 for this machine, capped by the model's own limits. An agent starts deciding only once its
-model has traffic (see ``rrl.online``), so an idle model keeps its configured knobs. An operator
-who sets a model's knobs by hand pauses its agent (``/admin/models/{m}/knobs``); it resumes with
-``PUT /admin/tuner/{m} {"paused": false}``. Agents follow the repository API: a model loaded
-after start is tuned, an unloaded one's agent stops and gives its cores back to the joint budget,
-and a new version keeps its model's agent unless its limits change the grid.
+model has traffic (see ``rrl.agent.model_agent``), so an idle model keeps its configured knobs. An
+operator who sets a model's knobs by hand pauses its agent (``/admin/models/{m}/knobs``); it
+resumes with ``PUT /admin/tuner/{m} {"paused": false}``. Agents follow the repository API: a model
+loaded after start is tuned, an unloaded one's agent stops and gives its cores back to the joint
+budget, and a new version keeps its model's agent unless its limits change the grid.
 """
 
 from __future__ import annotations
@@ -35,14 +35,14 @@ from models.extras import TUNER_MODULES, install_hint, missing
 from models.knobs import Knobs
 from models.machine import usable_cores as _usable_cores
 from models.window_stats import WindowStats
-from rrl.budget import CoreBudget
-from rrl.control import ModelControl
-from rrl.objective import Objective
-from rrl.online import AgentSettings, Decision, ModelAgent, model_process
-from rrl.priors import Priors, load_profile_priors
-from rrl.profiling import PROFILES_DIR
-from rrl.space import ConfigSpace, core_share, expert_default
-from rrl.workload import MonitorSettings
+from rrl.agent.budget import CoreBudget
+from rrl.agent.control import ModelControl
+from rrl.agent.model_agent import AgentSettings, Decision, ModelAgent, model_process
+from rrl.offline.priors import Priors, load_profile_priors
+from rrl.offline.profiling import PROFILES_DIR
+from rrl.tuners.objective import Objective
+from rrl.tuners.space import ConfigSpace, core_share, expert_default
+from rrl.tuners.workload import MonitorSettings
 
 log = logging.getLogger("gateway.tuning")
 
@@ -110,7 +110,7 @@ class TuningService:
             log.warning("tuner: off, serving the configured knobs: %s", install_hint(absent))
             return
         self._cores = _usable_cores()
-        # One coordinator for the cores every tuned model shares (rrl.budget), and one process
+        # One coordinator for the cores every tuned model shares (rrl.agent.budget), and one process
         # for every agent's queueing model.
         self._budget = CoreBudget(self._cores)
         self._model_pool = model_process()
@@ -287,21 +287,24 @@ class TuningService:
         m.tuner_decisions.labels(*labels, decision.kind).inc()
         if decision.objective is not None:
             m.tuner_objective.labels(*labels, "last").set(decision.objective)
-        best_estimate = agent.tuner.predict(agent.incumbent or agent.tuner.recommend())
+        policy = agent.policy
+        best_estimate = policy.tuner.predict(policy.incumbent or policy.tuner.recommend())
         if best_estimate is not None:
             m.tuner_objective.labels(*labels, "best").set(best_estimate)
-        if agent.workload is not None:
-            m.tuner_workload.labels(*labels, "rate_level").set(agent.workload.rate_level)
-            m.tuner_workload.labels(*labels, "size_level").set(agent.workload.size_level)
-        m.tuner_workload.labels(*labels, "rate_per_s").set(agent.monitor.rate_per_s)
-        measured, estimated = agent.tuner.estimate_counts()
+        if policy.workload is not None:
+            m.tuner_workload.labels(*labels, "rate_level").set(policy.workload.rate_level)
+            m.tuner_workload.labels(*labels, "size_level").set(policy.workload.size_level)
+        m.tuner_workload.labels(*labels, "rate_per_s").set(policy.monitor.rate_per_s)
+        measured, estimated = policy.tuner.estimate_counts()
         m.tuner_configurations.labels(*labels, "measured").set(measured)
         m.tuner_configurations.labels(*labels, "estimated").set(estimated)
         self._publish_config(agent)
 
     def _publish_config(self, agent: ModelAgent) -> None:
         labels = (agent.model, self._versions[agent.model])
-        configs = {"best": agent.incumbent or agent.tuner.recommend(), "current": agent.current}
+        policy = agent.policy
+        best = policy.incumbent or policy.tuner.recommend()
+        configs = {"best": best, "current": policy.current}
         for which, config in configs.items():
             if config is None:
                 continue

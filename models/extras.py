@@ -32,7 +32,7 @@ OPTIONAL: dict[str, OptionalPackage] = {
     "matplotlib": OptionalPackage("matplotlib", "sim"),
 }
 
-# What the online tuner imports when an agent starts (rrl.workload, rrl.gp).
+# What the online tuner imports when an agent starts (rrl.tuners.workload, rrl.tuners.gp).
 TUNER_MODULES = ("scipy", "sklearn")
 
 

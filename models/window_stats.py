@@ -28,4 +28,4 @@ class WindowStats:
     arrived_rows: int = 0
     in_system: int = 0
     """Requests inside the model now (queued or running): a closed loop of N clients keeps it
-    near N, an open-loop load lets it come and go (``rrl.evidence.LoadKind``)."""
+    near N, an open-loop load lets it come and go (``rrl.agent.evidence.LoadKind``)."""

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="iotgw", description="RRL tuner: offline commands")
     sub = parser.add_subparsers(dest="command", required=True)
-    from rrl import evaluate, profiling
+    from rrl.offline import evaluate, profiling
 
     p = sub.add_parser(
         "profile",

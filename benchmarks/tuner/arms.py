@@ -5,8 +5,8 @@ against it by one ``iotgw sim`` per stream, all at once.
 Arms (each a per-gateway configuration: one set of knobs per model):
 
 - ``configured``: the models' ``config.toml`` knobs, tuner off;
-- ``expert``: ``rrl.space.expert_default`` (eager batching, instances sized to the cores; with
-  several models, to an equal share of them), tuner off;
+- ``expert``: ``rrl.tuners.space.expert_default`` (eager batching, instances sized to the cores;
+  with several models, to an equal share of them), tuner off;
 - ``replay-best-1``, ``replay-best-2``: the two best static configurations of the trace replay
   (``benchmarks.tuner.replay``), tuner off; the best static configuration in hindsight is the
   best measured of every static arm;

@@ -38,7 +38,7 @@ from benchmarks.tuner.scenarios import SCENARIOS, Phase, Scenario, resolve
 from benchmarks.tuner.search import ModelPlan, streams
 from benchmarks.tuner.servicetimes import calibrate, measure_samples
 from models.knobs import Knobs
-from rrl.space import expert_default
+from rrl.tuners.space import expert_default
 
 SIZES = [1, 2, 4, 8, 16, 32]
 

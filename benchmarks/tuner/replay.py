@@ -1,9 +1,9 @@
 """Trace replay for the tuner bench: every model of a gateway at once over a whole seeded trace,
-through ``rrl.serial_loop`` (the gateway's event loop as one serial server, the cores shared, the
-batcher of ``rrl.replay``), with the bench's other processes (the load generators, a broker) as
-the background load on the same cores: ``background_s`` CPU per request at the rate requests
-arrive in the last ``WINDOW_S``. Then the searches: each model's candidates, the best
-per-gateway configurations over the trace, and each window's best (the per-phase oracle).
+through ``benchmarks.tuner.serial_loop`` (the gateway's event loop as one serial server, the cores
+shared, the batcher of ``rrl.offline.replay``), with the bench's other processes (the load
+generators, a broker) as the background load on the same cores: ``background_s`` CPU per request at
+the rate requests arrive in the last ``WINDOW_S``. Then the searches: each model's candidates, the
+best per-gateway configurations over the trace, and each window's best (the per-phase oracle).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from benchmarks.tuner import serial_loop
+from benchmarks.tuner.serial_loop import WINDOW_S, Replayed
 from models.knobs import Knobs
-from rrl import serial_loop
-from rrl.replay import Figures, ServiceTimes, figures
-from rrl.serial_loop import WINDOW_S, Replayed
+from rrl.offline.replay import Figures, ServiceTimes, figures
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from benchmarks.tuner.scenarios import (
 from benchmarks.tuner.search import ModelPlan, prediction, replay_seed
 from benchmarks.tuner.servicetimes import calibrate, measure_samples
 from models.knobs import Knobs
-from rrl.space import core_share, expert_default
+from rrl.tuners.space import core_share, expert_default
 
 NAME = "tuner_e2e"  # the results file; the command is `iotgw bench tuner`
 CAPACITY_SEED = 1000  # the ramp's arrivals: not one of the scenario's seeds

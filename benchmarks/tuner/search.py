@@ -25,7 +25,7 @@ from benchmarks.tuner.arms import stream_seed
 from benchmarks.tuner.replay import JointScored, Stream, candidates, score, search
 from benchmarks.tuner.scenarios import Phase, Scenario
 from models.knobs import Knobs
-from rrl.replay import ServiceTimes, request_grid
+from rrl.offline.replay import ServiceTimes, request_grid
 
 TIMEOUTS_MS = (0.0, 1.0, 2.0, 4.0, 8.0)
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.tuner.cpu import CpuUse
-from rrl.replay import ServiceTimes, ThreadSetting
+from rrl.offline.replay import ServiceTimes, ThreadSetting
 
 
 def measure_samples(

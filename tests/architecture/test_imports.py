@@ -83,6 +83,33 @@ def test_device_sim_talks_wire_protocols_only() -> None:
     assert not message, message
 
 
+# Inside rrl, by purpose (lowest first): the tuners know nothing of where they run; the offline
+# tools (profiling, testbed, replay, evaluation, priors) use the tuners; the online agent uses
+# both (the replay's batcher model, the profile priors). rrl's own command sits on top.
+RRL_FLOORS = ("rrl.tuners", "rrl.offline", "rrl.agent", "rrl.cli")
+
+
+def _rrl_floor(module: str) -> int | None:
+    for floor, prefix in enumerate(RRL_FLOORS):
+        if module == prefix or module.startswith(prefix + "."):
+            return floor
+    return None
+
+
+def test_rrl_imports_go_down_its_purposes() -> None:
+    def up(edge: Edge) -> bool:
+        importer, imported = _rrl_floor(edge.importer), _rrl_floor(edge.imported)
+        return importer is not None and imported is not None and imported > importer
+
+    message = _breaking(up, "rrl: tuners < offline < agent < cli")
+    assert not message, message
+
+
+def test_every_rrl_module_has_a_purpose() -> None:
+    loose = [m for m in MODULES if m.startswith("rrl.") and _rrl_floor(m) is None]
+    assert not loose, f"rrl modules outside {RRL_FLOORS}: {loose}"
+
+
 def test_ground_floor_modules_are_leaves() -> None:
     def out_of_leaf(edge: Edge) -> bool:
         return edge.importer in GROUND_FLOOR and edge.imported not in {*GROUND_FLOOR, "models"}

@@ -23,8 +23,8 @@ MAX_FUNCTION_LINES = 60
 LONG_MODULES: dict[str, str] = {
     "gateway/service.py": "InferenceService is the one transport-free surface every adapter "
     "calls (lookup, request checks, byte budget, control), as MLServer's DataPlane is",
-    "rrl/policy.py": "the online agent's decision rule: choose and learn, read top to bottom "
-    "in one place, with the shared state they both change",
+    "rrl/agent/policy.py": "the online agent's decision rule: choose, learn, rest and wake, read "
+    "top to bottom in one place, with the state only it changes",
 }
 
 # "path::Qualified.name" -> why it may be longer (a declarative table, or the fix to make).

@@ -1,5 +1,5 @@
 """The bench's trace replay (``benchmarks.tuner.replay``) on fixed service times: without the
-gateway's costs it is ``rrl.replay``'s batcher; the event loop is one serial server, so it
+gateway's costs it is ``rrl.offline.replay``'s batcher; the event loop is one serial server, so it
 cannot answer faster than its per-request and per-batch costs allow, whatever the instances;
 the other processes' CPU and another model's batches slow a model's batches; the calibration
 splits the loop's CPU into per request and per batch; the joint search keeps each window's
@@ -14,7 +14,7 @@ from benchmarks.tuner.cpu import CpuUse
 from benchmarks.tuner.replay import Stream, candidates, replay, score, search, simulate
 from benchmarks.tuner.servicetimes import Costs, calibrate
 from models.knobs import Knobs
-from rrl import replay as rrl_replay
+from rrl.offline import replay as rrl_replay
 
 FIXED = {(c, 1): {1: [0.002], 8: [0.004]} for c in (1, 2, 4)}
 CHEAP = {(c, 1): {1: [1e-5], 8: [2e-5]} for c in (1, 2, 4)}

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rrl.online import MODEL_NICENESS
+from rrl.agent.model_agent import MODEL_NICENESS
 from tests.brokers import free_port
 from tests.gateway.helpers import make_repo
 from tests.gateway.serve_process import DEADLINE_S, serve_command

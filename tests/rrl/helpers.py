@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from models.knobs import Knobs
-from rrl.ask_tell import Tuner, TuningProblem
-from rrl.objective import LatencyObjective
-from rrl.space import ConfigSpace
-from rrl.synthetic import Landscape
+from rrl.tuners.ask_tell import Tuner, TuningProblem
+from rrl.tuners.objective import LatencyObjective
+from rrl.tuners.space import ConfigSpace
+from tests.rrl.synthetic import Landscape
 
 SPACE = ConfigSpace.for_machine(2)
 

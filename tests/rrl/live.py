@@ -16,11 +16,11 @@ import numpy as np
 from gateway.main import Gateway
 from gateway.settings import GatewaySettings
 from gateway.tuning import AgentControl
-from rrl.decisions import log_line
-from rrl.measurement import Measurement
-from rrl.online import AgentSettings, ModelAgent
-from rrl.space import ConfigSpace
-from rrl.workload import WorkloadState
+from rrl.agent.decisions import log_line
+from rrl.agent.model_agent import AgentSettings, ModelAgent
+from rrl.tuners.measurement import Measurement
+from rrl.tuners.space import ConfigSpace
+from rrl.tuners.workload import WorkloadState
 
 # Every request carries a 30 s deadline: these tests check what the agent does and that no
 # request fails because of a knob change, not the SLO (the load is generated on the gateway's
@@ -75,7 +75,7 @@ async def until(
     end = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() >= end:
-            log = [] if explain is None else [log_line(d) for d in explain.history]
+            log = [] if explain is None else [log_line(d) for d in explain.policy.history]
             raise AssertionError(f"{what}: not within {timeout_s:g}s\n" + "\n".join(log))
         await asyncio.sleep(0.05)
 
@@ -195,7 +195,7 @@ def hand_built_agent(
         cores=2,
         settings=AgentSettings(**{"algorithm": "rrl", "measured_search": False, **settings}),
     )
-    agent.current = agent.incumbent = space.at(0)
-    agent.workload = WorkloadState(5)
-    agent.tuner.set_workload(agent.workload)
+    agent.policy.current = agent.policy.incumbent = space.at(0)
+    agent.policy.workload = WorkloadState(5)
+    agent.policy.tuner.set_workload(agent.policy.workload)
     return agent

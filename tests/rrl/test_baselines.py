@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from models.knobs import Knobs
-from rrl.adaptive import AdaptiveSettings, make_adaptive_rrl
-from rrl.measurement import Measurement
-from rrl.region_rl import RRLSettings, make_rrl
-from rrl.registry import TUNERS, build_tuner
-from rrl.synthetic import Landscape, bowl, random_lipschitz
+from rrl.tuners.adaptive import AdaptiveSettings, make_adaptive_rrl
+from rrl.tuners.measurement import Measurement
+from rrl.tuners.region_rl import RRLSettings, make_rrl
+from rrl.tuners.registry import TUNERS, build_tuner
 from tests.rrl.helpers import SPACE, drive, problem
+from tests.rrl.synthetic import Landscape, bowl, random_lipschitz
 
 EASY = bowl(np.array([4, 2, 2, 1, 0.0]), scale=1.0, floor=20.0)
 

@@ -18,10 +18,10 @@ from gateway.main import Gateway
 from gateway.settings import GatewaySettings
 from gateway.tuning import AgentControl
 from models.knobs import Knobs
-from rrl.budget import CoreBudget, threads_of
-from rrl.decisions import Decision, Step
-from rrl.online import AgentSettings, ModelAgent
-from rrl.space import ConfigSpace
+from rrl.agent.budget import CoreBudget, threads_of
+from rrl.agent.decisions import Decision, Step
+from rrl.agent.model_agent import AgentSettings, ModelAgent
+from rrl.tuners.space import ConfigSpace
 from tests.rrl.live import DEADLINE_US, hand_built_agent, measurement, poisson_load
 
 GRID = ConfigSpace.for_machine(2, max_batch_size=16, max_timeout_ms=2.0)
@@ -132,7 +132,7 @@ async def test_two_agents_never_grow_into_cores_the_other_keeps_busy(
     busy = busy_cores(budget)
     assert set(busy) == set(MODELS)
     assert all(b <= threads_of(k) for b, k in zip([busy[m] for m in MODELS], knobs, strict=True))
-    assert all(any(d.measurement is not None for d in a.history) for a in agents)
+    assert all(any(d.measurement is not None for d in a.policy.history) for a in agents)
 
 
 ONE, THREE = Knobs(4, 0.0, 1, 1, 1), Knobs(4, 0.0, 3, 1, 1)
@@ -144,17 +144,17 @@ def busy_and_quiet(gw: Gateway, budget: CoreBudget) -> tuple[ModelAgent, ModelAg
     instances. Both models' errors proven by measured windows."""
     busy = hand_built_agent(gw, GRID, "busy", gate_every_s=0.0)
     quiet = hand_built_agent(gw, GRID, "quiet", gate_every_s=0.0)
-    busy.budget = quiet.budget = budget
-    busy.current = busy.incumbent = ONE
-    quiet.current = quiet.incumbent = THREE
-    busy.queue_model.observe_service((1, 1), {1: [0.02], 4: [0.021]})
-    busy.queue_model.observe_service((2, 1), {1: [0.001], 4: [0.0012]})
-    quiet.queue_model.observe_service((3, 1), {1: [0.001], 4: [0.0012]})
+    busy.policy.budget = quiet.policy.budget = budget
+    busy.policy.current = busy.policy.incumbent = ONE
+    quiet.policy.current = quiet.policy.incumbent = THREE
+    busy.policy.queue_model.observe_service((1, 1), {1: [0.02], 4: [0.021]})
+    busy.policy.queue_model.observe_service((2, 1), {1: [0.001], 4: [0.0012]})
+    quiet.policy.queue_model.observe_service((3, 1), {1: [0.001], 4: [0.0012]})
     for agent, arrivals in ((busy, 300), (quiet, 15)):
-        agent.monitor.update(time.monotonic() - 3.0, 0)
-        agent.monitor.update(time.monotonic(), arrivals)
+        agent.policy.monitor.update(time.monotonic() - 3.0, 0)
+        agent.policy.monitor.update(time.monotonic(), arrivals)
         for _ in range(3):  # windows that prove the model's error
-            agent.learn(Step(Knobs(4, 0.0, 2, 1, 1), "exploit"), measurement(2.0, n=30))
+            agent.policy.learn(Step(Knobs(4, 0.0, 2, 1, 1), "exploit"), measurement(2.0, n=30))
     budget.report("busy", ONE, 100.0, busy_cores=1.0)
     return busy, quiet
 
@@ -169,10 +169,10 @@ async def test_cores_another_model_leaves_idle_go_to_the_one_in_a_burst(
         busy, quiet = busy_and_quiet(gw, budget)
         # The quiet model holds three of the four cores' threads, but they wait for work: what
         # its measured batches take at its rate is what it keeps busy.
-        quiet.learn(Step(THREE, "exploit"), measurement(2.0, n=30))
+        quiet.policy.learn(Step(THREE, "exploit"), measurement(2.0, n=30))
         assert busy_cores(budget)["quiet"] < 0.1, budget.as_dict()
         assert budget.should_yield("quiet") is None
-        step = busy.choose()
+        step = busy.policy.choose()
         assert step.kind == "explore" and step.config.concurrency == 2, step
         assert budget.as_dict()["wants"] == {}
         # All four cores, beside three idle instances; not more threads than there are cores.
@@ -192,17 +192,17 @@ async def test_a_held_back_model_gets_the_cores_another_yields(
         assert (budget.allowance("busy"), budget.allowance("quiet")) == (3, 1)
         # Two instances would clear the gate, but the quiet model keeps three of the four
         # cores busy.
-        step = busy.choose()
+        step = busy.policy.choose()
         assert step.config == ONE and "core budget holds it back" in step.reason
         assert budget.as_dict()["wants"] == {"busy": 2}
         # The quiet model is asked to come down to its allowance: one thread, within the SLO.
-        step = quiet.choose()
+        step = quiet.policy.choose()
         assert step.kind == "yield" and threads_of(step.config) == 1, step
         for _ in range(2):  # its paired windows: within the SLO, so kept
-            decision = quiet.learn(Step(step.config, "yield"), measurement(3.0))
-        assert "cores yielded" in decision.reason and quiet.incumbent == step.config
+            decision = quiet.policy.learn(Step(step.config, "yield"), measurement(3.0))
+        assert "cores yielded" in decision.reason and quiet.policy.incumbent == step.config
         # Now the busy model may take two instances.
-        step = busy.choose()
+        step = busy.policy.choose()
         assert step.kind == "explore" and step.config.concurrency == 2, step
 
 
@@ -225,7 +225,7 @@ async def test_several_tuned_models_start_from_their_share_of_the_cores(
     two_models: Path, tmp_path: Path
 ) -> None:
     from models.machine import usable_cores
-    from rrl.space import expert_default
+    from rrl.tuners.space import expert_default
     from tests.rrl.live import gateway
 
     async with gateway(two_models, tmp_path, models=None) as gw:
@@ -239,7 +239,7 @@ async def test_several_tuned_models_start_from_their_share_of_the_cores(
         for agent in agents:
             expected = agent.space.snap(expert_default(share, agent.space.batch_sizes[-1]))
             knobs = gw.service.knobs(agent.model)
-            assert knobs == agent.incumbent == expected, (agent.model, knobs, expected)
+            assert knobs == agent.policy.incumbent == expected, (agent.model, knobs, expected)
             started[agent.model] = threads_of(expected)
         # Each model's expert default for its half: together within the cores (on a machine
         # of at least two), and what the joint budget holds for them.

@@ -16,8 +16,8 @@ from gateway.tuning import AgentControl
 from gateway.types import InferenceRequest
 from models.knobs import Knobs
 from models.repository import scan_repository
-from rrl.control import ModelControl, current_config, measure
-from rrl.space import ConfigSpace
+from rrl.agent.control import ModelControl, current_config, measure
+from rrl.tuners.space import ConfigSpace
 
 
 async def test_the_agents_control_sets_every_knob_while_requests_are_served(mlp_repo: Path) -> None:

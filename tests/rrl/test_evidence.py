@@ -9,13 +9,13 @@ import time
 import numpy as np
 
 from models.knobs import Knobs
-from rrl.agent_settings import AgentSettings
-from rrl.budget import CoreBudget, threads_of
-from rrl.decisions import Step
-from rrl.evidence import LoadKind, ModelTrust, closed_loop_latency_ms, neighbours
-from rrl.measurement import Measurement
-from rrl.policy import Policy
-from rrl.space import ConfigSpace
+from rrl.agent.budget import CoreBudget, threads_of
+from rrl.agent.decisions import Step
+from rrl.agent.evidence import LoadKind, ModelTrust, closed_loop_latency_ms, neighbours
+from rrl.agent.policy import Policy
+from rrl.agent.settings import AgentSettings
+from rrl.tuners.measurement import Measurement
+from rrl.tuners.space import ConfigSpace
 
 SPACE = ConfigSpace.for_machine(2, max_batch_size=32)
 INCUMBENT = Knobs(4, 0.0, 1, 1, 1)
@@ -188,13 +188,16 @@ def test_a_closed_loops_window_is_valued_by_littles_law_and_holds_ten_rounds() -
     policy = calibrated_policy()
     m = window(p95_ms=90.0, n=1000, duration_s=2.0)  # 500 answered per second
     open_value = policy.value_of(INCUMBENT, m)
-    assert policy.min_window_requests() == policy.settings.min_requests
+    assert (
+        policy.load_kind.window_requests(policy.settings.min_requests)
+        == policy.settings.min_requests
+    )
     for _ in range(8):
         policy.load_kind.observe(32)
     # 32 requests always in, 500 answered a second: 64 ms each, whatever one window's p95 read.
     assert policy.value_of(INCUMBENT, m) == policy.objective(INCUMBENT, window(64.0, 1000))
     assert policy.value_of(INCUMBENT, m) != open_value
-    assert policy.min_window_requests() == 320
+    assert policy.load_kind.window_requests(policy.settings.min_requests) == 320
 
 
 def test_the_measured_search_has_a_budget_of_trials_per_state() -> None:
@@ -211,17 +214,17 @@ def test_the_measured_search_has_a_budget_of_trials_per_state() -> None:
 
 
 def test_a_closed_loops_own_rate_moves_are_not_a_new_workload_but_another_loop_is() -> None:
-    policy = calibrated_policy()
-    assert not policy.same_loop()  # open loop: every rate level is a workload
+    loop = LoadKind()
+    assert not loop.same_loop()  # open loop: every rate level is a workload
     for reading in [32, 31, 32, 30, 32, 32, 31, 32]:
-        policy.observe_in_system(reading)
-    assert policy.same_loop()  # what a faster configuration answers is the same 32 clients
+        loop.observe(reading)
+    assert loop.same_loop()  # what a faster configuration answers is the same 32 clients
     for reading in [128, 126, 128, 127, 128, 128, 125, 128]:
-        policy.observe_in_system(reading)
-    assert not policy.same_loop()  # 128 clients: a new workload
+        loop.observe(reading)
+    assert not loop.same_loop()  # 128 clients: a new workload
     for reading in np.random.default_rng(3).poisson(20.0, size=8):
-        policy.observe_in_system(int(reading))
-    assert not policy.same_loop()
+        loop.observe(int(reading))
+    assert not loop.same_loop()
 
 
 def test_a_measured_search_trial_must_win_by_twice_the_margin_of_a_predicted_one() -> None:

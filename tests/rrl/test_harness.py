@@ -11,7 +11,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from models.runtime import ModelMetadata, TensorSpec, Threads
-from rrl.harness import ServingHarness, WindowResult, poisson_arrivals
+from rrl.offline.harness import ServingHarness, WindowResult, poisson_arrivals
 
 
 class Recorder:

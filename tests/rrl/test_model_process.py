@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from models.knobs import Knobs
-from rrl.gate import decide
-from rrl.objective import make_objective
-from rrl.online import MODEL_NICENESS, model_process
-from rrl.policy import Policy
-from rrl.queueing import Arrivals, QueueModel
-from rrl.space import ConfigSpace
+from rrl.agent.gate import decide
+from rrl.agent.model_agent import MODEL_NICENESS, model_process
+from rrl.agent.policy import Policy
+from rrl.agent.queueing import Arrivals, QueueModel
+from rrl.tuners.objective import make_objective
+from rrl.tuners.space import ConfigSpace
 
 SERVICE = {1: [0.002] * 20, 8: [0.004] * 20, 32: [0.009] * 20}
 

@@ -18,13 +18,13 @@ import pytest
 
 from gateway.main import Gateway
 from models.knobs import Knobs
-from rrl.agent_settings import RestSettings
-from rrl.decisions import Step, log_line
-from rrl.gate import needs_rebuild
-from rrl.memory import StateKey
-from rrl.online import ModelAgent
-from rrl.space import ConfigSpace, expert_default
-from rrl.trial import Trial, Window
+from rrl.agent.decisions import Step, log_line
+from rrl.agent.gate import needs_rebuild
+from rrl.agent.memory import StateKey
+from rrl.agent.model_agent import ModelAgent
+from rrl.agent.settings import RestSettings
+from rrl.agent.trial import Trial, Window
+from rrl.tuners.space import ConfigSpace, expert_default
 from tests.rrl.live import (
     TINY,
     gateway,
@@ -56,7 +56,7 @@ def running(
     gw: Gateway, start: Knobs, **settings: Any
 ) -> contextlib.AbstractAsyncContextManager[ModelAgent]:
     """An agent of our own on a gateway whose tuner is off, started from ``start``. It rests
-    (``rrl.rest``) as the gateway's would, but asks the gate again every few seconds: these
+    (``rrl.agent.resting``) as the gateway's would, but asks the gate again every few seconds: these
     tests are about what the gate and the trials do once asked."""
     settings.setdefault("rest", RestSettings(recheck_s=2.0))
     return running_agent(gw, GRID, start, **settings)
@@ -65,10 +65,10 @@ def running(
 def settled(agent: ModelAgent, rate_level: int | None = None) -> bool:
     """The workload state (at ``rate_level``, when given) has held for three measured incumbent
     windows."""
-    recent = list(agent.history)[-3:]
+    recent = list(agent.policy.history)[-3:]
     levels = {None if d.workload is None else d.workload.rate_level for d in recent}
     return (
-        agent._baseline is not None
+        agent.policy._baseline is not None
         and len(recent) == 3
         and all(d.kind == "exploit" and d.objective is not None for d in recent)
         and (rate_level is None or levels == {rate_level})
@@ -78,7 +78,7 @@ def settled(agent: ModelAgent, rate_level: int | None = None) -> bool:
 def typical_window(agent: ModelAgent) -> Window:
     """The incumbent's median of its last three windows: one slow window (a machine's other
     work) is not what a candidate is compared with."""
-    recent = list(agent.history)[-3:]
+    recent = list(agent.policy.history)[-3:]
     objectives = [d.objective for d in recent if d.objective is not None]
     rates = [d.measurement.rate_per_s for d in recent if d.measurement is not None]
     assert len(objectives) == len(rates) == 3, recent
@@ -86,7 +86,7 @@ def typical_window(agent: ModelAgent) -> Window:
 
 
 def kinds(agent: ModelAgent) -> list[str]:
-    return [d.kind for d in agent.history]
+    return [d.kind for d in agent.policy.history]
 
 
 @pytest.mark.slow
@@ -116,7 +116,7 @@ async def test_the_gate_tries_only_what_it_predicts_a_clear_gain_for(
             assert v["gain"] > v["uncertainty"] and "clears" in v["reason"], v
     explored = [d for d in state["decisions"] if d["kind"] == "explore"]
     for d in explored:
-        # What the gate tried, or a neighbour measured before resting (``rrl.evidence``).
+        # What the gate tried, or a neighbour measured before resting (``rrl.agent.evidence``).
         if d["gate"] is not None and d["gate"]["tried"] != d["config"]:
             assert d["reason"].startswith("measured search"), d
     # Each measured decision shows what the model predicted for it beside what it measured.
@@ -128,8 +128,10 @@ async def test_the_gate_tries_only_what_it_predicts_a_clear_gain_for(
     assert state["queue_model"]["measured_threads"]
     # The gateway's loop cost per request reached the model (0 until measured).
     assert state["queue_model"]["loop_ms_per_request"] > 0
-    assert state["best"] == agent.incumbent.as_dict()  # type: ignore[union-attr]
-    assert agent.current is not None and agent.current.as_dict() == pytest.approx(knobs)
+    assert state["best"] == agent.policy.incumbent.as_dict()  # type: ignore[union-attr]
+    assert agent.policy.current is not None and agent.policy.current.as_dict() == pytest.approx(
+        knobs
+    )
     assert 'iotgw_tuner_decisions_total{kind="exploit",model="sensor_mlp",version="1"}' in metrics
 
 
@@ -145,12 +147,12 @@ async def test_a_clear_predicted_gain_is_tried_compared_fairly_and_kept(
                 poisson_load(url, rate_per_s=BUSY_RPS, seconds=40, statuses=statuses)
             )
             await until(lambda: "accept" in kinds(agent) or load.done(), "a trial accepted")
-            assert "accept" in kinds(agent), "\n".join(log_line(d) for d in agent.history)
+            assert "accept" in kinds(agent), "\n".join(log_line(d) for d in agent.policy.history)
             load.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await load
             knobs = gw.service.knobs("sensor_mlp")
-    history = list(agent.history)
+    history = list(agent.policy.history)
     accepted = next(i for i, d in enumerate(history) if d.kind == "accept")
     winner = history[accepted].config
     # The trial that won (one begun before a workload change is dropped, and begins anew).
@@ -175,7 +177,7 @@ async def test_a_clear_predicted_gain_is_tried_compared_fairly_and_kept(
     # The 32 ms wait was what cost: the winner waits less (no wait, or a short one for a
     # small batch, as the service times measured on the machine have it).
     assert winner.batch_timeout_ms < WAITING.batch_timeout_ms, winner
-    assert agent.incumbent == winner and knobs == winner
+    assert agent.policy.incumbent == winner and knobs == winner
     # Every request answered before, during and after the knob changes was served.
     assert set(statuses) == {200} and statuses[200] > 0, statuses
 
@@ -196,36 +198,36 @@ async def test_a_worse_candidate_is_reverted_within_one_window(
             for _ in range(3):  # a trial the load's own moves cut short is dropped: once more
                 # Settled at the load's own rate level, not on the way up to it.
                 await until(lambda: settled(agent, BUSY_LEVEL), "the load's state settled")
-                at = len(agent.history)
+                at = len(agent.policy.history)
                 # A candidate that rebuilds sessions (one instance instead of two) and waits up
                 # to 32 ms per batch: paired windows, and after the first it is known worse.
                 baseline = typical_window(agent)
-                agent.trial = Trial(EXPERT, WAITING, baseline, interleave=False, margin=0.05)
+                agent.policy.trial = Trial(EXPERT, WAITING, baseline, interleave=False, margin=0.05)
 
                 def reverted(at: int = at) -> bool:
                     return "revert" in kinds(agent)[at:]
 
                 await until(reverted, "the revert", explain=agent)
-                if not any("(not measured:" in d.reason for d in list(agent.history)[at:]):
+                if not any("(not measured:" in d.reason for d in list(agent.policy.history)[at:]):
                     break
             load.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await load
             knobs = gw.service.knobs("sensor_mlp")
-    history = list(agent.history)[at:]
+    history = list(agent.policy.history)[at:]
     tried = [i for i, d in enumerate(history) if d.config == WAITING]
     assert len(tried) == 1, [log_line(d) for d in history]  # one window, not its schedule's two
     after = history[tried[0] + 1]
     assert (after.kind, after.config) == ("revert", EXPERT)
     assert "worse, reverted after one window" in history[tried[0]].reason
-    assert knobs == EXPERT and agent.incumbent == EXPERT
+    assert knobs == EXPERT and agent.policy.incumbent == EXPERT
     # Not tried again in the state it lost in (the load may have moved on since).
     lost_in = history[tried[0]].workload
     assert lost_in is not None
     assert any(
         k.rate_level == lost_in.rate_level and WAITING in configs
-        for k, configs in agent.memory.rejected.items()
-    ), agent.memory.rejected
+        for k, configs in agent.policy.memory.rejected.items()
+    ), agent.policy.memory.rejected
     # Every request answered before, during and after the knob changes was served.
     assert set(statuses) == {200} and statuses[200] > 0, statuses
 
@@ -240,11 +242,11 @@ async def test_the_configuration_learned_for_a_state_returns_at_once_when_it_rec
             load = asyncio.create_task(poisson_load(url, rate_per_s=BUSY_RPS, seconds=30))
             await until(lambda: "accept" in kinds(agent) or load.done(), "a trial accepted")
             # No trial of its own from here: what runs in each state is what was learned or set.
-            agent._since_trial = -10_000
+            agent.policy._since_trial = -10_000
             statuses = await load
-            assert "accept" in kinds(agent), "\n".join(log_line(d) for d in agent.history)
-            learned, busy_key = agent.incumbent, agent._key()
-            assert learned != WAITING and agent.memory.recall(busy_key).config == learned  # type: ignore[union-attr]
+            assert "accept" in kinds(agent), "\n".join(log_line(d) for d in agent.policy.history)
+            learned, busy_key = agent.policy.incumbent, agent.policy._key()
+            assert learned != WAITING and agent.policy.memory.recall(busy_key).config == learned  # type: ignore[union-attr]
             # An operator sets other knobs; the agent takes them as its incumbent.
             agent.paused = True
             await gw.service.set_knobs("sensor_mlp", None, WAITING)
@@ -252,7 +254,7 @@ async def test_the_configuration_learned_for_a_state_returns_at_once_when_it_rec
             trickle = await poisson_load(url, rate_per_s=30, seconds=9, seed=1)
             again = await poisson_load(url, rate_per_s=BUSY_RPS, seconds=9, seed=2)
             knobs = gw.service.knobs("sensor_mlp")
-    history = list(agent.history)
+    history = list(agent.policy.history)
     recalls = [i for i, d in enumerate(history) if d.kind == "recall"]
     assert recalls, "\n".join(log_line(d) for d in history)
     recall = history[recalls[-1]]
@@ -261,7 +263,7 @@ async def test_the_configuration_learned_for_a_state_returns_at_once_when_it_rec
     assert history[recalls[-1] - 1].kind == "workload"
     assert history[recalls[-1] - 1].workload is not None
     assert history[recalls[-1] - 1].workload.rate_level == busy_key.rate_level  # type: ignore[union-attr]
-    assert any(k.rate_level < busy_key.rate_level for k in agent.memory.best)  # the trickle
+    assert any(k.rate_level < busy_key.rate_level for k in agent.policy.memory.best)  # the trickle
     assert knobs == learned
     for s in (statuses, trickle, again):
         assert set(s) == {200}, s
@@ -273,9 +275,9 @@ async def test_the_agent_starts_from_the_expert_default_and_an_idle_model_keeps_
     async with gateway(mlp_repo, tmp_path, interval_s=0.3) as gw:
         agent = await started(gw)
         assert gw.service.knobs("sensor_mlp").as_dict() == pytest.approx(EXPERT.as_dict())
-        assert agent.current == agent.incumbent == EXPERT
-        await until(lambda: agent.workload is not None, "the (idle) workload state")
-        assert not {"explore", "exploit", "hold"} & set(agent.counts), agent.counts
+        assert agent.policy.current == agent.policy.incumbent == EXPERT
+        await until(lambda: agent.policy.workload is not None, "the (idle) workload state")
+        assert not {"explore", "exploit", "hold"} & set(agent.policy.counts), agent.policy.counts
 
 
 async def test_an_agent_told_to_start_from_the_configured_knobs_keeps_them_while_idle(
@@ -284,9 +286,9 @@ async def test_an_agent_told_to_start_from_the_configured_knobs_keeps_them_while
     async with gateway(mlp_repo, tmp_path, interval_s=0.3, start="configured") as gw:
         before = gw.service.knobs("sensor_mlp")
         agent = await started(gw)
-        await until(lambda: agent.workload is not None, "the (idle) workload state")
+        await until(lambda: agent.policy.workload is not None, "the (idle) workload state")
         assert gw.service.knobs("sensor_mlp") == before
-        assert not {"explore", "exploit", "hold"} & set(agent.counts), agent.counts
+        assert not {"explore", "exploit", "hold"} & set(agent.policy.counts), agent.policy.counts
 
 
 async def test_knobs_set_by_hand_pause_the_agent_until_resumed(
@@ -331,25 +333,27 @@ async def test_an_interval_that_drained_a_backlog_is_not_learned(
     async with gateway(mlp_repo, tmp_path, enabled=False) as gw:
         agent = hand_built_agent(gw, TINY)
         good, bad = TINY.at(0), TINY.at(1)
-        agent.learn(Step(good, "exploit"), measurement(10.0))
+        agent.policy.learn(Step(good, "exploit"), measurement(10.0))
         # The interval started with 200 queued requests and ended with 120: it measured the
         # backlog draining, not the configuration.
-        decision = agent.learn(
+        decision = agent.policy.learn(
             Step(bad, "explore"), measurement(240.0, violations=50), queued=(200, 120)
         )
         assert decision.kind == "drain" and decision.objective is None
         assert "200 -> 120" in decision.reason
-        assert [n for c, _, n in agent.tuner.estimates() if c == bad] == [0]  # not learned
+        assert [n for c, _, n in agent.policy.tuner.estimates() if c == bad] == [0]  # not learned
         # While the backlog lasts, what drains it keeps running.
-        agent.current = bad
-        assert agent.choose(queued=120) == Step(bad, "drain", "backlog of 120 requests draining")
-        assert agent.choose(queued=3).kind != "drain"
+        agent.policy.current = bad
+        assert agent.policy.choose(queued=120) == Step(
+            bad, "drain", "backlog of 120 requests draining"
+        )
+        assert agent.policy.choose(queued=3).kind != "drain"
         # A backlog that does not shrink is what the configuration is worth: learned.
-        decision = agent.learn(
+        decision = agent.policy.learn(
             Step(bad, "explore"), measurement(240.0, violations=50), queued=(200, 260)
         )
         assert decision.kind == "explore" and decision.objective is not None
-        assert [n for c, _, n in agent.tuner.estimates() if c == bad] == [1]
+        assert [n for c, _, n in agent.policy.tuner.estimates() if c == bad] == [1]
 
 
 @pytest.mark.slow
@@ -359,8 +363,8 @@ async def test_a_trial_cut_short_by_a_workload_change_is_still_logged(
     async with gateway(mlp_repo, tmp_path, enabled=False) as gw:
         url = f"http://127.0.0.1:{gw.http_port}"
         agent = hand_built_agent(gw, GRID, interval_s=8.0, max_interval_s=10.0)
-        agent.current = agent.incumbent = GRID.snap(EXPERT)
-        await agent._apply(agent.current)
+        agent.policy.current = agent.policy.incumbent = GRID.snap(EXPERT)
+        await agent._apply(agent.policy.current)
         statuses: dict[int, int] = {}
         trickle = asyncio.create_task(poisson_load(url, 10.0, seconds=6.0, statuses=statuses))
         # The agent's monitor learns the trickle's state (its first state is a change).
@@ -368,8 +372,8 @@ async def test_a_trial_cut_short_by_a_workload_change_is_still_logged(
             if await agent._tick() == "state":
                 break
             await asyncio.sleep(agent.settings.tick_s)
-        assert agent.workload == agent.monitor.state, agent.workload
-        trickle_state = agent.workload
+        assert agent.policy.workload == agent.policy.monitor.state, agent.policy.workload
+        trickle_state = agent.policy.workload
         await trickle
         # A trial starts (its knobs really change), and a burst arrives in its first window.
         candidate = GRID.snap(Knobs(8, 1.0, 1, 1, 1))
@@ -379,12 +383,12 @@ async def test_a_trial_cut_short_by_a_workload_change_is_still_logged(
         await agent._measure_interval(Step(applied, "explore", "predicted gain"), rebuilt)
         assert time.monotonic() - started < 8.0  # cut short, not a full window
         await burst
-    explore, workload = list(agent.history)[-2:]
+    explore, workload = list(agent.policy.history)[-2:]
     assert explore.kind == "explore" and explore.config == applied
     assert explore.reason == "predicted gain (not measured: the workload changed)"
     assert explore.objective is None  # not learned
-    assert workload.kind == "workload" and agent.workload is not None and trickle_state
-    assert agent.workload.rate_level > trickle_state.rate_level
+    assert workload.kind == "workload" and agent.policy.workload is not None and trickle_state
+    assert agent.policy.workload.rate_level > trickle_state.rate_level
     assert set(statuses) == {200}, statuses
 
 
@@ -395,31 +399,33 @@ async def test_a_candidate_that_rebuilds_sessions_waits_for_the_pace(
     async with gateway(mlp_repo, tmp_path, enabled=False) as gw:
         agent = hand_built_agent(gw, space, min_rebuild_gap_s=60.0)
         one = Knobs(4, 0.0, 1, 1, 1)
-        agent.current = agent.incumbent = space.snap(one)
+        agent.policy.current = agent.policy.incumbent = space.snap(one)
         rebuilt, _ = await agent._apply(Knobs(4, 0.0, 2, 1, 1))  # a real rebuild
-        assert rebuilt and agent.last_rebuild_s > 0
-        agent.current = agent.incumbent = one
+        assert rebuilt and agent.policy.last_rebuild_s > 0
+        agent.policy.current = agent.policy.incumbent = one
         # The model knows one instance at 20 ms a batch (overloaded at 100/s) and two at 1 ms.
-        agent.queue_model.observe_service((1, 1), {1: [0.02], 4: [0.021]})
-        agent.queue_model.observe_service((2, 1), {1: [0.001], 4: [0.0012]})
-        agent.monitor.update(time.monotonic() - 3.0, 0)
-        agent.monitor.update(time.monotonic(), 300)  # 100 requests/s
+        agent.policy.queue_model.observe_service((1, 1), {1: [0.02], 4: [0.021]})
+        agent.policy.queue_model.observe_service((2, 1), {1: [0.001], 4: [0.0012]})
+        agent.policy.monitor.update(time.monotonic() - 3.0, 0)
+        agent.policy.monitor.update(time.monotonic(), 300)  # 100 requests/s
         for _ in range(3):  # windows that prove the model's error (it is trusted after them)
-            agent.learn(Step(Knobs(4, 0.0, 2, 1, 1), "exploit"), measurement(2.0))
-        step = agent.choose()
+            agent.policy.learn(Step(Knobs(4, 0.0, 2, 1, 1), "exploit"), measurement(2.0))
+        step = agent.policy.choose()
         assert step.kind == "hold" and step.config == one
         assert step.gate is not None and step.gate.candidate is not None
         assert step.gate.candidate.concurrency == 2 and "rebuild pace" in step.reason
         # Once the incumbent is measured violating the SLO, waiting costs more than a rebuild.
-        agent.learn(Step(one, "hold"), measurement(95.0, violations=40))
-        step = agent.choose()
+        agent.policy.learn(Step(one, "hold"), measurement(95.0, violations=40))
+        step = agent.policy.choose()
         assert step.kind == "explore" and step.config.concurrency == 2
-        assert agent.trial is not None and not agent.trial.interleave  # paired windows
+        assert (
+            agent.policy.trial is not None and not agent.policy.trial.interleave
+        )  # paired windows
 
 
 def test_state_keys_tell_burstiness_apart_and_recall_falls_back_across_it() -> None:
-    from rrl.memory import StateMemory
-    from rrl.workload import WorkloadState
+    from rrl.agent.memory import StateMemory
+    from rrl.tuners.workload import WorkloadState
 
     memory = StateMemory()
     smooth = StateKey.of(WorkloadState(5), dispersion=1.1)

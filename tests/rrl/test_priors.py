@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rrl.decisions import Step
-from rrl.objective import LatencyObjective
-from rrl.priors import load_profile_priors, profile_priors
-from rrl.registry import build_tuner
-from rrl.space import ConfigSpace
-from rrl.testbed import ProfileTable, Testbed
-from rrl.workload import MonitorSettings, WorkloadState
+from rrl.agent.decisions import Step
+from rrl.offline.priors import load_profile_priors, profile_priors
+from rrl.offline.testbed import ProfileTable, Testbed
+from rrl.tuners.objective import LatencyObjective
+from rrl.tuners.registry import build_tuner
+from rrl.tuners.space import ConfigSpace
+from rrl.tuners.workload import MonitorSettings, WorkloadState
 from tests.rrl.helpers import problem
 from tests.rrl.live import BATCHES, gateway, hand_built_agent, measurement, started
 from tests.rrl.test_testbed import RATES, SPACE, _doc
@@ -109,7 +109,7 @@ def test_greedy_exploitation_follows_the_calibrated_prior() -> None:
     # Once the regions are covered, an unmeasured configuration is expected as its calibrated
     # prior says: one the profile rates better than the incumbent is measured; the incumbent's
     # neighbours the profile rates worse are not (without a prior they would be).
-    from rrl.region_rl import RRL, RRLSettings
+    from rrl.tuners.region_rl import RRL, RRLSettings
 
     rrl = RRL(problem(space=SPACE), RRLSettings(radius=10.0), np.random.default_rng(0))
     prior = np.full(SPACE.size, 40.0)
@@ -145,24 +145,24 @@ async def test_the_profile_vetoes_candidates_it_rates_far_worse(
         agent = hand_built_agent(gw, BATCHES, explore_regret=4.0)
         # The profile: batch 2 best (11 ms), batch 16 a poor 50 ms, the rest in between or worse.
         prior = np.array([12.0, 11.0, 15.0, 20.0, 50.0, 60.0, 80.0, 100.0])
-        agent.tuner.set_priors({WorkloadState(6): prior})
-        agent.workload = WorkloadState(6)
-        agent.tuner.set_workload(agent.workload)
-        agent.current = agent.incumbent = BATCHES.at(1)
-        agent.learn(Step(BATCHES.at(1), "exploit"), measurement(11.0))
+        agent.policy.tuner.set_priors({WorkloadState(6): prior})
+        agent.policy.workload = WorkloadState(6)
+        agent.policy.tuner.set_workload(agent.policy.workload)
+        agent.policy.current = agent.policy.incumbent = BATCHES.at(1)
+        agent.policy.learn(Step(BATCHES.at(1), "exploit"), measurement(11.0))
         # RRL's next region centre is batch 16, which the profile puts over 4 x the
         # incumbent's 11: not a candidate for the gate.
-        assert agent.tuner.propose() == BATCHES.at(4)
-        assert BATCHES.at(4) not in agent._candidates(agent.arrivals())
+        assert agent.policy.tuner.propose() == BATCHES.at(4)
+        assert BATCHES.at(4) not in agent.policy._candidates(agent.policy.arrivals())
         # With a looser bound batch 16 (50 < 5 x 11) may be considered.
         loose = hand_built_agent(gw, BATCHES, explore_regret=5.0)
-        loose.tuner.set_priors({WorkloadState(6): prior})
-        loose.workload = WorkloadState(6)
-        loose.tuner.set_workload(loose.workload)
-        loose.current = loose.incumbent = BATCHES.at(1)
-        loose.learn(Step(BATCHES.at(1), "exploit"), measurement(11.0))
-        assert loose.tuner.propose() == BATCHES.at(4)  # RRL's next region centre: batch 16
-        assert BATCHES.at(4) in loose._candidates(loose.arrivals())
+        loose.policy.tuner.set_priors({WorkloadState(6): prior})
+        loose.policy.workload = WorkloadState(6)
+        loose.policy.tuner.set_workload(loose.policy.workload)
+        loose.policy.current = loose.policy.incumbent = BATCHES.at(1)
+        loose.policy.learn(Step(BATCHES.at(1), "exploit"), measurement(11.0))
+        assert loose.policy.tuner.propose() == BATCHES.at(4)  # RRL's next region centre: batch 16
+        assert BATCHES.at(4) in loose.policy._candidates(loose.policy.arrivals())
 
 
 async def test_the_gateway_warm_starts_its_agents_from_a_matching_profile(

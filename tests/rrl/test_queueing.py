@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from models.knobs import Knobs
-from rrl.objective import make_objective
-from rrl.queueing import Arrivals, QueueModel
+from rrl.agent.queueing import Arrivals, QueueModel
+from rrl.tuners.objective import make_objective
 
 TINY = {1: [1e-5] * 10, 8: [1.2e-5] * 10, 32: [1.6e-5] * 10}
 """sensor_mlp's batches inside the runtime call: about 10 us whatever the size."""

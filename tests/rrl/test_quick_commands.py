@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rrl.objective import LatencyObjective
-from rrl.profiling import WINDOW_FIELDS
-from rrl.registry import TUNERS
-from rrl.testbed import ProfileTable, Testbed
+from rrl.offline.profiling import WINDOW_FIELDS
+from rrl.offline.testbed import ProfileTable, Testbed
+from rrl.tuners.objective import LatencyObjective
+from rrl.tuners.registry import TUNERS
 
 pytestmark = pytest.mark.slow
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -142,7 +142,7 @@ def test_evaluation_quick_report(evaluation: tuple[Path, dict[str, Any]]) -> Non
 
 
 def test_report_prints_medians_of_counts_exactly() -> None:
-    from rrl.report import _fmt
+    from rrl.offline.report import _fmt
 
     assert [_fmt(v) for v in (251.5, 100.5, 100.0, 0.0)] == ["251.5", "100.5", "100", "0"]
     assert [_fmt(v) for v in (7.9123, 1236.4, None)] == ["7.91", "1.24e+03", "never"]

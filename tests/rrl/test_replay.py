@@ -1,4 +1,5 @@
-"""The trace replay's batcher model (``rrl.replay``) and the expert default it is compared with.
+"""The trace replay's batcher model (``rrl.offline.replay``) and the expert default it is compared
+with.
 
 Service times are fixed here (one value per batch size), so each case's latencies follow from the
 batcher's rules alone: what eager batching, a timeout and batch size 1 do to a trickle and to a
@@ -13,8 +14,8 @@ import numpy as np
 import pytest
 
 from models.knobs import Knobs
-from rrl.replay import ServiceTimes, figures, request_grid, score, simulate
-from rrl.space import expert_default
+from rrl.offline.replay import ServiceTimes, figures, request_grid, score, simulate
+from rrl.tuners.space import expert_default
 
 MS = 1e-3
 # One instance: 1 ms for a batch of 1, 2 ms for up to 32 rows (the per-call cost dominates).

@@ -20,12 +20,12 @@ import pytest
 
 from gateway.main import Gateway
 from models.knobs import Knobs
-from rrl.agent_settings import RestSettings
-from rrl.objective import make_objective
-from rrl.online import ModelAgent
-from rrl.queueing import Arrivals, QueueModel
-from rrl.rest import Rest
-from rrl.space import ConfigSpace, expert_default
+from rrl.agent.model_agent import ModelAgent
+from rrl.agent.queueing import Arrivals, QueueModel
+from rrl.agent.resting import Rest
+from rrl.agent.settings import RestSettings
+from rrl.tuners.objective import make_objective
+from rrl.tuners.space import ConfigSpace, expert_default
 from tests.rrl.live import gateway, poisson_load, running_agent, until
 
 EXPERT = expert_default(len(os.sched_getaffinity(0)), max_batch_size=32)
@@ -43,7 +43,7 @@ def running(gw: Gateway, **settings: Any) -> contextlib.AbstractAsyncContextMana
 def resting_stretch(agent: ModelAgent, first: int) -> bool:
     """The three decisions from ``first`` on are all resting windows (a rest may also end by
     itself, or the monitor may move to another state, and the gate then simulates)."""
-    three = list(agent.history)[first : first + 3]
+    three = list(agent.policy.history)[first : first + 3]
     return len(three) == 3 and all(
         d.kind == "exploit" and d.reason.startswith("resting") for d in three
     )
@@ -57,34 +57,34 @@ async def test_a_steady_load_runs_no_simulation_and_the_interval_backs_off(
         url = f"http://127.0.0.1:{gw.http_port}"
         async with running(gw) as agent:
             load = asyncio.create_task(poisson_load(url, rate_per_s=128, seconds=40))
-            await until(lambda: agent.rest.resting or load.done(), "resting", 35.0)
+            await until(lambda: agent.policy.rest.resting or load.done(), "resting", 35.0)
             # A stretch of three resting windows with nothing in between that woke it (on a
             # shared machine other work may, once): the model simulated nothing meanwhile.
             stretch: tuple[int, int, int] | None = None
             while stretch is None and not load.done():
                 sims, first, wakes = (
-                    agent.queue_model.simulations,
-                    len(agent.history),
-                    agent.rest.wakes,
+                    agent.policy.queue_model.simulations,
+                    len(agent.policy.history),
+                    agent.policy.rest.wakes,
                 )
 
                 def moved_on(first: int = first) -> bool:
-                    return len(agent.history) >= first + 3 or load.done()
+                    return len(agent.policy.history) >= first + 3 or load.done()
 
                 await until(moved_on, "3 windows", 30.0)
-                if agent.rest.wakes == wakes and resting_stretch(agent, first):
-                    stretch = (sims, agent.queue_model.simulations, first)
+                if agent.policy.rest.wakes == wakes and resting_stretch(agent, first):
+                    stretch = (sims, agent.policy.queue_model.simulations, first)
             statuses = await load
-    assert stretch is not None, [(d.kind, d.reason) for d in agent.history]
+    assert stretch is not None, [(d.kind, d.reason) for d in agent.policy.history]
     before, after, first = stretch
     assert after == before, "the model simulated while the agent rested"
-    quiet = list(agent.history)[first : first + 3]
+    quiet = list(agent.policy.history)[first : first + 3]
     # Resting windows back off: each measured at least as long as the shortest interval, the
     # later ones longer.
     durations = [d.measurement.duration_s for d in quiet if d.measurement is not None]
     assert len(durations) == 3 and max(durations) > agent.settings.interval_s, durations
     # The gate concluded at this load before the agent rested, with a proven model.
-    gated = [d for d in list(agent.history)[:first] if d.gate is not None]
+    gated = [d for d in list(agent.policy.history)[:first] if d.gate is not None]
     assert gated and gated[-1].gate is not None and gated[-1].gate.candidate is None
     assert set(statuses) == {200}, statuses
 
@@ -100,15 +100,15 @@ async def test_a_rate_step_wakes_a_resting_agent_before_the_monitor_confirms_it(
             quiet = asyncio.create_task(
                 poisson_load(url, rate_per_s=40, seconds=60, statuses=trickled)
             )
-            await until(lambda: agent.rest.resting or quiet.done(), "resting", 55.0)
-            assert agent.rest.resting, [(d.kind, d.reason) for d in agent.history]
-            state, at = agent.workload, len(agent.history)
+            await until(lambda: agent.policy.rest.resting or quiet.done(), "resting", 55.0)
+            assert agent.policy.rest.resting, [(d.kind, d.reason) for d in agent.policy.history]
+            state, at = agent.policy.workload, len(agent.policy.history)
             # Eight times the rate, on top of the trickle.
             busy = await poisson_load(url, rate_per_s=280, seconds=8, seed=1)
             quiet.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await quiet
-    after = list(agent.history)[at:]
+    after = list(agent.policy.history)[at:]
     kinds = [d.kind for d in after]
     assert "wake" in kinds, [(d.kind, d.reason) for d in after]
     wake = kinds.index("wake")
@@ -117,8 +117,8 @@ async def test_a_rate_step_wakes_a_resting_agent_before_the_monitor_confirms_it(
     # state it did move to is a busier one.
     changes = [i for i, d in enumerate(after) if d.kind == "workload"]
     assert not changes or wake < changes[0], kinds
-    assert state is not None and agent.workload is not None
-    assert agent.workload.rate_level >= state.rate_level
+    assert state is not None and agent.policy.workload is not None
+    assert agent.policy.workload.rate_level >= state.rate_level
     assert set(busy) == {200}, busy
     assert set(trickled) == {200}, trickled
 
@@ -134,16 +134,19 @@ async def test_the_same_load_served_worse_wakes_a_resting_agent(
             load = asyncio.create_task(
                 poisson_load(url, rate_per_s=60, seconds=70, statuses=statuses)
             )
-            await until(lambda: agent.rest.resting or load.done(), "resting", 30.0)
-            assert agent.rest.resting, [(d.kind, d.reason) for d in agent.history]
-            at = len(agent.history)
+            await until(lambda: agent.policy.rest.resting or load.done(), "resting", 30.0)
+            assert agent.policy.rest.resting, [(d.kind, d.reason) for d in agent.policy.history]
+            at = len(agent.policy.history)
             # The same arrivals, with every core also busy elsewhere (two spinning processes
             # per core): the gateway's threads now wait for a core, and its p95 grows well
             # beyond what it rested at (within the SLO: this is not the rule that wakes on a
             # window without margin).
             with cpu_hogs(2 * len(os.sched_getaffinity(0))):
                 await until(
-                    lambda: any(d.kind == "wake" for d in list(agent.history)[at:]) or load.done(),
+                    lambda: (
+                        any(d.kind == "wake" for d in list(agent.policy.history)[at:])
+                        or load.done()
+                    ),
                     "a wake",
                     30.0,
                     explain=agent,
@@ -151,8 +154,8 @@ async def test_the_same_load_served_worse_wakes_a_resting_agent(
             load.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await load
-    wakes = [d for d in list(agent.history)[at:] if d.kind == "wake"]
-    assert wakes, [(d.kind, d.reason) for d in list(agent.history)[at:]]
+    wakes = [d for d in list(agent.policy.history)[at:] if d.kind == "wake"]
+    assert wakes, [(d.kind, d.reason) for d in list(agent.policy.history)[at:]]
     assert "it rested at" in wakes[0].reason, wakes[0]
     assert set(statuses) == {200}, statuses
 

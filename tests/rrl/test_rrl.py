@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rrl.adaptive import AdaptiveSettings, make_adaptive_rrl
-from rrl.ask_tell import PerWorkload
-from rrl.region_rl import RRL, RRLSettings, make_rrl
-from rrl.synthetic import Landscape, bowl, cone, random_lipschitz, rugged
-from rrl.workload import WorkloadState
+from rrl.tuners.adaptive import AdaptiveSettings, make_adaptive_rrl
+from rrl.tuners.ask_tell import PerWorkload
+from rrl.tuners.region_rl import RRL, RRLSettings, make_rrl
+from rrl.tuners.workload import WorkloadState
 from tests.rrl.helpers import SPACE, drive, problem
+from tests.rrl.synthetic import Landscape, bowl, cone, random_lipschitz, rugged
 
 
 def _rrl(radius: float = 2.0, seed: int = 0) -> RRL:

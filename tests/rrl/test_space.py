@@ -11,9 +11,9 @@ import pytest
 
 from models.knobs import InvalidKnobs, KnobLimits, Knobs
 from models.window_stats import WindowStats
-from rrl.measurement import Measurement
-from rrl.objective import CostObjective, LatencyObjective, make_objective
-from rrl.space import ConfigSpace, core_share, expert_default, tf_serving_default
+from rrl.tuners.measurement import Measurement
+from rrl.tuners.objective import CostObjective, LatencyObjective, make_objective
+from rrl.tuners.space import ConfigSpace, core_share, expert_default, tf_serving_default
 
 
 def test_full_grid_on_two_cores() -> None:

@@ -11,14 +11,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rrl.ask_tell import TuningProblem
-from rrl.episodes import measurements_to_within, run_shifting, run_static
-from rrl.objective import CostObjective, LatencyObjective
-from rrl.profiling import WINDOW_FIELDS
-from rrl.registry import build_tuner
-from rrl.space import ConfigSpace
-from rrl.testbed import ProfileTable, Testbed
-from rrl.workload import WorkloadState
+from rrl.offline.episodes import measurements_to_within, run_shifting, run_static
+from rrl.offline.profiling import WINDOW_FIELDS
+from rrl.offline.testbed import ProfileTable, Testbed
+from rrl.tuners.ask_tell import TuningProblem
+from rrl.tuners.objective import CostObjective, LatencyObjective
+from rrl.tuners.registry import build_tuner
+from rrl.tuners.space import ConfigSpace
+from rrl.tuners.workload import WorkloadState
 
 SPACE = ConfigSpace((1, 2, 4), (0.0, 1.0), (1, 2), (1,), (1,))
 RATES = (16.0, 64.0, 256.0)
@@ -202,7 +202,7 @@ def test_recorded_latencies_are_pooled_not_averaged(tmp_path: Path) -> None:
 
 
 def test_a_long_window_keeps_evenly_spaced_quantiles_of_its_latencies() -> None:
-    from rrl.profiling import SAMPLES_PER_WINDOW, latency_record
+    from rrl.offline.profiling import SAMPLES_PER_WINDOW, latency_record
 
     rng = np.random.default_rng(1)
     few = rng.exponential(1.0, size=100)

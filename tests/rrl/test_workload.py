@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rrl.workload import (
+from rrl.tuners.workload import (
     MIN_COUNT_FOR_PROMISE,
     MonitorSettings,
     WorkloadMonitor,

@@ -1,0 +1,218 @@
+"""What the agent knows from measurement alone, and when that overrules the queueing model.
+
+- **Model trust** (``ModelTrust``): the model predicts the incumbent's objective with a stated
+  uncertainty (``kappa`` standard deviations) before each of its windows. When the measured
+  objective lands outside that band in ``misses`` of the last ``judged`` windows, the model's
+  predictions have been wrong where they can be checked, so they may no longer veto a
+  candidate: candidates are then tried on measurement. A model that comes back within its band
+  for ``judged`` windows running is trusted again.
+- **Closed-loop load** (``LoadKind``): a closed loop (N clients, each sending its next request
+  when the last is answered) keeps the number of requests inside the gateway nearly constant
+  and never zero; the arrival rate follows the service rate. An open-loop (Poisson) load of the
+  same mean sees that number come and go. Fed one reading per tick, ``closed`` says which, and
+  ``population`` how many requests a closed loop keeps in.
+- **Closed-loop prediction** (``closed_loop_latency_ms``): with N requests always in and zero
+  think time, each of c instances serves batches of min(max batch, N / c) rows back to back, so
+  the throughput is X = c * b / s(b) and, by Little's law, every request waits R = N / X. An
+  open-loop model fed the arrival rate (which is X itself) predicts a lightly loaded server
+  instead: a closed loop is predicted by this rule.
+- **The measured neighbourhood** (``neighbours``): the configurations one notch from the
+  incumbent on each axis, the same cores split the other way (instances and threads swapped),
+  plus the corners that matter on a small box (the largest batch with
+  all the cores in one instance's threads, and with one thread per core-sized instance). These
+  are what the agent measures before it rests: it rests on trials that showed no gain, not on a
+  prediction.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from models.knobs import Knobs
+from rrl.tuners.space import ConfigSpace
+
+
+@dataclass(frozen=True, slots=True)
+class Miss:
+    """One incumbent window judged against the prediction made for it."""
+
+    predicted: float
+    measured: float
+    bound: float
+    """The prediction's stated uncertainty (``kappa`` standard deviations)."""
+
+    @property
+    def missed(self) -> bool:
+        return abs(self.measured - self.predicted) > self.bound
+
+    def describe(self) -> str:
+        return (
+            f"the model predicted the incumbent at J {self.predicted:.2f} +- {self.bound:.2f} "
+            f"and measured {self.measured:.2f}"
+        )
+
+
+@dataclass
+class ModelTrust:
+    """Whether the queueing model's predictions may veto what a measurement would show."""
+
+    kappa: float = 2.0
+    judged: int = 3
+    misses: int = 2
+    _recent: deque[Miss] = field(default_factory=deque)
+    _trusted: bool = True
+
+    def judge(self, predicted: float, sd: float, measured: float) -> Miss:
+        """Record one incumbent window's measured objective against its prediction."""
+        miss = Miss(predicted, measured, self.kappa * max(sd, 1e-9))
+        self._recent.append(miss)
+        while len(self._recent) > self.judged:
+            self._recent.popleft()
+        missed = sum(m.missed for m in self._recent)
+        if missed >= self.misses:
+            self._trusted = False
+        elif len(self._recent) == self.judged and missed == 0:
+            self._trusted = True
+        return miss
+
+    @property
+    def trusted(self) -> bool:
+        return self._trusted
+
+    def last_miss(self) -> Miss | None:
+        """The most recent window the model missed, for the decision log."""
+        return next((m for m in reversed(self._recent) if m.missed), None)
+
+    def reset(self) -> None:
+        """A new workload state: what the model missed under the old one says nothing here."""
+        self._recent.clear()
+        self._trusted = True
+
+
+@dataclass
+class LoadKind:
+    """Closed or open loop, from the requests inside the gateway at each tick."""
+
+    readings: int = 8
+    spread: float = 0.25
+    """A closed loop's readings stay within this fraction of their median (plus one request)."""
+    _seen: deque[int] = field(default_factory=deque)
+
+    held: int | None = None
+    """The closed loop's population the workload state is held for (``hold``), kept through a
+    spell of mixed readings: a loop of another size after it is still another loop."""
+
+    def observe(self, in_system: int) -> None:
+        """One tick's reading of the requests inside the model."""
+        self._seen.append(in_system)
+        while len(self._seen) > self.readings:
+            self._seen.popleft()
+        if self.closed and self.held is None:
+            self.held = self.population
+
+    @property
+    def closed(self) -> bool:
+        seen = list(self._seen)
+        if len(seen) < self.readings or min(seen) < 1:
+            return False
+        middle = statistics.median(seen)
+        return max(seen) - min(seen) <= self.spread * middle + 1
+
+    @property
+    def population(self) -> int:
+        """Requests a closed loop keeps inside (the largest reading: some are in transit)."""
+        return max(self._seen, default=0)
+
+    def hold(self) -> None:
+        """A new workload state: held for the loop running now, if any."""
+        self.held = self.population if self.closed else None
+
+    def same_loop(self) -> bool:
+        """Whether the load is still the closed loop the workload state was held for: its rate
+        follows the configuration (a faster one answers the same clients more often), so a new
+        rate level is not a new workload, and moving to one would drop a trial and start the
+        search over. A loop of another size is a new workload."""
+        if self.held is None or not self.closed:
+            return False
+        return abs(self.population - self.held) <= max(1, self.held // 4)
+
+    def per_request_ms(self, throughput_per_s: float) -> float | None:
+        """A closed loop's time per request, N / X (Little's law: N requests always in, X
+        answered per second), read from the count of answers, which a window measures far more
+        closely than its p95; None in an open loop."""
+        if not self.closed or throughput_per_s <= 0:
+            return None
+        return 1000.0 * self.population / throughput_per_s
+
+    def window_requests(self, least: int) -> int:
+        """Requests a window must hold: in a closed loop of N, ten rounds of the N (a window of
+        a few batches reads their quantisation, not the configuration)."""
+        return max(least, 10 * self.population) if self.closed else least
+
+    def reset(self) -> None:
+        self._seen.clear()
+
+
+def closed_loop_latency_ms(
+    config: Knobs, population: int, batch_seconds: Callable[[Knobs, int], float | None]
+) -> float | None:
+    """Every request's time in a closed loop of ``population`` requests under ``config``
+    (``batch_seconds(config, rows)``: one batch's service time there), or None when unknown."""
+    if population < 1:
+        return None
+    instances = min(config.concurrency, population)
+    rows = min(config.max_batch_size, math.ceil(population / instances))
+    seconds = batch_seconds(config, rows)
+    if seconds is None or seconds <= 0:
+        return None
+    throughput = instances * rows / seconds
+    return 1000.0 * population / throughput
+
+
+def neighbours(space: ConfigSpace, incumbent: Knobs, cores: int) -> list[Knobs]:
+    """One notch from ``incumbent`` on each axis (inter-op threads kept: the served graphs are
+    chains), its instances and intra-op threads swapped, then the corners: the largest batch
+    with every core in one instance's intra-op threads, and with one single-thread instance
+    per core. On the grid, within the cores (instances x intra-op threads), nearest first, the
+    incumbent left out."""
+    axes: dict[str, Sequence[float]] = {
+        "max_batch_size": space.batch_sizes,
+        "batch_timeout_ms": space.timeouts_ms,
+        "concurrency": space.concurrency,
+        "intra_op_threads": space.intra_op_threads,
+    }
+    found: list[Knobs] = []
+    for name, axis in axes.items():
+        value = getattr(incumbent, name)
+        at = min(range(len(axis)), key=lambda i: abs(axis[i] - value))
+        for step in (-1, 1):
+            if 0 <= at + step < len(axis):
+                found.append(incumbent.with_changes({name: axis[at + step]}))
+    # Instances and threads swapped (2 x 1 <-> 1 x 2): the same cores, split the other way,
+    # which one notch on each axis cannot reach while both steps alone oversubscribe or idle.
+    found.append(
+        incumbent.with_changes(
+            {"concurrency": incumbent.intra_op_threads, "intra_op_threads": incumbent.concurrency}
+        )
+    )
+    largest = space.batch_sizes[-1]
+    top = max(t for t in space.intra_op_threads if t <= cores)
+    wide = max(c for c in space.concurrency if c <= cores)
+    found.append(incumbent.with_changes({"max_batch_size": largest, "concurrency": 1}))
+    found[-1] = found[-1].with_changes({"intra_op_threads": top})
+    found.append(
+        incumbent.with_changes(
+            {"max_batch_size": largest, "concurrency": wide, "intra_op_threads": 1}
+        )
+    )
+    out: list[Knobs] = []
+    for config in found:
+        snapped = space.snap(config)
+        within = snapped.concurrency * snapped.intra_op_threads <= cores
+        if snapped != incumbent and within and snapped not in out:
+            out.append(snapped)
+    return out

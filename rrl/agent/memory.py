@@ -1,0 +1,77 @@
+"""Per-state memory: the best configuration learned for each workload state, applied at once
+when the state recurs.
+
+A state is the monitor's rate level and size level (``rrl.tuners.workload``) plus the burstiness of
+the arrivals: ``bursty`` when the counts per tick spread more than four times as much as Poisson
+counts would (index of dispersion > 4). The configuration remembered for a state is its incumbent
+whenever one was measured there: what the start, an accepted trial, or a recall left running,
+with its last measured objective. A candidate that lost a trial in a state is remembered too,
+so it is not tried there again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from models.knobs import Knobs
+from rrl.tuners.workload import WorkloadState
+
+BURSTY_DISPERSION = 4.0
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class StateKey:
+    rate_level: int
+    size_level: int
+    bursty: bool
+
+    @classmethod
+    def of(cls, state: WorkloadState, dispersion: float) -> StateKey:
+        return cls(state.rate_level, state.size_level, dispersion > BURSTY_DISPERSION)
+
+    def __str__(self) -> str:
+        return f"r{self.rate_level}/s{self.size_level}/{'bursty' if self.bursty else 'smooth'}"
+
+
+@dataclass(slots=True)
+class Remembered:
+    config: Knobs
+    objective: float
+    windows: int = 1
+
+
+@dataclass
+class StateMemory:
+    best: dict[StateKey, Remembered] = field(default_factory=dict)
+    rejected: dict[StateKey, set[Knobs]] = field(default_factory=dict)
+
+    def remember(self, key: StateKey, config: Knobs, objective: float) -> None:
+        known = self.best.get(key)
+        if known is not None and known.config == config:
+            known.objective = objective
+            known.windows += 1
+        else:
+            self.best[key] = Remembered(config, objective)
+
+    def recall(self, key: StateKey) -> Remembered | None:
+        """The configuration remembered for ``key``, else for the same rate and size with the
+        other burstiness (burstiness is judged from few ticks right after a change)."""
+        other = StateKey(key.rate_level, key.size_level, not key.bursty)
+        return self.best.get(key) or self.best.get(other)
+
+    def reject(self, key: StateKey, config: Knobs) -> None:
+        self.rejected.setdefault(key, set()).add(config)
+
+    def was_rejected(self, key: StateKey, config: Knobs) -> bool:
+        return config in self.rejected.get(key, set())
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            str(k): {
+                "config": v.config.as_dict(),
+                "objective": round(v.objective, 3),
+                "windows": v.windows,
+                "rejected": len(self.rejected.get(k, ())),
+            }
+            for k, v in sorted(self.best.items())
+        }

@@ -1,0 +1,810 @@
+"""The online agent's decision rule, top to bottom: what runs next (``choose``), what a measured
+interval teaches (``learn``), when to rest and what wakes it. No I/O here:
+``rrl.agent.model_agent.ModelAgent`` owns one ``Policy``, applies what it chooses, measures it and
+tells it what happened through the methods under "What the loop tells the rule"; the rule's
+state (the incumbent, the trial, the workload state, the pacing) is its own and changes only
+here.
+
+- **Prediction gate** (``rrl.agent.gate``): a candidate is tried only when the queueing model
+  (``rrl.agent.queueing``), fed with the service times the gateway measured per batch size and the
+  arrivals it sees, predicts a gain over the incumbent beyond the prediction's uncertainty.
+  Candidates: the grid screened by the model, and the tuner's own proposal (adaptive RRL by
+  default, with profile priors); the tuner's estimates veto any it puts beyond
+  ``explore_regret`` times the incumbent, and a candidate that lost a trial in a workload state
+  is not tried there again. At most one trial per ``trial_gap`` incumbent windows, unless the
+  incumbent violates the SLO.
+- **Measured search** (``rrl.agent.evidence``): when the gate lets nothing through, the agent still
+  measures the incumbent's neighbours (one notch on each axis, and the corners: the largest
+  batch with every core in one instance's threads, or in single-thread instances) before it
+  rests; it rests only once each lost a measured trial in this state. Which neighbour next:
+  in a closed loop (requests inside nearly constant, never zero), the closed-loop rule
+  (Little's law over the batches it forms); once the model's predictions of the incumbent
+  missed beyond their stated uncertainty in two of three windows, the tuner's region estimates
+  (from measurements; the model no longer vetoes); otherwise the model's optimistic
+  prediction, which still vetoes a neighbour it predicts to violate the SLO.
+- **Fair comparison and revert** (``rrl.agent.trial``): candidate and incumbent in interleaved (no
+  rebuild) or paired (rebuild) windows, each normalised to a common arrival rate by the model;
+  a candidate worse after its first window (or beyond the safety limit) is reverted at once.
+- **Per-state memory** (``rrl.agent.memory``): the incumbent per (rate level, size level,
+  burstiness), applied at once when the state recurs.
+- **Pacing**: a candidate that rebuilds sessions waits until rebuilding takes at most
+  ``rebuild_duty`` of the time (``min_rebuild_gap_s`` at least), unless the incumbent violates
+  the SLO.
+- **Drain**: an interval that started with a backlog and ended with a shorter queue measured
+  the backlog draining, not its configuration: not learned, and what drains it keeps running.
+- **Rest** (``rrl.agent.resting``): nothing simulated, the interval backing off, while nothing
+  moves, once the gate and the measured search found nothing left to try.
+
+Every decision records what the model predicted, what was measured, and why
+(``rrl.agent.decisions``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import replace
+
+from models.knobs import Knobs
+from models.window_stats import WindowStats
+from rrl.agent.budget import CoreBudget, threads_of
+from rrl.agent.decisions import Decision, Step, log_line
+from rrl.agent.evidence import LoadKind, ModelTrust, closed_loop_latency_ms, neighbours
+from rrl.agent.gate import Verdict, decide, needs_rebuild, screen
+from rrl.agent.memory import StateKey, StateMemory
+from rrl.agent.queueing import Arrivals, Prediction, QueueModel
+from rrl.agent.resting import Rest
+from rrl.agent.settings import ONLINE_TUNERS, AgentSettings
+from rrl.agent.trial import Outcome, Trial, Window, relative_noise
+from rrl.tuners.ask_tell import PerWorkload, TuningProblem
+from rrl.tuners.measurement import Measurement
+from rrl.tuners.objective import at_slo, make_objective
+from rrl.tuners.space import ConfigSpace
+from rrl.tuners.workload import WorkloadMonitor, WorkloadState, index_of_dispersion
+
+log = logging.getLogger("rrl.agent")
+
+MOVES = frozenset({"explore", "compare", "accept", "revert", "recall", "yield"})
+"""Decisions that move the knobs."""
+
+
+class Policy:
+    """The decision rule of one model's agent (see the module docstring). ``budget``: the core
+    budget the gateway's models share; ``on_record``: called with every decision once it is
+    recorded (the agent publishes it)."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        space: ConfigSpace,
+        slo_ms: float,
+        cores: int,
+        settings: AgentSettings | None = None,
+        seed: int = 0,
+        budget: CoreBudget | None = None,
+        on_record: Callable[[Decision], None] | None = None,
+    ) -> None:
+        self.model = model
+        self.settings = s = settings or AgentSettings()
+        if s.algorithm not in ONLINE_TUNERS:
+            raise ValueError(f"unknown online tuner {s.algorithm!r}; known: {ONLINE_TUNERS}")
+        self.space = space
+        self.cores = cores
+        self.objective = make_objective(s.objective, slo_ms=slo_ms, cores=cores)
+        # Deferred: the GP tuners import scikit-learn (iotgw[tune]).
+        from rrl.tuners.registry import build_tuner
+
+        self.tuner: PerWorkload = build_tuner(
+            s.algorithm, TuningProblem(space, self.objective, cores=cores, seed=seed)
+        )
+        self.queue_model = QueueModel(self.objective, cores=cores, settings=s.model)
+        self.memory = StateMemory()
+        self.monitor = WorkloadMonitor(s.monitor)
+        self.history: deque[Decision] = deque(maxlen=s.history)
+        self.counts: dict[str, int] = {}
+        self.current: Knobs | None = None
+        self.incumbent: Knobs | None = None
+        self.trial: Trial | None = None
+        self.workload: WorkloadState | None = None
+        self.verdict: Verdict | None = None
+        self.last_rebuild_end = -float("inf")
+        self.last_rebuild_s = 0.0
+        self._after: tuple[str, str] | None = None  # (kind, reason) of the interval after a trial
+        self._recall: Knobs | None = None
+        self._baseline: Window | None = None  # the incumbent's last window in this state
+        self._since_trial = s.trial_gap
+        self._last_measured: tuple[Knobs, float] | None = None
+        self._incumbent_values: deque[float] = deque(maxlen=8)
+        self._tick_counts: deque[float] = deque(maxlen=16)
+        self._shortlist: list[Knobs] = []
+        self._screened: tuple[float, StateKey | None, tuple[int, int]] = (-math.inf, None, (0, 0))
+        self._draining = False
+        self._idle = False
+        self.budget = budget
+        self._on_record = on_record
+        self._blocked: list[Knobs] = []
+        self._gated_at = -math.inf
+        self.rest = Rest(s.rest, s.interval_s)
+        self._asked: tuple[StateKey, Knobs] | None = None  # where the gate let nothing through
+        self._pending: list[tuple[Knobs, Arrivals, Measurement]] = []
+        self.trust = ModelTrust(kappa=s.gate.kappa)
+        self._searched: dict[StateKey, int] = {}  # measured-search trials per state
+        self.load_kind = LoadKind()
+
+    def choose(self, queued: int = 0) -> Step:
+        """The next interval's configuration and why, with ``queued`` requests waiting now
+        (runs in a worker thread: the model simulates)."""
+        assert self.current is not None and self.incumbent is not None
+        self._calibrate_pending()
+        arrivals = self.arrivals()
+        if self._draining and self._is_backlog(queued):
+            # Let what runs drain the backlog: a change (a rebuild above all) slows the drain.
+            return Step(self.current, "drain", f"backlog of {queued} requests draining")
+        if self._recall is not None:
+            self.incumbent, self._recall = self._recall, None
+            self.trial = None
+            return Step(
+                self.incumbent,
+                "recall",
+                f"remembered for {self._key()}",
+                self._predict(self.incumbent, arrivals),
+            )
+        if self._after is not None:
+            (kind, reason), self._after = self._after, None
+            return Step(self.incumbent, kind, reason, self._predict(self.incumbent, arrivals))
+        if self.trial is not None:
+            config = self.trial.next_config()
+            kind = "explore" if config == self.trial.candidate else "compare"
+            n = len(self.trial.windows) + 1
+            reason = f"trial window {n}/{len(self.trial.schedule())} of {self.trial.candidate}"
+            return Step(config, kind, reason, self._predict(config, arrivals))
+        return self._consult_gate(arrivals)
+
+    def _consult_gate(self, arrivals: Arrivals) -> Step:
+        assert self.incumbent is not None
+        target = None if self.budget is None else self.budget.should_yield(self.model)
+        if target is not None and self._rebuild_allowed():
+            step = self._yield_to(target, arrivals)
+            if step is not None:
+                return step
+        urgent = self._incumbent_violates()
+        recent = time.monotonic() - self._gated_at < self.settings.gate_every_s
+        if recent and not urgent and self.verdict is not None:
+            reason = f"gate asked {self.settings.gate_every_s:g}s ago: {self.verdict.reason}"
+            return Step(self.incumbent, "exploit", reason, self._predict(self.incumbent, arrivals))
+        if self._since_trial < self.settings.trial_gap and not urgent:
+            gap = self.settings.trial_gap - self._since_trial
+            return Step(
+                self.incumbent,
+                "exploit",
+                f"{gap} incumbent window(s) before the next trial",
+                self._predict(self.incumbent, arrivals),
+            )
+        verdict = decide(
+            self.queue_model,
+            arrivals,
+            self.incumbent,
+            self._candidates(arrivals),
+            self.settings.gate,
+        )
+        self.verdict, self._gated_at = verdict, time.monotonic()
+        candidate = verdict.candidate
+        if candidate is None and self.settings.measured_search:
+            measured = self._measured_candidate(arrivals, verdict)
+            if measured is not None:
+                key = self._key()
+                self._searched[key] = self._searched.get(key, 0) + 1
+                return self._start_trial(*measured, verdict, blind=True)
+        if candidate is None:
+            held_back = self._held_back(arrivals)
+            if self.queue_model.calibrated and verdict.considered and not held_back:
+                # Nothing to try at this load (and no cores wanted from the budget): rest.
+                self._asked = (self._key(), self.incumbent)
+            reason = verdict.reason + held_back
+            return Step(self.incumbent, "exploit", reason, verdict.incumbent, verdict)
+        return self._start_trial(candidate, verdict.reason, verdict)
+
+    def _start_trial(
+        self, candidate: Knobs, reason: str, verdict: Verdict, *, blind: bool = False
+    ) -> Step:
+        """Try ``candidate`` against the incumbent (``rrl.agent.trial``), once the rebuild pace
+        allows a candidate that rebuilds sessions (at once when the incumbent violates). A
+        ``blind`` trial (the measured search: no predicted gain behind it) must win by twice
+        the noise: a trial compares two or three windows a side, so a candidate no better than
+        the incumbent clears one noise spread about one time in five, and the search runs a
+        dozen; each false win moves the incumbent to a configuration no better, or worse."""
+        assert self.incumbent is not None
+        rebuild = needs_rebuild(self.incumbent, candidate)
+        if rebuild and not self._incumbent_violates() and not self._rebuild_allowed():
+            wait = self._next_rebuild_at() - time.monotonic()
+            reason = f"{candidate} waits {wait:.1f}s for the rebuild pace ({reason})"
+            return Step(self.incumbent, "hold", reason, verdict.incumbent, verdict)
+        self.trial = Trial(
+            self.incumbent,
+            candidate,
+            self._baseline,
+            interleave=not rebuild,
+            margin=self._trial_margin() * (2.0 if blind else 1.0),
+            predicted_gain=verdict.gain,
+        )
+        return Step(candidate, "explore", reason, verdict.best, verdict)
+
+    def _measured_candidate(self, arrivals: Arrivals, verdict: Verdict) -> tuple[Knobs, str] | None:
+        """The next configuration to measure near the incumbent when the gate let nothing
+        through: the agent rests only once every neighbour (``rrl.agent.evidence.neighbours``) lost
+        a measured trial in this state, not on a prediction. In a closed loop (which the queueing
+        model does not model) the closed-loop rule ranks them; once the model's predictions of
+        the incumbent missed (``rrl.agent.evidence.ModelTrust``), the tuner's own estimates (region
+        estimates from measurements) do; with a model whose predictions held, its optimistic
+        prediction does, and it may still veto a neighbour it predicts to violate the SLO.
+        None: none left to measure, the search's budget (``measured_trials``) spent in this state,
+        or the model's error not proven yet (open loop)."""
+        assert self.incumbent is not None
+        closed = self.load_kind.closed
+        # An overloaded incumbent's windows never calibrate the model (refusals cap their
+        # p95), so waiting for a proven model there would keep the overload for good.
+        unproven = not self.queue_model.calibrated
+        if not closed and unproven and not self._incumbent_violates():
+            return None
+        key, budget = self._key(), self.budget
+        if self._searched.get(key, 0) >= self.settings.measured_trials:
+            return None
+        pool = [
+            c
+            for c in neighbours(self.space, self.incumbent, self.cores)
+            if not self.memory.was_rejected(key, c)
+            and not (budget is not None and not budget.fits(self.model, c))
+        ]
+        if not pool:
+            return None
+        if closed:
+            best, why = self._closed_loop_pick(pool)
+        elif not self.trust.trusted or unproven:
+            best = min(pool, key=lambda c: _or_inf(self.tuner.predict(c)))
+            miss = self.trust.last_miss()
+            because = "the model's predictions missed" if miss is None else miss.describe()
+            if unproven:
+                because = "the incumbent violates the SLO and the model's error is not proven"
+            why = f"{because}: candidates are tried on measurement"
+        else:
+            safe = self._safe_pick(pool, arrivals, verdict)
+            if safe is None:
+                return None
+            best, why = safe
+        return best, f"measured search: {why}; {len(pool)} neighbour(s) untried here"
+
+    def _closed_loop_pick(self, pool: list[Knobs]) -> tuple[Knobs, str]:
+        """The neighbour the closed-loop rule predicts fastest per request, and why."""
+        assert self.incumbent is not None
+        population, rule = self.load_kind.population, self.queue_model.batch_seconds
+        best = min(pool, key=lambda c: _or_inf(closed_loop_latency_ms(c, population, rule)))
+        ms = closed_loop_latency_ms(best, population, rule)
+        mine = closed_loop_latency_ms(self.incumbent, population, rule)
+        predicted = "unknown" if ms is None else f"{ms:.1f}ms"
+        against = "" if mine is None else f" against the incumbent's {mine:.1f}ms"
+        return best, (
+            f"closed loop of {population} requests (the open-loop model does not apply): "
+            f"{best} predicted {predicted} per request by the closed-loop rule{against}"
+        )
+
+    def _safe_pick(
+        self, pool: list[Knobs], arrivals: Arrivals, verdict: Verdict
+    ) -> tuple[Knobs, str] | None:
+        """The neighbour with the best optimistic prediction (``kappa`` deviations below its
+        objective) among those whose optimistic prediction still meets the SLO."""
+        inc = verdict.incumbent
+        if inc is None:
+            return None
+        kappa = self.settings.gate.kappa
+        predicted = self.queue_model.predict_many([(c, arrivals, 1) for c in pool])
+        safe = [
+            (p.objective - kappa * p.sd, c, p)
+            for c, p in zip(pool, predicted, strict=True)
+            if p is not None
+            and p.objective - kappa * p.sd
+            <= at_slo(self.objective, c, self.settings.violating_fraction)
+        ]
+        if not safe:
+            return None
+        _, best, p = min(safe, key=lambda h: (h[0], h[1]))
+        return best, (
+            f"{verdict.reason}; {best} predicted J {p.objective:.2f} +- {kappa * p.sd:.2f} "
+            f"against {inc.objective:.2f}: measured before resting"
+        )
+
+    def _candidates(self, arrivals: Arrivals) -> list[Knobs]:
+        """The model's shortlist of the grid (screened every ``screen_every_s``, or when the
+        state or the arrivals change) and the tuner's proposal, minus what the tuner's estimates
+        put beyond ``explore_regret`` x the incumbent and what lost a trial in this state."""
+        assert self.incumbent is not None
+        key = self._key()
+        now = time.monotonic()
+        at, last_key, bucket = self._screened
+        if (
+            now - at > self.settings.screen_every_s
+            or key != last_key
+            or bucket != arrivals.bucket()
+        ):
+            grid = self._grid()
+            gate = self.settings.gate
+            self._shortlist = screen(self.queue_model, arrivals, grid, gate.shortlist, gate.kappa)
+            self._screened = (now, key, arrivals.bucket())
+        proposal = self.tuner.propose()
+        # The model does not tell inter-op threads apart: only the incumbent's are compared.
+        same_inter = proposal.inter_op_threads == self.incumbent.inter_op_threads
+        candidates = [*self._shortlist, *([proposal] if same_inter else [])]
+        limit = self.tuner.predict(self.incumbent)
+        allowed = [
+            c
+            for c in candidates
+            if not self.memory.was_rejected(key, c)
+            and not (
+                limit is not None
+                and (p := self.tuner.predict(c)) is not None
+                and p > self.settings.explore_regret * limit
+            )
+        ]
+        budget = self.budget
+        self._blocked = [c for c in allowed if budget and not budget.fits(self.model, c)]
+        return [c for c in allowed if c not in self._blocked]
+
+    def _grid(self) -> list[Knobs]:
+        """What the gate screens: one inter-op thread (the served graphs are chains), and the
+        timeouts of eager batching and of the incumbent: a few dozen configurations."""
+        assert self.incumbent is not None
+        timeouts = {0.0, self.incumbent.batch_timeout_ms}
+        return [
+            c
+            for c in self.space
+            if c.inter_op_threads == self.space.inter_op_threads[0]
+            and c.batch_timeout_ms in timeouts
+        ]
+
+    def _held_back(self, arrivals: Arrivals) -> str:
+        """When a candidate the core budget held back would have cleared the gate, tell the
+        budget this model wants the cores (another model may yield them)."""
+        if not self._blocked or self.budget is None or self.incumbent is None:
+            return ""
+        verdict = decide(
+            self.queue_model, arrivals, self.incumbent, self._blocked, self.settings.gate
+        )
+        if verdict.candidate is None:
+            return ""
+        self.budget.want(self.model, threads_of(verdict.candidate))
+        return f"; {verdict.candidate} would clear the gate, but the core budget holds it back"
+
+    def _yield_to(self, threads: int, arrivals: Arrivals) -> Step | None:
+        """Come down to ``threads`` for another model the budget says wants the cores: the best
+        configuration within them predicted to meet the SLO, kept unless measured violating it
+        (``rrl.agent.budget``); None when none is predicted to."""
+        assert self.incumbent is not None
+        limit = at_slo(self.objective, self.incumbent, self.settings.violating_fraction)
+        key = self._key()
+        within = [
+            c
+            for c in self._grid()
+            if threads_of(c) <= threads and not self.memory.was_rejected(key, c)
+        ]
+        gate = self.settings.gate
+        for config in screen(self.queue_model, arrivals, within, 1, gate.kappa):
+            p = self._predict(config, arrivals)
+            if p is not None and p.objective <= limit:
+                self.trial = Trial(
+                    self.incumbent,
+                    config,
+                    self._baseline,
+                    interleave=False,
+                    margin=self._trial_margin(),
+                    accept_below=limit,
+                )
+                reason = (
+                    f"core budget: another model wants cores or the cores are crowded, down to "
+                    f"{threads} thread(s); {config} predicted J {p.objective:.2f} within the SLO"
+                )
+                return Step(config, "yield", reason, p)
+        return None
+
+    # What the loop tells the rule (``rrl.agent.model_agent``: it applies, measures and ticks).
+
+    def begin(self, config: Knobs) -> None:
+        """The configuration in effect when the agent starts: the first incumbent."""
+        self.current = self.incumbent = self._applied = config
+        if self.budget is not None:
+            self.budget.report(self.model, config, 0.0)
+
+    def in_effect(self, config: Knobs) -> None:
+        """The knobs in effect as an interval begins. Knobs set by hand meanwhile (not what
+        this agent applied last) are the new incumbent, and a trial in progress is dropped."""
+        self.current = config
+        if config != self._applied:
+            self.incumbent = self._applied = config
+            self.trial = None
+
+    def applied(self, config: Knobs, rebuild: tuple[float, float] | None = None) -> None:
+        """``config`` is in effect now; ``rebuild``: (start, end) of the session rebuild it
+        took, which paces the next one."""
+        self.current = self._applied = config
+        if rebuild is not None:
+            started, ended = rebuild
+            self.last_rebuild_end, self.last_rebuild_s = ended, ended - started
+
+    def failed(self, step: Step, error: str, in_effect: Knobs) -> None:
+        """The gateway could not build ``step.config``: never proposed again, and a trial of it
+        lost in this state."""
+        self.tuner.exclude(step.config)
+        if self.trial is not None and step.config == self.trial.candidate:
+            self.memory.reject(self._key(), step.config)
+            self.trial = None
+        self._record(Decision(time.time(), self.model, "failed", step.config, self.workload, error))
+        self.current = self._applied = in_effect
+
+    def idle(self, reason: str) -> None:
+        """Too little traffic to measure: one 'idle' decision when the model goes quiet (not one
+        per interval); an idle model's share of the core budget is one thread, kept idle."""
+        if not self._idle and self.current is not None:
+            self._idle = True
+            if self.budget is not None:
+                self.budget.report(self.model, self.current, 0.0, busy_cores=0.0)
+            self._record(
+                Decision(time.time(), self.model, "idle", self.current, self.workload, reason)
+            )
+
+    def busy(self) -> None:
+        """Traffic enough to measure again."""
+        self._idle = False
+
+    def tick(self, now: float, stats: WindowStats, span_s: float) -> str | None:
+        """One tick's arrivals (``stats`` over the last ``span_s``): "state" if the workload
+        state changed, "wake" if a resting agent woke, else None."""
+        # Arrivals, not completions: completions read a building queue short.
+        state = self.monitor.update(now, stats.arrived, stats.arrived_rows)
+        self._tick_counts.append(stats.arrived * self.settings.tick_s / span_s)
+        self.load_kind.observe(stats.in_system)
+        changed = self.monitor.state is not None and state != self.workload
+        if changed and not self.load_kind.same_loop():
+            self.workload = state
+            # Counts from before a step would read the step itself as burstiness.
+            self._tick_counts.clear()
+            return "state"
+        surprise = self.rest.surprised(stats.arrived, stats.arrived_rows, span_s)
+        if surprise is not None:
+            self.wake(surprise)
+            return "wake"
+        return None
+
+    def workload_changed(self, config: Knobs, rebuilt: bool) -> None:
+        """Record the new workload state (running ``config``) and enter it."""
+        changes = self.monitor.changes
+        rate = changes[-1].rate_per_s if changes else self.monitor.rate_per_s
+        self._record(
+            Decision(
+                time.time(),
+                self.model,
+                "workload",
+                config,
+                self.workload,
+                f"rate {rate:.1f}/s",
+                rebuilt=rebuilt,
+            )
+        )
+        self._enter_state()
+
+    def not_measured(self, step: Step, event: str) -> None:
+        """An interval straddled a step (``event``: "state" or "wake"): not learned. A step that
+        moved the knobs (a trial's start or end above all) is logged all the same: the log must
+        say why the knobs moved."""
+        if step.kind in MOVES:
+            moved = "the workload changed" if event == "state" else "the load moved"
+            why = f"{step.reason} (not measured: {moved})"
+            self._record(
+                Decision(time.time(), self.model, step.kind, step.config, self.workload, why)
+            )
+
+    # Resting (``rrl.agent.resting``): nothing simulated while nothing moves.
+
+    def rest_step(self) -> Step | None:
+        """The step while resting (the incumbent, from the cache: nothing is simulated), or
+        None after waking because the load moved or the budget wants cores."""
+        if not self.rest.resting or self.incumbent is None or self.rest.state is None:
+            return None
+        if self.trial is not None or self._recall is not None or self._after is not None:
+            self.rest.wake()  # a trial or a recall was set from outside the rules: it runs
+            return None
+        rest = self.rest.state
+        arrivals = self.arrivals()
+        drift = abs(math.log2(max(arrivals.rate_per_s, 1e-3) / max(rest.rate_per_s, 1e-3)))
+        if rest.key != (self._key(), self.incumbent):
+            self.wake("the workload key or the incumbent changed")
+            return None
+        if drift > 0.5:
+            self.wake(f"rate {arrivals.rate_per_s:.1f}/s against {rest.rate_per_s:.1f}/s at rest")
+            return None
+        if self.budget is not None and self.budget.should_yield(self.model) is not None:
+            self.wake("the core budget asks for cores")
+            return None
+        if self.rest.due_for_recheck(time.monotonic()):
+            self._gated_at = -math.inf  # the gate asked again; a "no" rests again, longer
+            return None
+        reason = (
+            f"resting since {time.monotonic() - rest.since:.0f}s: the gate let nothing through "
+            f"at this load and the incumbent meets the SLO with margin; next window "
+            f"{rest.interval_s:g}s"
+        )
+        return Step(
+            self.incumbent, "exploit", reason, self.queue_model.cached(self.incumbent, arrivals)
+        )
+
+    def _after_incumbent_window(self, m: Measurement) -> None:
+        """Rest (or rest longer) after a window of the incumbent that met the SLO with margin,
+        once the gate concluded at this load; wake after one that did not."""
+        s = self.settings.rest
+        assert self.incumbent is not None
+        margin = m.p95_ms <= s.p95_fraction * self.objective.slo_ms and m.slo_violations == 0
+        if not margin:
+            self.wake(f"incumbent p95 {m.p95_ms:.1f}ms, {m.slo_violations} late: no margin")
+            return
+        if (worse := self.rest.degraded(m.p95_ms)) is not None:
+            self.wake(worse)
+            return
+        key = (self._key(), self.incumbent)
+        self.rest.note(key, m.p95_ms)
+        if s.enabled and (self.rest.resting or self._asked == key):
+            self.rest.begin(
+                time.monotonic(), self.monitor.rate_per_s, self.monitor.rows_per_request, key
+            )
+
+    def wake(self, reason: str) -> None:
+        """Back to the shortest interval, the gate asked at once; recorded when it rested."""
+        if self.rest.wake() and self.incumbent is not None:
+            self._gated_at = -math.inf
+            self._record(
+                Decision(time.time(), self.model, "wake", self.incumbent, self.workload, reason)
+            )
+
+    def _calibrate_pending(self) -> None:
+        """Calibrate the model with the windows whose prediction was not cached (simulated
+        here, in the worker thread or the model's process, never on the event loop)."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        asks = [(c, a, None) for c, a, _ in pending]
+        for (_, _, m), p in zip(pending, self.queue_model.predict_many(asks), strict=True):
+            if p is not None:
+                self.queue_model.calibrate(p, m)
+
+    def _predict(self, config: Knobs, arrivals: Arrivals | None = None) -> Prediction | None:
+        return self.queue_model.predict_many([(config, arrivals or self.arrivals(), None)])[0]
+
+    def arrivals(self) -> Arrivals:
+        """The arrival process now: the monitor's rate, burstiness from the counts per tick
+        (their index of dispersion, which is the gaps' squared CV for a renewal process)."""
+        return Arrivals(self.monitor.rate_per_s, self.dispersion(), self.monitor.rows_per_request)
+
+    def dispersion(self) -> float:
+        return index_of_dispersion(list(self._tick_counts))
+
+    def _key(self) -> StateKey:
+        return StateKey.of(self.workload or WorkloadState(0), self.dispersion())
+
+    def learn(
+        self,
+        step: Step,
+        measurement: Measurement,
+        rebuilt: bool = False,
+        *,
+        queued: tuple[int, int] = (0, 0),
+    ) -> Decision:
+        """Tell the tuner and the model what ran and what it gave; move the trial on. An
+        interval that drained a backlog (``queued``: the queue at its start and end) is
+        recorded but not learned (the drain rule). The online agent runs it in a worker
+        thread, as ``choose``: a trial's windows are normalised by predictions the model may
+        have to simulate."""
+        start, end = queued
+        self._draining = self._is_backlog(start) and end < start
+        if self._draining:
+            return self._record_drain(step, measurement, rebuilt, queued)
+        config = step.config
+        value = self.objective(config, measurement)
+        self._last_measured = (config, value)
+        if self.budget is not None:
+            busy = self.queue_model.busy_cores(config, measurement)
+            self.budget.report(self.model, config, measurement.rate_per_s, busy)
+        self.tuner.observe(config, measurement)
+        self._calibrate(config, measurement)
+        reason = step.reason
+        incumbent_window = False
+        outcome = self._trial_window(config, value, measurement)
+        if outcome is not None:
+            reason = f"{reason}; {outcome.reason}" if reason else outcome.reason
+        elif self.trial is None and config == self.incumbent:
+            self._incumbent_window(config, value, measurement.rate_per_s)
+            incumbent_window = True
+            # The model predicts an open-loop p95; a closed loop's value is another figure.
+            judged = self.queue_model.calibrated and not self.load_kind.closed
+            if step.predicted is not None and judged:
+                self.trust.judge(step.predicted.objective, step.predicted.sd, value)
+        decision = self._record(
+            Decision(
+                time.time(),
+                self.model,
+                step.kind,
+                config,
+                self.workload,
+                reason,
+                value,
+                measurement,
+                rebuilt,
+                step.predicted,
+                step.gate,
+            )
+        )
+        if incumbent_window:  # after the window's own record: rest longer, or wake
+            self._after_incumbent_window(measurement)
+        return decision
+
+    def _record_drain(
+        self, step: Step, measurement: Measurement, rebuilt: bool, queued: tuple[int, int]
+    ) -> Decision:
+        start, end = queued
+        reason = (
+            f"{step.kind}: queue {start} -> {end} requests, measured the backlog "
+            "draining (not learned)"
+        )
+        return self._record(
+            Decision(
+                time.time(),
+                self.model,
+                "drain",
+                step.config,
+                self.workload,
+                reason,
+                measurement=measurement,
+                rebuilt=rebuilt,
+                predicted=step.predicted,
+            )
+        )
+
+    def _calibrate(self, config: Knobs, measurement: Measurement) -> None:
+        """Only a cached prediction calibrates now; the rest at the next step that asks the
+        model anyway (``_calibrate_pending``, all in one call), none while resting."""
+        seen = Arrivals(measurement.rate_per_s, self.dispersion(), measurement.rows_per_request)
+        predicted = self.queue_model.cached(config, seen)
+        if predicted is not None:
+            self.queue_model.calibrate(predicted, measurement)
+        elif not self.rest.resting:
+            self._pending.append((config, seen, measurement))
+            del self._pending[: -self.queue_model.settings.residuals_kept]
+
+    def _trial_window(self, config: Knobs, value: float, m: Measurement) -> Outcome | None:
+        trial = self.trial
+        if trial is None:
+            return None
+        outcome = trial.record(config, value, m.rate_per_s, self._normalise)
+        if outcome is None and config == trial.candidate and value > self._unsafe_value(config):
+            outcome = Outcome(
+                "revert",
+                value,
+                math.nan,
+                m.rate_per_s,
+                f"{config} measured J {value:.2f}: beyond the safety limit, "
+                "reverted after one window",
+            )
+        if outcome is None:
+            return None
+        self.trial = None
+        self._since_trial = 0
+        key = self._key()
+        if outcome.verdict == "accept":
+            self.memory.reject(key, trial.incumbent)  # it lost: not tried again in this state
+            self.incumbent = trial.candidate
+            self.memory.remember(key, trial.candidate, outcome.candidate)
+            self._baseline = Window(trial.candidate, value, m.rate_per_s)
+            self._incumbent_values.clear()
+            self._after = ("accept", outcome.reason)
+        else:
+            self.memory.reject(key, trial.candidate)
+            self._after = ("revert", outcome.reason)
+        return outcome
+
+    def _incumbent_window(self, config: Knobs, value: float, rate: float) -> None:
+        self._baseline = Window(config, value, rate)
+        self._incumbent_values.append(value)
+        self._since_trial += 1
+        # A window straddling a step is measured at the old load but labelled with the new
+        # state until the monitor notices; remembering it would overwrite what that state
+        # learned (a trickle's first window relabelling a busy state's knobs).
+        if self.monitor.in_band(rate):
+            self.memory.remember(self._key(), config, value)
+
+    def value_of(self, config: Knobs, measurement: Measurement) -> float:
+        """The objective of a measured window; in a closed loop its time per request by
+        Little's law (``LoadKind.per_request_ms``) stands in for the p95 (the SLO's penalty for
+        late answers is kept)."""
+        per_request_ms = self.load_kind.per_request_ms(measurement.throughput_per_s)
+        if per_request_ms is not None:
+            measurement = replace(measurement, p95_ms=per_request_ms)
+        return self.objective(config, measurement)
+
+    def _normalise(self, config: Knobs, value: float, seen: float, common: float) -> float:
+        """``value`` measured at ``seen`` requests/s, expressed at ``common`` by the model's
+        ratio between the two rates (the same trace seed on both sides)."""
+        if seen <= 0 or common <= 0 or math.isclose(seen, common):
+            return value
+        if self.load_kind.closed:
+            # The same clients on both sides: the rate is what each configuration served, and
+            # a faster one has the higher rate by Little's law, not a heavier load to excuse.
+            return value
+        a = self.arrivals()
+        # Both at once, and in the model's process when it has one: a simulation here would
+        # hold the interpreter lock the gateway's event loop needs.
+        at_seen, at_common = self.queue_model.predict_many(
+            [(config, replace(a, rate_per_s=rate), 1) for rate in (seen, common)]
+        )
+        if at_seen is None or at_common is None or at_seen.objective <= 0:
+            return value
+        return value * at_common.objective / at_seen.objective
+
+    def _trial_margin(self) -> float:
+        """The noise of the incumbent's windows, at least ``trial_margin``."""
+        return relative_noise(list(self._incumbent_values), self.settings.trial_margin)
+
+    def _enter_state(self) -> None:
+        """A new workload state: the tuner moves to its table, a trial in progress is dropped
+        (its windows straddle two loads), and the configuration remembered for the state, if
+        any, runs next."""
+        assert self.workload is not None
+        self.tuner.set_workload(self.workload)
+        self._draining = False
+        self._baseline = None
+        self._incumbent_values.clear()
+        self._gated_at = -math.inf
+        self._asked = None
+        self.trust.reset()
+        self.load_kind.hold()
+        self.rest.wake()  # the "workload" decision says why
+        if self.trial is not None:
+            self.trial = None
+            self._after = ("revert", "workload changed during the trial: incumbent restored")
+        remembered = self.memory.recall(self._key())
+        if remembered is not None and remembered.config != self.incumbent:
+            self._recall = remembered.config
+            self._after = None
+
+    def _is_backlog(self, queued: int) -> bool:
+        s = self.settings
+        return queued >= max(s.min_backlog, self.monitor.rate_per_s * s.backlog_s)
+
+    def _incumbent_violates(self) -> bool:
+        last = self._last_measured
+        return (
+            last is not None
+            and last[0] == self.incumbent
+            and last[1] > at_slo(self.objective, last[0], self.settings.violating_fraction)
+        )
+
+    def _unsafe_value(self, config: Knobs) -> float:
+        return at_slo(self.objective, config, self.settings.unsafe_violation_fraction)
+
+    def _rebuild_allowed(self) -> bool:
+        return time.monotonic() >= self._next_rebuild_at()
+
+    def _next_rebuild_at(self) -> float:
+        s = self.settings
+        gap = max(s.min_rebuild_gap_s, self.last_rebuild_s / s.rebuild_duty)
+        return self.last_rebuild_end + gap
+
+    def _record(self, decision: Decision) -> Decision:
+        self.history.append(decision)
+        self.counts[decision.kind] = self.counts.get(decision.kind, 0) + 1
+        log.info("tuner %s %s", self.model, log_line(decision))
+        if self._on_record is not None:
+            self._on_record(decision)
+        return decision
+
+
+def _or_inf(value: float | None) -> float:
+    return math.inf if value is None else value

@@ -1,0 +1,148 @@
+"""A fair comparison of a candidate with the incumbent, on the same load, and the revert.
+
+A trial starts from the incumbent's last window (the baseline) and runs
+
+- for a candidate that changes request-level knobs only (no session rebuild): candidate,
+  incumbent, candidate: interleaved windows, so a drift of the load or of the machine hits
+  both sides alike;
+- for a candidate that rebuilds sessions: two candidate windows (switching back and forth
+  would rebuild four times), paired with the baseline.
+
+Windows at different arrival rates do not compare configurations, so every window's measured
+objective is normalised to the trial's common rate (the mean of its windows' rates) by the
+queueing model's own sensitivity to the rate: ``J * P(config, common) / P(config, seen)``,
+with P the model's prediction. The model's level may be off; its ratio between two nearby rates
+is what it knows best.
+
+Rules:
+
+- **revert within one window**: after the candidate's first window, if its normalised objective
+  is worse than the baseline's by more than the noise margin, the next window runs the
+  incumbent again: a worse candidate costs one window;
+- **accept**: at the end, the candidate's mean normalised objective beats the incumbent's by
+  more than the margin; otherwise the incumbent stays (a tie keeps what is known).
+
+The margin is ``max(min_margin, noise)``, noise the relative spread of the incumbent's recent
+windows.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from models.knobs import Knobs
+
+# (config, its measured objective, the rate it was measured at, the rate to express it at)
+Normalise = Callable[[Knobs, float, float, float], float]
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    config: Knobs
+    objective: float
+    rate_per_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    verdict: str  # "revert" | "accept" | "reject"
+    candidate: float
+    incumbent: float
+    rate_per_s: float
+    reason: str
+
+
+@dataclass
+class Trial:
+    incumbent: Knobs
+    candidate: Knobs
+    baseline: Window | None
+    interleave: bool
+    margin: float
+    predicted_gain: float = 0.0
+    accept_below: float | None = None
+    """A trial for the core budget (``rrl.agent.budget``): the candidate is kept unless it measures
+    above this objective (violating the SLO), whatever the incumbent did."""
+    windows: list[Window] = field(default_factory=list)
+
+    def schedule(self) -> list[Knobs]:
+        c, i = self.candidate, self.incumbent
+        return [c, i, c] if self.interleave else [c, c]
+
+    def next_config(self) -> Knobs:
+        return self.schedule()[min(len(self.windows), len(self.schedule()) - 1)]
+
+    def record(
+        self, config: Knobs, objective: float, rate: float, norm: Normalise
+    ) -> Outcome | None:
+        """One measured window of the trial; an outcome once the trial is decided."""
+        if config != self.next_config():  # chosen before the trial began: not part of it
+            return None
+        self.windows.append(Window(config, objective, rate))
+        if self.accept_below is not None:
+            return self._for_budget(objective, rate)
+        ours = [w for w in self.windows if w.config == self.candidate]
+        if len(self.windows) == 1 and self.baseline is not None:
+            cand, inc, common = self._compare(ours, [self.baseline], norm)
+            if cand > inc * (1 + self.margin):
+                return Outcome(
+                    "revert",
+                    cand,
+                    inc,
+                    common,
+                    f"{self.candidate} measured J {cand:.2f} against the incumbent's "
+                    f"{inc:.2f} at {common:.0f}/s: worse, reverted after one window",
+                )
+        if len(self.windows) < len(self.schedule()):
+            return None
+        theirs = [w for w in self.windows if w.config == self.incumbent]
+        if self.baseline is not None:
+            theirs.append(self.baseline)
+        if not theirs:  # no baseline and no incumbent window: nothing to compare with
+            return Outcome("reject", ours[-1].objective, float("nan"), rate, "no incumbent window")
+        cand, inc, common = self._compare(ours, theirs, norm)
+        accepted = cand < inc * (1 - self.margin)
+        what = "better: kept" if accepted else "not better by the margin: incumbent kept"
+        return Outcome(
+            "accept" if accepted else "reject",
+            cand,
+            inc,
+            common,
+            f"{self.candidate} J {cand:.2f} against {inc:.2f} over paired windows at "
+            f"{common:.0f}/s (margin {self.margin:.0%}): {what}",
+        )
+
+    def _for_budget(self, objective: float, rate: float) -> Outcome | None:
+        limit = self.accept_below
+        assert limit is not None
+        if objective > limit:
+            why = f"{self.candidate} measured J {objective:.2f} beyond the SLO's {limit:.2f}"
+            return Outcome("revert", objective, math.nan, rate, f"{why}: reverted")
+        if len(self.windows) < len(self.schedule()):
+            return None
+        why = f"{self.candidate} within the SLO (J {objective:.2f} <= {limit:.2f})"
+        return Outcome("accept", objective, math.nan, rate, f"{why}: cores yielded")
+
+    def _compare(
+        self, ours: list[Window], theirs: list[Window], norm: Normalise
+    ) -> tuple[float, float, float]:
+        everything = ours + theirs
+        common = sum(w.rate_per_s for w in everything) / len(everything)
+
+        def mean(ws: list[Window]) -> float:
+            values = [norm(w.config, w.objective, w.rate_per_s, common) for w in ws]
+            return sum(values) / len(values)
+
+        return mean(ours), mean(theirs), common
+
+
+def relative_noise(values: Sequence[float], floor: float) -> float:
+    """The relative standard deviation of an incumbent's windows, at least ``floor`` (and
+    ``floor`` itself before there are three)."""
+    if len(values) < 3:
+        return floor
+    mean = statistics.fmean(values)
+    return max(floor, statistics.stdev(values) / mean if mean > 0 else 0.0)

@@ -1,0 +1,261 @@
+"""Trace replay: a configuration's latencies predicted by running arrival times through a model
+of the gateway's batcher, fed with service times measured on this machine.
+
+The model, a few dozen lines that mimic the serving path:
+
+- **front end**: every request reaches the batcher ``per_request_s`` after it arrives (HTTP
+  parsing, decoding, the reply), a delay the same under every configuration;
+- **batcher**: a FIFO queue and ``concurrency`` instances. A free instance takes the oldest
+  waiting request; with a zero timeout it leaves at once with whatever is queued (up to the max
+  batch), otherwise it waits until the batch is full or the oldest request has waited the
+  timeout, but not while no further request is expected in what is left of that window (the
+  gateway's batcher: the arrival rate of the last 64 arrivals, pessimistically, times the wait
+  left, below one: ``batch_start``). A request that has already waited longer than the SLO
+  when its batch forms is refused (the gateway refuses what cannot meet its deadline), so it
+  costs no service time;
+- **service**: one batch of b rows takes a time drawn from those measured for the smallest
+  measured batch size >= b, with ``concurrency`` instances of the same thread setting busy at
+  once (so contention between instances is in the sample), plus ``per_batch_s`` of gateway
+  overhead (the executor crossing, concatenation, fanning results out).
+
+Latency is counted from the arrival to the end of the batch, as a device sees it minus the
+network. The model ignores that the front end and the instances share the cores (its capacity is
+calibrated instead, see ``ServiceTimes``); it is for ranking configurations, and a ranking is
+checked by running the best ones for real.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from models.knobs import Knobs
+
+ThreadSetting = tuple[int, int]  # (concurrency, intra-op threads)
+
+
+@dataclass(frozen=True)
+class ServiceTimes:
+    """Seconds per batch, sampled per thread setting and batch size, plus gateway overheads."""
+
+    samples: Mapping[ThreadSetting, Mapping[int, Sequence[float]]]
+    per_batch_s: float = 0.0
+    per_request_s: float = 0.0
+
+    def settings(self) -> list[ThreadSetting]:
+        return sorted(self.samples)
+
+    def batch_sizes(self, setting: ThreadSetting) -> list[int]:
+        return sorted(self.samples[setting])
+
+    def sampler(self, setting: ThreadSetting, seed: int) -> _Sampler:
+        return _Sampler(self.samples[setting], random.Random(seed))
+
+    def median_s(self, setting: ThreadSetting, rows: int) -> float:
+        sizes = self.batch_sizes(setting)
+        size = sizes[min(bisect.bisect_left(sizes, rows), len(sizes) - 1)]
+        return float(np.median(self.samples[setting][size]))
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "per_batch_ms": round(self.per_batch_s * 1e3, 4),
+            "per_request_ms": round(self.per_request_s * 1e3, 4),
+            "median_ms": {
+                f"{c}x{t}": {
+                    str(b): round(float(np.median(v)) * 1e3, 4) for b, v in sorted(by.items())
+                }
+                for (c, t), by in sorted(self.samples.items())
+            },
+        }
+
+
+@dataclass
+class _Sampler:
+    by_size: Mapping[int, Sequence[float]]
+    rng: random.Random
+    sizes: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.sizes = sorted(self.by_size)
+
+    def draw(self, rows: int) -> float:
+        i = min(bisect.bisect_left(self.sizes, rows), len(self.sizes) - 1)
+        size = self.sizes[i]
+        seconds = self.rng.choice(self.by_size[size])
+        # Rows beyond the largest measured batch: scale up linearly (an over-estimate).
+        return seconds * max(1.0, rows / size)
+
+
+def simulate(
+    arrivals_s: Sequence[float],
+    config: Knobs,
+    times: ServiceTimes,
+    *,
+    slo_s: float,
+    seed: int = 0,
+    serial: bool = False,
+) -> list[float]:
+    """Each request's latency in seconds (``inf``: refused) under ``config``.
+
+    ``serial``: the gateway's costs are paid on its one event loop, one batch at a time, not
+    as delays each instance pays in parallel: a batch forms only once the loop is free, and
+    holds it for ``per_batch_s`` plus ``per_request_s`` per request (its decoding, forming,
+    fan-out and replies, charged together when it forms) before its inference ends. So the
+    loop caps the throughput at any concurrency, and a lagging loop forms larger batches. The
+    agent's prediction (``rrl.agent.queueing``); ``benchmarks.tuner.serial_loop`` models the same
+    loop event by event, with the cores shared, for the bench's offline replay."""
+    ready = list(arrivals_s) if serial else _through_front_end(arrivals_s, times.per_request_s)
+    sampler = times.sampler((config.concurrency, config.intra_op_threads), seed)
+    max_batch = config.max_batch_size
+    timeout_s = config.batch_timeout_ms / 1000.0
+    n = len(ready)
+    latencies = [math.inf] * n
+    free = [0.0] * config.concurrency  # when each instance is next free (a heap)
+    loop_free = 0.0
+    head = 0
+    while head < n:
+        start = batch_start(ready, head, heapq.heappop(free), max_batch, timeout_s)
+        if serial:
+            start = max(start, loop_free)
+        # Requests that already waited out their deadline are refused, not served.
+        while head < n and start - arrivals_s[head] > slo_s:
+            head += 1
+        if head >= n:
+            break
+        end_of_batch = min(bisect.bisect_right(ready, start, lo=head), head + max_batch)
+        rows = max(end_of_batch - head, 1)
+        if serial:
+            loop_free = start + times.per_batch_s + rows * times.per_request_s
+            done = loop_free + sampler.draw(rows)
+        else:
+            done = start + sampler.draw(rows) + times.per_batch_s
+        for i in range(head, head + rows):
+            latencies[i] = done - arrivals_s[i]
+        head += rows
+        heapq.heappush(free, done)
+    return latencies
+
+
+RATE_WINDOW = 64
+"""Arrivals the gateway's batcher estimates the arrival rate from (``gateway.arrivals``)."""
+RATE_PRIOR = 3.0
+"""Arrivals it adds to what it watched: an upper estimate, so a short watch keeps the wait."""
+
+
+def batch_start(
+    ready: Sequence[float], head: int, free_at: float, max_batch: int, timeout_s: float
+) -> float:
+    """When an instance free at ``free_at`` leaves with the batch headed by ``ready[head]``: at
+    once with a zero timeout; else when the batch is full or ``timeout_s`` after the head's
+    arrival, but at once while fewer than one more request is expected in what is left of that
+    window (the gateway's batcher: a wait that cannot fill the batch only adds latency)."""
+    start = max(free_at, ready[head])
+    if timeout_s <= 0:
+        return start
+    n = len(ready)
+    deadline = ready[head] + timeout_s
+    last = head + max_batch - 1
+    leave = min(deadline, ready[last] if last < n else math.inf)
+    t = start
+    seen = bisect.bisect_right(ready, t, lo=head) - 1  # the last arrival by t
+    while t < leave:
+        if _rate_upper(ready, seen) * (deadline - t) < 1.0:
+            return t
+        seen += 1
+        if seen >= n:
+            break
+        t = ready[seen]
+    return max(start, leave)
+
+
+def _rate_upper(ready: Sequence[float], i: int) -> float:
+    """The arrival rate the batcher would see at ``ready[i]``: the last ``RATE_WINDOW``
+    arrivals plus the prior, over their span."""
+    j = max(0, i - RATE_WINDOW)
+    span = ready[i] - ready[j]
+    return (i - j + RATE_PRIOR) / span if span > 0 else math.inf
+
+
+def _through_front_end(arrivals_s: Sequence[float], per_request_s: float) -> list[float]:
+    """When each request reaches the batcher: after the front end's cost, as a delay. Not as a
+    queue: its cost is the same under every configuration, and a serial queue calibrated to the
+    whole machine's capacity (the load generator shares the cores) saturated at a burst that the
+    gateway measurably served, hiding every difference between configurations."""
+    return [a + per_request_s for a in arrivals_s]
+
+
+@dataclass(frozen=True)
+class Figures:
+    requests: int
+    p50_ms: float | None
+    p95_ms: float | None
+    violations: int
+
+    def objective(self, slo_ms: float, weight: float = 2.0) -> float:
+        """``rrl.tuners.objective.LatencyObjective``'s form: p95 plus a penalty per violating
+        share."""
+        if self.requests == 0:
+            return 0.0
+        p95 = self.p95_ms if self.p95_ms is not None else slo_ms
+        return p95 + weight * slo_ms * self.violations / self.requests
+
+
+def figures(latencies_s: Sequence[float] | np.ndarray, slo_s: float) -> Figures:
+    lat = np.asarray(latencies_s, dtype=np.float64)
+    served = lat[np.isfinite(lat)]
+    violations = int(np.count_nonzero(~np.isfinite(lat)) + np.count_nonzero(served > slo_s))
+    if served.size == 0:
+        return Figures(int(lat.size), None, None, violations)
+    p50, p95 = np.percentile(served, [50, 95]) * 1e3
+    return Figures(int(lat.size), round(float(p50), 3), round(float(p95), 3), violations)
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One configuration replayed over a trace: the whole trace and each phase."""
+
+    config: Knobs
+    overall: Figures
+    phases: tuple[Figures, ...]
+
+
+def score(
+    configs: Iterable[Knobs],
+    arrivals_s: Sequence[float],
+    phase_of: Sequence[int],
+    n_phases: int,
+    times: ServiceTimes,
+    *,
+    slo_s: float,
+    seed: int = 0,
+) -> list[Scored]:
+    """Every configuration replayed over the same arrivals, figures overall and per phase."""
+    phase = np.asarray(phase_of)
+    out = []
+    for config in configs:
+        lat = np.asarray(simulate(arrivals_s, config, times, slo_s=slo_s, seed=seed))
+        per_phase = tuple(figures(lat[phase == k], slo_s) for k in range(n_phases))
+        out.append(Scored(config, figures(lat, slo_s), per_phase))
+    return out
+
+
+def request_grid(
+    settings: Iterable[ThreadSetting],
+    batch_sizes: Sequence[int],
+    timeouts_ms: Sequence[float],
+) -> list[Knobs]:
+    """The request-level grid under each thread setting (batch 1 never waits, so only with
+    timeout 0)."""
+    return [
+        Knobs(b, t, c, intra, 1)
+        for c, intra in settings
+        for b in batch_sizes
+        for t in timeouts_ms
+        if b > 1 or t == 0
+    ]
