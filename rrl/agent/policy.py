@@ -608,7 +608,7 @@ class Policy:
         if self._draining:
             return self._record_drain(step, measurement, rebuilt, queued)
         config = step.config
-        value = self.objective(config, measurement)
+        value = self.value_of(config, measurement)
         self._last_measured = (config, value)
         if self.budget is not None:
             busy = self.queue_model.busy_cores(config, measurement)

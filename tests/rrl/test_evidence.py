@@ -198,6 +198,10 @@ def test_a_closed_loops_window_is_valued_by_littles_law_and_holds_ten_rounds() -
     assert policy.value_of(INCUMBENT, m) == policy.objective(INCUMBENT, window(64.0, 1000))
     assert policy.value_of(INCUMBENT, m) != open_value
     assert policy.load_kind.window_requests(policy.settings.min_requests) == 320
+    # What the agent learns from the window, trials and rests included, is that value.
+    decision = policy.learn(Step(INCUMBENT, "exploit"), m)
+    assert decision.objective == policy.objective(INCUMBENT, window(64.0, 1000))
+    assert policy._baseline is not None and policy._baseline.objective == decision.objective
 
 
 def test_the_measured_search_has_a_budget_of_trials_per_state() -> None:
