@@ -192,19 +192,20 @@ class Policy:
             self.settings.gate,
         )
         self.verdict, self._gated_at = verdict, time.monotonic()
-        candidate = verdict.candidate
+        candidate, not_tried = verdict.candidate, ""
         if candidate is None and self.settings.measured_search:
-            measured = self._measured_candidate(arrivals, verdict)
+            measured, why = self._measured_candidate(arrivals, verdict)
             if measured is not None:
                 key = self._key()
                 self._searched[key] = self._searched.get(key, 0) + 1
-                return self._start_trial(*measured, verdict, blind=True)
+                return self._start_trial(measured, why, verdict, blind=True)
+            not_tried = f"; {why}" if why else ""
         if candidate is None:
             held_back = self._held_back(arrivals)
             if self.queue_model.calibrated and verdict.considered and not held_back:
                 # Nothing to try at this load (and no cores wanted from the budget): rest.
                 self._asked = (self._key(), self.incumbent)
-            reason = verdict.reason + held_back
+            reason = verdict.reason + not_tried + held_back
             return Step(self.incumbent, "exploit", reason, verdict.incumbent, verdict)
         return self._start_trial(candidate, verdict.reason, verdict)
 
@@ -233,26 +234,28 @@ class Policy:
         )
         return Step(candidate, "explore", reason, verdict.best, verdict)
 
-    def _measured_candidate(self, arrivals: Arrivals, verdict: Verdict) -> tuple[Knobs, str] | None:
+    def _measured_candidate(self, arrivals: Arrivals, verdict: Verdict) -> tuple[Knobs | None, str]:
         """The next configuration to measure near the incumbent when the gate let nothing
         through: the agent rests only once every neighbour (``rrl.agent.evidence.neighbours``) lost
         a measured trial in this state, not on a prediction. In a closed loop (which the queueing
         model does not model) the closed-loop rule ranks them; once the model's predictions of
         the incumbent missed (``rrl.agent.evidence.ModelTrust``), the tuner's own estimates (region
         estimates from measurements) do; with a model whose predictions held, its optimistic
-        prediction does, and it may still veto a neighbour it predicts to violate the SLO.
-        None: none left to measure, the search's budget (``measured_trials``) spent in this state,
-        or the model's error not proven yet (open loop)."""
+        prediction does, and it still vetoes a neighbour it predicts to violate the SLO or to
+        lose to the incumbent even by its optimistic bound (the bound that has held for the
+        incumbent). (None, why not) when there is none: none left to measure, the search's budget
+        (``measured_trials``) spent in this state, every one ruled out by a model whose
+        predictions held, or the model's error not proven yet (open loop)."""
         assert self.incumbent is not None
         closed = self.load_kind.closed
         # An overloaded incumbent's windows never calibrate the model (refusals cap their
         # p95), so waiting for a proven model there would keep the overload for good.
         unproven = not self.queue_model.calibrated
         if not closed and unproven and not self._incumbent_violates():
-            return None
+            return None, ""
         key, budget = self._key(), self.budget
-        if self._searched.get(key, 0) >= self.settings.measured_trials:
-            return None
+        if (searched := self._searched.get(key, 0)) >= self.settings.measured_trials:
+            return None, f"the measured search ran its {searched} trials in this state"
         pool = [
             c
             for c in neighbours(self.space, self.incumbent, self.cores)
@@ -260,7 +263,7 @@ class Policy:
             and not (budget is not None and not budget.fits(self.model, c))
         ]
         if not pool:
-            return None
+            return None, "every neighbour lost a measured trial in this state"
         if closed:
             best, why = self._closed_loop_pick(pool)
         elif not self.trust.trusted or unproven:
@@ -271,10 +274,10 @@ class Policy:
                 because = "the incumbent violates the SLO and the model's error is not proven"
             why = f"{because}: candidates are tried on measurement"
         else:
-            safe = self._safe_pick(pool, arrivals, verdict)
-            if safe is None:
-                return None
-            best, why = safe
+            pick, why = self._safe_pick(pool, arrivals, verdict)
+            if pick is None:
+                return None, why
+            best = pick
         return best, f"measured search: {why}; {len(pool)} neighbour(s) untried here"
 
     def _closed_loop_pick(self, pool: list[Knobs]) -> tuple[Knobs, str]:
@@ -293,23 +296,32 @@ class Policy:
 
     def _safe_pick(
         self, pool: list[Knobs], arrivals: Arrivals, verdict: Verdict
-    ) -> tuple[Knobs, str] | None:
+    ) -> tuple[Knobs | None, str]:
         """The neighbour with the best optimistic prediction (``kappa`` deviations below its
-        objective) among those whose optimistic prediction still meets the SLO."""
+        objective) among those whose optimistic prediction meets the SLO and beats the
+        incumbent's prediction: a gain is possible within what the model has proven of its
+        error. In the open loop every trial window of a worse configuration is paid for in the
+        devices' tail latency, so one the model rules out is not measured. (None, why) when
+        none is left."""
         inc = verdict.incumbent
         if inc is None:
-            return None
+            return None, ""
         kappa = self.settings.gate.kappa
         predicted = self.queue_model.predict_many([(c, arrivals, 1) for c in pool])
         safe = [
             (p.objective - kappa * p.sd, c, p)
             for c, p in zip(pool, predicted, strict=True)
             if p is not None
+            and p.objective - kappa * p.sd < inc.objective
             and p.objective - kappa * p.sd
             <= at_slo(self.objective, c, self.settings.violating_fraction)
         ]
         if not safe:
-            return None
+            return None, (
+                f"not tried: {len(pool)} untried neighbour(s) predicted no better than the "
+                f"incumbent's J {inc.objective:.2f} even {kappa:g} sd below (the model's error, "
+                f"{self.queue_model.error_ms():.2f}ms, proven on the incumbent's windows)"
+            )
         _, best, p = min(safe, key=lambda h: (h[0], h[1]))
         return best, (
             f"{verdict.reason}; {best} predicted J {p.objective:.2f} +- {kappa * p.sd:.2f} "

@@ -7,12 +7,14 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 
 from models.knobs import Knobs
 from rrl.agent.budget import CoreBudget, threads_of
 from rrl.agent.decisions import Step
 from rrl.agent.evidence import LoadKind, ModelTrust, closed_loop_latency_ms, neighbours
 from rrl.agent.policy import Policy
+from rrl.agent.queueing import Arrivals, Prediction
 from rrl.agent.settings import AgentSettings
 from rrl.tuners.measurement import Measurement
 from rrl.tuners.space import ConfigSpace
@@ -260,3 +262,33 @@ def test_an_overloaded_incumbent_is_searched_on_measurement_before_the_model_is_
     calm.monitor.update(now, 300)
     calm.learn(Step(INCUMBENT, "exploit"), window(5.0))
     assert calm.choose().kind == "exploit"
+
+
+def test_a_trusted_model_rules_out_neighbours_that_cannot_beat_the_incumbent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a model whose predictions of the incumbent held, the measured search tries only a
+    neighbour whose optimistic prediction beats the incumbent's; once that one lost, it rests
+    and says why, naming the model's proven error."""
+    policy = calibrated_policy()
+    plausible, *hopeless = neighbours(SPACE, INCUMBENT, 2)
+
+    def scripted(
+        asks: list[tuple[Knobs, Arrivals, int | None]], length: int | None = None
+    ) -> list[Prediction]:
+        def objective(config: Knobs) -> float:
+            return 10.0 if config == INCUMBENT else 10.5 if config == plausible else 30.0
+
+        return [Prediction(c, objective(c), 0.0, objective(c), 1.0, True) for c, _, _ in asks]
+
+    monkeypatch.setattr(policy.queue_model, "predict_many", scripted)
+    step = policy.choose()
+    assert step.kind == "explore" and step.config == plausible, step.reason
+    assert "measured search" in step.reason
+    policy.memory.reject(policy._key(), plausible)  # it lost its trial
+    policy.trial = None
+    step = policy.choose()
+    assert step.kind == "exploit" and step.config == INCUMBENT
+    assert f"not tried: {len(hopeless)} untried neighbour(s)" in step.reason
+    assert "proven on the incumbent's windows" in step.reason
+    assert policy._asked == (policy._key(), INCUMBENT)  # the rest may begin
