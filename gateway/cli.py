@@ -160,6 +160,12 @@ def main(argv: list[str] | None = None) -> int:
         from rrl.cli import main as tuning_main
 
         return tuning_main(argv)
+    if argv[:2] == ["bench", "find"]:
+        # Its own selection of models, loads and starts (`iotgw bench find --help`): a whole
+        # run takes hours, so one load is measured on its own.
+        from benchmarks.find.run import cli as find_cli
+
+        return find_cli(argv[2:])
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return _run_serve(args)

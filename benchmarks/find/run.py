@@ -234,7 +234,7 @@ def main(quick: bool = False, out_dir: Path | None = None) -> int:
 
 
 def cli(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.find", description=__doc__)
+    p = argparse.ArgumentParser(prog="iotgw bench find", description=__doc__)
     p.add_argument("--quick", action="store_true", help="seconds, to check it still works")
     p.add_argument("--out", type=Path, help="results directory (default benchmarks/results)")
     p.add_argument("--models", help="comma-separated subset of sensor_mlp,vision_cnn")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from benchmarks.find.report import best_static, finalists, settle_s, summarize
 from benchmarks.wrk import parse_wrk
 from models.knobs import Knobs
@@ -102,3 +104,19 @@ def test_wrk_figures_are_read_from_its_done_hook_and_failures_counted() -> None:
     r = parse_wrk(out, 32)
     assert r.requests == 7000 and r.failed == 43 and r.rate_per_s == 695.7
     assert (r.p50_ms, r.p99_ms) == (4.1, 53.0)
+
+
+def test_iotgw_bench_find_takes_its_own_selection(capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's `iotgw bench find --models ... --loads ...` reaches the benchmark's own
+    options (the other benchmarks take only --quick and --out)."""
+    from gateway.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "find", "--help"])
+    assert exit_.value.code == 0
+    usage = capsys.readouterr().out
+    assert usage.startswith("usage: iotgw bench find")
+    assert all(option in usage for option in ("--models", "--loads", "--starts", "--repeats"))
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "find", "--no-such-option"])
+    assert exit_.value.code == 2
