@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from benchmarks.find.plan import TARGET_P99, TARGET_SETTLE_S, TARGET_THROUGHPUT, WITHIN
+from benchmarks.judging import judge
 from models.knobs import Knobs
 
 
@@ -88,25 +89,6 @@ def settle_s(run: dict[str, Any], best: float, closed: bool, floor: float) -> fl
     return None if settled is None else round(settled, 1)
 
 
-def _judge(value: float | None, target: float, floor: float | None, above: bool) -> str:
-    """met or missed when the figure clears the target even after the noise floor (the best
-    static measured twice, larger over smaller) moves it either way; unresolved when it lies
-    within the floor of the target: the machine cannot tell the two apart."""
-    if value is None:
-        return "missed: no figure"
-    f = floor or 1.0
-    low, high = value / f, value * f
-    if above:
-        met, missed = low >= target, high < target
-    else:
-        met, missed = high <= target, low > target
-    if met:
-        return "met"
-    if missed:
-        return "missed"
-    return f"unresolved: within the noise floor ({f:.3f}x between the same knobs twice)"
-
-
 def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     statics = {r["model"]: r for r in runs if r["kind"] == "static"}
     by: dict[str, dict[str, Any]] = {}
@@ -145,12 +127,14 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {
         "worst_throughput_vs_best_static": None if worst_t is None else round(worst_t[0], 4),
         "throughput_noise_floor": t_floor,
-        "throughput_target": _judge(
-            None if worst_t is None else worst_t[0], TARGET_THROUGHPUT, t_floor, above=True
+        "throughput_target": judge(
+            None if worst_t is None else worst_t[0], TARGET_THROUGHPUT, t_floor, at_least=True
         ),
         "worst_p99_vs_best_static": None if worst_p is None else round(worst_p[0], 4),
         "p99_noise_floor": p_floor,
-        "p99_target": _judge(None if worst_p is None else worst_p[0], TARGET_P99, p_floor, False),
+        "p99_target": judge(
+            None if worst_p is None else worst_p[0], TARGET_P99, p_floor, at_least=False
+        ),
         "worst_settle_s": worst_settle,
         "settle_never": never,
         "settle_target": "missed: some run never settled"
