@@ -32,6 +32,9 @@ SCALES_SUFFIX = ".scales"
 # safetensors' own limit on the JSON header; a larger claimed length is a corrupt file.
 MAX_HEADER_BYTES = 100_000_000
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+# The architecture kinds a checkpoint can hold (``architecture["kind"]``).
+ZOO_KIND = "zoo"  # a ModelSpec of the zoo, rebuilt for either runtime
+ONNX_KIND = "onnx"  # an imported ONNX graph, which only ONNX Runtime serves
 _SAFETENSORS_DTYPE = {
     "U8": "uint8",
     "I8": "int8",

@@ -32,7 +32,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from models import quant_onnx
 from models.checkpoint import Checkpoint, CheckpointError, QuantizedTensor, Tensor
-from models.checkpoint_kinds import ONNX_KIND
+from models.checkpoint_format import ONNX_KIND
 from models.importers.report import (
     ImportFailed,
     ImportReport,

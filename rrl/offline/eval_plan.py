@@ -1,11 +1,13 @@
-"""What an offline evaluation runs (models, tuners, seeds, budgets): shared by the evaluation
-(``rrl/offline/evaluate.py``) and its report (``rrl/offline/report.py``) without either importing
-the other."""
+"""What an offline evaluation runs (``iotgw tune --evaluate``): the models, tuners, seeds and
+budgets of a plan, and the full and quick plans. The evaluation (``rrl/offline/evaluate.py``),
+its figures (``eval_summary.py``) and its report (``report.py``) all read a plan."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from rrl.tuners.registry import TUNERS
 
 if TYPE_CHECKING:
     from rrl.offline.testbed import ProfileTable
@@ -28,3 +30,24 @@ class EvalPlan:
     def loads_of(self, table: ProfileTable) -> list[int]:
         every = range(len(table.loads))
         return list(every) if self.static_loads is None else [every[i] for i in self.static_loads]
+
+
+FULL_PLAN = EvalPlan(
+    models=("vision_cnn", "sensor_mlp"),
+    tuners=TUNERS,
+    seeds=20,
+    budget=480,  # 1.5x the 320-configuration dense grids: room for radius 0 to see them all
+    phase_length=150,
+    radii=(0.0, 1.0, 1.5, 2.0, 2.5, 3.0),
+    tradeoff_seeds=20,
+)
+QUICK_PLAN = EvalPlan(
+    models=("vision_cnn",),
+    tuners=TUNERS,
+    seeds=2,
+    budget=30,
+    phase_length=12,
+    radii=(1.0, 2.0),
+    tradeoff_seeds=2,
+    static_loads=(-2,),
+)

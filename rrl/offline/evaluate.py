@@ -32,7 +32,7 @@ from threadpoolctl import threadpool_limits
 
 from models.machine import usable_cores as _usable_cores
 from rrl.offline.episodes import WITHIN, Trace, measurements_to_within, run_shifting, run_static
-from rrl.offline.eval_plan import EvalPlan
+from rrl.offline.eval_plan import FULL_PLAN, QUICK_PLAN, EvalPlan
 from rrl.offline.eval_summary import (
     FIRST,
     aggregate,
@@ -47,27 +47,6 @@ from rrl.tuners.objective import make_objective
 from rrl.tuners.registry import DESCRIPTIONS, TUNERS, build_tuner
 
 NAME = "tuner_eval"
-
-
-FULL_PLAN = EvalPlan(
-    models=("vision_cnn", "sensor_mlp"),
-    tuners=TUNERS,
-    seeds=20,
-    budget=480,  # 1.5x the 320-configuration dense grids: room for radius 0 to see them all
-    phase_length=150,
-    radii=(0.0, 1.0, 1.5, 2.0, 2.5, 3.0),
-    tradeoff_seeds=20,
-)
-QUICK_PLAN = EvalPlan(
-    models=("vision_cnn",),
-    tuners=TUNERS,
-    seeds=2,
-    budget=30,
-    phase_length=12,
-    radii=(1.0, 2.0),
-    tradeoff_seeds=2,
-    static_loads=(-2,),
-)
 
 
 @dataclass(frozen=True)
