@@ -42,7 +42,7 @@ import logging
 import multiprocessing
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -72,7 +72,8 @@ MODEL_NICENESS = 10
 class ModelAgent:
     """The decision loop of one model: applies what its rule (``policy``, a
     ``rrl.agent.policy.Policy``) chooses, measures it through the control protocol, tells the
-    rule what happened, and publishes every decision."""
+    rule what happened, and publishes every decision. ``clock`` and ``sleep`` time the loop (a
+    test's controlled ones; the queueing model's simulations take no time on them)."""
 
     def __init__(
         self,
@@ -89,7 +90,10 @@ class ModelAgent:
         priors: Callable[[Objective, MonitorSettings], Priors] | None = None,
         budget: CoreBudget | None = None,
         model_pool: Executor | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
+        self._clock, self._sleep = clock, sleep
         self.policy = Policy(
             model,
             space=space,
@@ -99,6 +103,7 @@ class ModelAgent:
             seed=seed,
             budget=budget,
             on_record=self._recorded,
+            clock=clock,
         )
         self.model = model
         self.space = space
@@ -112,7 +117,7 @@ class ModelAgent:
         self._cpu_clock = cpu_clock
         self._priors = priors
         self._service_fresh = False
-        self._last_tick = time.monotonic()
+        self._last_tick = self._clock()
         self.started = asyncio.Event()
         """Set once the priors are loaded (or not) and the start configuration applied."""
         self._snapshot: dict[str, Any] = self._build_snapshot()
@@ -145,7 +150,7 @@ class ModelAgent:
         await asyncio.get_running_loop().run_in_executor(pool, int)
         await self._apply_start()
         self.policy.begin(self._in_effect())
-        self._last_tick = time.monotonic()
+        self._last_tick = self._clock()
         self._snapshot = self._build_snapshot()
         self.started.set()
         while True:
@@ -155,7 +160,7 @@ class ModelAgent:
                 raise
             except Exception:
                 log.exception("tuner %s: interval failed; retrying", self.model)
-                await asyncio.sleep(self.settings.max_interval_s)
+                await self._sleep(self.settings.max_interval_s)
 
     def _in_effect(self) -> Knobs:
         return current_config(self.control, self.model, self.space)
@@ -201,7 +206,7 @@ class ModelAgent:
 
     async def _measure_interval(self, step: Step, rebuilt: bool) -> None:
         s, policy = self.settings, self.policy
-        applied_at = time.monotonic()
+        applied_at = self._clock()
         cpu_start = self._cpu_clock()
         queued_at_start = self._queue_depth()
         measurement, event = await self._collect(applied_at)
@@ -215,7 +220,7 @@ class ModelAgent:
             policy.idle(f"fewer than {s.min_requests} requests in {s.max_interval_s:g}s")
             return
         if policy.objective.name == "cost":
-            cpu = (self._cpu_clock() - cpu_start) / max(time.monotonic() - applied_at, 1e-9)
+            cpu = (self._cpu_clock() - cpu_start) / max(self._clock() - applied_at, 1e-9)
             measurement = replace(measurement, cpu_cores=cpu)
         queued = (queued_at_start, self._queue_depth())
         # In a thread, as choosing is: a trial's window is normalised by the model's
@@ -243,7 +248,7 @@ class ModelAgent:
         while True:
             if event := await self._tick():
                 return None, event
-            elapsed = time.monotonic() - applied_at
+            elapsed = self._clock() - applied_at
             window = elapsed - s.settle_s
             if elapsed >= interval and window > 0:
                 m = measure(self.control, self.model, window)
@@ -251,12 +256,12 @@ class ModelAgent:
                     return m, None
             if elapsed >= max(s.max_interval_s, interval):
                 return None, None
-            await asyncio.sleep(s.tick_s)
+            await self._sleep(s.tick_s)
 
     async def _watch(self, seconds: float) -> None:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            await asyncio.sleep(self.settings.tick_s)
+        end = self._clock() + seconds
+        while self._clock() < end:
+            await self._sleep(self.settings.tick_s)
             current = self.policy.current
             if await self._tick() == "state" and current is not None:
                 self.policy.workload_changed(current, False)
@@ -264,7 +269,7 @@ class ModelAgent:
     async def _tick(self) -> str | None:
         """Feed the rule the arrivals since the last tick; "state" if the workload state
         changed, "wake" if a resting agent woke (``rrl.agent.resting``)."""
-        now = time.monotonic()
+        now = self._clock()
         span = now - self._last_tick
         if span < self.settings.tick_s * 0.5:
             return None
@@ -278,9 +283,9 @@ class ModelAgent:
         current = self.policy.current
         assert current is not None
         rebuild = needs_rebuild(current, config)
-        started = time.monotonic()
+        started = self._clock()
         applied = self.space.snap(await self.control.set_knobs(self.model, None, config))
-        self.policy.applied(applied, (started, time.monotonic()) if rebuild else None)
+        self.policy.applied(applied, (started, self._clock()) if rebuild else None)
         return rebuild, applied
 
     def snapshot(self, *, decisions: int = 20, estimates: int = 10) -> dict[str, Any]:
@@ -346,7 +351,7 @@ class ModelAgent:
             "rest": None
             if rest is None
             else {
-                "since_s": round(time.monotonic() - rest.since, 1),
+                "since_s": round(self._clock() - rest.since, 1),
                 "rate_per_s": round(rest.rate_per_s, 2),
                 "interval_s": rest.interval_s,
             },

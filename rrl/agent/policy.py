@@ -74,7 +74,8 @@ MOVES = frozenset({"explore", "compare", "accept", "revert", "recall", "yield"})
 class Policy:
     """The decision rule of one model's agent (see the module docstring). ``budget``: the core
     budget the gateway's models share; ``on_record``: called with every decision once it is
-    recorded (the agent publishes it)."""
+    recorded (the agent publishes it); ``clock``: the monotonic clock every pace and rest is
+    timed by (a test's controlled one)."""
 
     def __init__(
         self,
@@ -87,8 +88,10 @@ class Policy:
         seed: int = 0,
         budget: CoreBudget | None = None,
         on_record: Callable[[Decision], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.model = model
+        self._clock = clock
         self.settings = s = settings or AgentSettings()
         if s.algorithm not in ONLINE_TUNERS:
             raise ValueError(f"unknown online tuner {s.algorithm!r}; known: {ONLINE_TUNERS}")
@@ -172,7 +175,7 @@ class Policy:
             if step is not None:
                 return step
         urgent = self._incumbent_violates()
-        recent = time.monotonic() - self._gated_at < self.settings.gate_every_s
+        recent = self._clock() - self._gated_at < self.settings.gate_every_s
         if recent and not urgent and self.verdict is not None:
             reason = f"gate asked {self.settings.gate_every_s:g}s ago: {self.verdict.reason}"
             return Step(self.incumbent, "exploit", reason, self._predict(self.incumbent, arrivals))
@@ -191,7 +194,7 @@ class Policy:
             self._candidates(arrivals),
             self.settings.gate,
         )
-        self.verdict, self._gated_at = verdict, time.monotonic()
+        self.verdict, self._gated_at = verdict, self._clock()
         candidate, not_tried = verdict.candidate, ""
         if candidate is None and self.settings.measured_search:
             measured, why = self._measured_candidate(arrivals, verdict)
@@ -221,7 +224,7 @@ class Policy:
         assert self.incumbent is not None
         rebuild = needs_rebuild(self.incumbent, candidate)
         if rebuild and not self._incumbent_violates() and not self._rebuild_allowed():
-            wait = self._next_rebuild_at() - time.monotonic()
+            wait = self._next_rebuild_at() - self._clock()
             reason = f"{candidate} waits {wait:.1f}s for the rebuild pace ({reason})"
             return Step(self.incumbent, "hold", reason, verdict.incumbent, verdict)
         self.trial = Trial(
@@ -334,7 +337,7 @@ class Policy:
         put beyond ``explore_regret`` x the incumbent and what lost a trial in this state."""
         assert self.incumbent is not None
         key = self._key()
-        now = time.monotonic()
+        now = self._clock()
         at, last_key, bucket = self._screened
         if (
             now - at > self.settings.screen_every_s
@@ -538,11 +541,11 @@ class Policy:
         if self.budget is not None and self.budget.should_yield(self.model) is not None:
             self.wake("the core budget asks for cores")
             return None
-        if self.rest.due_for_recheck(time.monotonic()):
+        if self.rest.due_for_recheck(self._clock()):
             self._gated_at = -math.inf  # the gate asked again; a "no" rests again, longer
             return None
         reason = (
-            f"resting since {time.monotonic() - rest.since:.0f}s: the gate let nothing through "
+            f"resting since {self._clock() - rest.since:.0f}s: the gate let nothing through "
             f"at this load and the incumbent meets the SLO with margin; next window "
             f"{rest.interval_s:g}s"
         )
@@ -566,7 +569,7 @@ class Policy:
         self.rest.note(key, m.p95_ms)
         if s.enabled and (self.rest.resting or self._asked == key):
             self.rest.begin(
-                time.monotonic(), self.monitor.rate_per_s, self.monitor.rows_per_request, key
+                self._clock(), self.monitor.rate_per_s, self.monitor.rows_per_request, key
             )
 
     def wake(self, reason: str) -> None:
@@ -802,7 +805,7 @@ class Policy:
         return at_slo(self.objective, config, self.settings.unsafe_violation_fraction)
 
     def _rebuild_allowed(self) -> bool:
-        return time.monotonic() >= self._next_rebuild_at()
+        return self._clock() >= self._next_rebuild_at()
 
     def _next_rebuild_at(self) -> float:
         s = self.settings

@@ -20,10 +20,15 @@ Rules:
   is worse than the baseline's by more than the noise margin, the next window runs the
   incumbent again: a worse candidate costs one window;
 - **accept**: at the end, the candidate's mean normalised objective beats the incumbent's by
-  more than the margin; otherwise the incumbent stays (a tie keeps what is known).
+  more than the margin; otherwise the incumbent stays (a tie keeps what is known);
+- **extend**: a candidate ahead at the end but not by the margin runs another round (one more
+  window a side, or one more candidate window after a rebuild), up to ``max_windows``: the
+  margin is for one window a side and shrinks as the means hold more windows (by the standard
+  error of a difference of means, ``sqrt((1/n_c + 1/n_i) / 2)``), so a gain smaller than one
+  window's noise is resolved by measuring longer rather than given up.
 
 The margin is ``max(min_margin, noise)``, noise the relative spread of the incumbent's recent
-windows.
+windows (twice that for a candidate no prediction stands behind, ``rrl.agent.policy``).
 """
 
 from __future__ import annotations
@@ -66,11 +71,22 @@ class Trial:
     accept_below: float | None = None
     """A trial for the core budget (``rrl.agent.budget``): the candidate is kept unless it measures
     above this objective (violating the SLO), whatever the incumbent did."""
+    max_windows: int = 8
+    """Windows a trial extended round by round may run at most."""
     windows: list[Window] = field(default_factory=list)
+    rounds: int = 0
+    """Rounds added to the first schedule while the candidate led without clearing the margin."""
 
     def schedule(self) -> list[Knobs]:
         c, i = self.candidate, self.incumbent
-        return [c, i, c] if self.interleave else [c, c]
+        if self.interleave:
+            return [c, i, c, *([i, c] * self.rounds)]
+        return [c, c, *([c] * self.rounds)]
+
+    def margin_for(self, candidate_windows: int, incumbent_windows: int) -> float:
+        """The relative gain a difference of two means over these many windows must clear."""
+        n_c, n_i = max(candidate_windows, 1), max(incumbent_windows, 1)
+        return self.margin * math.sqrt((1.0 / n_c + 1.0 / n_i) / 2.0)
 
     def next_config(self) -> Knobs:
         return self.schedule()[min(len(self.windows), len(self.schedule()) - 1)]
@@ -104,15 +120,20 @@ class Trial:
         if not theirs:  # no baseline and no incumbent window: nothing to compare with
             return Outcome("reject", ours[-1].objective, float("nan"), rate, "no incumbent window")
         cand, inc, common = self._compare(ours, theirs, norm)
-        accepted = cand < inc * (1 - self.margin)
+        margin = self.margin_for(len(ours), len(theirs))
+        accepted = cand < inc * (1 - margin)
+        step = 2 if self.interleave else 1
+        if not accepted and cand < inc and len(self.schedule()) + step <= self.max_windows:
+            self.rounds += 1  # ahead, not yet by the margin: measure longer
+            return None
         what = "better: kept" if accepted else "not better by the margin: incumbent kept"
         return Outcome(
             "accept" if accepted else "reject",
             cand,
             inc,
             common,
-            f"{self.candidate} J {cand:.2f} against {inc:.2f} over paired windows at "
-            f"{common:.0f}/s (margin {self.margin:.0%}): {what}",
+            f"{self.candidate} J {cand:.2f} against {inc:.2f} over {len(ours)} and "
+            f"{len(theirs)} windows at {common:.0f}/s (margin {margin:.0%}): {what}",
         )
 
     def _for_budget(self, objective: float, rate: float) -> Outcome | None:
