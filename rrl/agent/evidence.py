@@ -173,20 +173,49 @@ def closed_loop_latency_ms(
     return 1000.0 * population / throughput
 
 
+AXES = ("max_batch_size", "batch_timeout_ms", "concurrency", "intra_op_threads")
+
+
+def _axis_values(space: ConfigSpace, name: str) -> Sequence[float]:
+    return {
+        "max_batch_size": space.batch_sizes,
+        "batch_timeout_ms": space.timeouts_ms,
+        "concurrency": space.concurrency,
+        "intra_op_threads": space.intra_op_threads,
+    }[name]
+
+
+def beyond(space: ConfigSpace, incumbent: Knobs, lead: Knobs, cores: int) -> Knobs | None:
+    """One notch further than ``lead`` in the direction it differs from ``incumbent`` (on one
+    axis only), within the cores: where a trial's candidate led without clearing the margin,
+    the gain may grow further along the same axis (a batch timeout that balances a closed
+    loop's clients over the instances is two notches from eager batching). None when they
+    differ on another number of axes, or the axis ends."""
+    moved = [a for a in AXES if getattr(lead, a) != getattr(incumbent, a)]
+    if len(moved) != 1:
+        return None
+    (name,) = moved
+    axis = _axis_values(space, name)
+    at = min(range(len(axis)), key=lambda i: abs(axis[i] - getattr(lead, name)))
+    was = min(range(len(axis)), key=lambda i: abs(axis[i] - getattr(incumbent, name)))
+    step = 1 if at > was else -1
+    if not 0 <= at + step < len(axis):
+        return None
+    further = space.snap(lead.with_changes({name: axis[at + step]}))
+    if further.concurrency * further.intra_op_threads > cores:
+        return None
+    return further
+
+
 def neighbours(space: ConfigSpace, incumbent: Knobs, cores: int) -> list[Knobs]:
     """One notch from ``incumbent`` on each axis (inter-op threads kept: the served graphs are
     chains), its instances and intra-op threads swapped, then the corners: the largest batch
     with every core in one instance's intra-op threads, and with one single-thread instance
     per core. On the grid, within the cores (instances x intra-op threads), nearest first, the
     incumbent left out."""
-    axes: dict[str, Sequence[float]] = {
-        "max_batch_size": space.batch_sizes,
-        "batch_timeout_ms": space.timeouts_ms,
-        "concurrency": space.concurrency,
-        "intra_op_threads": space.intra_op_threads,
-    }
     found: list[Knobs] = []
-    for name, axis in axes.items():
+    for name in AXES:
+        axis = _axis_values(space, name)
         value = getattr(incumbent, name)
         at = min(range(len(axis)), key=lambda i: abs(axis[i] - value))
         for step in (-1, 1):

@@ -52,7 +52,13 @@ from models.knobs import Knobs
 from models.window_stats import WindowStats
 from rrl.agent.budget import CoreBudget, threads_of
 from rrl.agent.decisions import Decision, Step, log_line
-from rrl.agent.evidence import LoadKind, ModelTrust, closed_loop_latency_ms, neighbours
+from rrl.agent.evidence import (
+    LoadKind,
+    ModelTrust,
+    beyond,
+    closed_loop_latency_ms,
+    neighbours,
+)
 from rrl.agent.gate import Verdict, decide, needs_rebuild, screen
 from rrl.agent.memory import StateKey, StateMemory
 from rrl.agent.queueing import Arrivals, Prediction, QueueModel
@@ -136,6 +142,8 @@ class Policy:
         self._pending: list[tuple[Knobs, Arrivals, Measurement]] = []
         self.trust = ModelTrust(kappa=s.gate.kappa)
         self._searched: dict[StateKey, int] = {}  # measured-search trials per state
+        # Per state, one notch beyond candidates that led without clearing the margin.
+        self._further: dict[StateKey, list[Knobs]] = {}
         self.load_kind = LoadKind()
 
     def choose(self, queued: int = 0) -> Step:
@@ -259,9 +267,12 @@ class Policy:
         key, budget = self._key(), self.budget
         if (searched := self._searched.get(key, 0)) >= self.settings.measured_trials:
             return None, f"the measured search ran its {searched} trials in this state"
+        # What lies beyond a candidate that led comes first: ties in the ranking go to it.
+        further = [c for c in self._further.get(key, []) if c != self.incumbent]
+        near = neighbours(self.space, self.incumbent, self.cores)
         pool = [
             c
-            for c in neighbours(self.space, self.incumbent, self.cores)
+            for c in dict.fromkeys([*further, *near])
             if not self.memory.was_rejected(key, c)
             and not (budget is not None and not budget.fits(self.model, c))
         ]
@@ -723,6 +734,10 @@ class Policy:
         else:
             self.memory.reject(key, trial.candidate)
             self._after = ("revert", outcome.reason)
+            led = outcome.verdict == "reject" and outcome.candidate < outcome.incumbent
+            further = beyond(self.space, trial.incumbent, trial.candidate, self.cores)
+            if led and further is not None:  # ahead, not by the margin: look one notch on
+                self._further.setdefault(key, []).append(further)
         return outcome
 
     def _incumbent_window(self, config: Knobs, value: float, rate: float) -> None:

@@ -12,10 +12,17 @@ import pytest
 from models.knobs import Knobs
 from rrl.agent.budget import CoreBudget, threads_of
 from rrl.agent.decisions import Step
-from rrl.agent.evidence import LoadKind, ModelTrust, closed_loop_latency_ms, neighbours
+from rrl.agent.evidence import (
+    LoadKind,
+    ModelTrust,
+    beyond,
+    closed_loop_latency_ms,
+    neighbours,
+)
 from rrl.agent.policy import Policy
 from rrl.agent.queueing import Arrivals, Prediction
 from rrl.agent.settings import AgentSettings
+from rrl.agent.trial import Trial
 from rrl.tuners.measurement import Measurement
 from rrl.tuners.space import ConfigSpace
 
@@ -292,3 +299,24 @@ def test_a_trusted_model_rules_out_neighbours_that_cannot_beat_the_incumbent(
     assert f"not tried: {len(hopeless)} untried neighbour(s)" in step.reason
     assert "proven on the incumbent's windows" in step.reason
     assert policy._asked == (policy._key(), INCUMBENT)  # the rest may begin
+
+
+def test_beyond_a_lead_is_one_notch_further_on_its_axis() -> None:
+    incumbent = Knobs(32, 0.0, 2, 1, 1)
+    # Eager to a 1 ms wait led: 2 ms next (SPACE's timeouts are 0, 1, 2, 4, 8 ms).
+    assert beyond(SPACE, incumbent, Knobs(32, 1.0, 2, 1, 1), cores=2) == Knobs(32, 2.0, 2, 1, 1)
+    assert beyond(SPACE, incumbent, Knobs(16, 0.0, 2, 1, 1), cores=2) == Knobs(8, 0.0, 2, 1, 1)
+    assert beyond(SPACE, incumbent, Knobs(32, 8.0, 2, 1, 1), cores=2) is None  # the axis ends
+    assert beyond(SPACE, incumbent, Knobs(16, 1.0, 2, 1, 1), cores=2) is None  # two axes moved
+    one = Knobs(32, 0.0, 1, 1, 1)
+    assert beyond(SPACE, one, Knobs(32, 0.0, 2, 1, 1), cores=2) is None  # 3 instances: too many
+
+
+def test_a_candidate_that_led_without_clearing_the_margin_is_followed_one_notch_on() -> None:
+    policy = calibrated_policy()
+    lead = Knobs(4, 1.0, 1, 1, 1)
+    policy.trial = Trial(INCUMBENT, lead, None, interleave=True, margin=0.5, max_windows=3)
+    for config, value in [(lead, 9.0), (INCUMBENT, 10.0), (lead, 9.0)]:
+        policy.learn(Step(config, "explore"), window(value))
+    assert policy.trial is None and policy.memory.was_rejected(policy._key(), lead)
+    assert policy._further[policy._key()] == [Knobs(4, 2.0, 1, 1, 1)]
