@@ -734,9 +734,9 @@ class Policy:
         else:
             self.memory.reject(key, trial.candidate)
             self._after = ("revert", outcome.reason)
-            led = outcome.verdict == "reject" and outcome.candidate < outcome.incumbent
+            led = outcome.verdict == "reject" and outcome.led_by_half_the_margin()
             further = beyond(self.space, trial.incumbent, trial.candidate, self.cores)
-            if led and further is not None:  # ahead, not by the margin: look one notch on
+            if led and further is not None:  # well ahead, not by the margin: one notch on
                 self._further.setdefault(key, []).append(further)
         return outcome
 

@@ -58,6 +58,14 @@ class Outcome:
     incumbent: float
     rate_per_s: float
     reason: str
+    margin: float = math.nan
+    """The relative gain the final comparison asked for."""
+
+    def led_by_half_the_margin(self) -> bool:
+        """Whether the candidate came out ahead by at least half of what it had to clear."""
+        if not self.incumbent > 0 or math.isnan(self.margin):
+            return False
+        return (self.incumbent - self.candidate) / self.incumbent >= self.margin / 2
 
 
 @dataclass
@@ -134,6 +142,7 @@ class Trial:
             common,
             f"{self.candidate} J {cand:.2f} against {inc:.2f} over {len(ours)} and "
             f"{len(theirs)} windows at {common:.0f}/s (margin {margin:.0%}): {what}",
+            margin,
         )
 
     def _for_budget(self, objective: float, rate: float) -> Outcome | None:

@@ -315,8 +315,17 @@ def test_beyond_a_lead_is_one_notch_further_on_its_axis() -> None:
 def test_a_candidate_that_led_without_clearing_the_margin_is_followed_one_notch_on() -> None:
     policy = calibrated_policy()
     lead = Knobs(4, 1.0, 1, 1, 1)
-    policy.trial = Trial(INCUMBENT, lead, None, interleave=True, margin=0.5, max_windows=3)
+    policy.trial = Trial(INCUMBENT, lead, None, interleave=True, margin=0.15, max_windows=3)
     for config, value in [(lead, 9.0), (INCUMBENT, 10.0), (lead, 9.0)]:
         policy.learn(Step(config, "explore"), window(value))
     assert policy.trial is None and policy.memory.was_rejected(policy._key(), lead)
     assert policy._further[policy._key()] == [Knobs(4, 2.0, 1, 1, 1)]
+
+
+def test_a_lead_within_the_noise_is_not_followed() -> None:
+    policy = calibrated_policy()
+    lead = Knobs(4, 1.0, 1, 1, 1)
+    policy.trial = Trial(INCUMBENT, lead, None, interleave=True, margin=0.5, max_windows=3)
+    for config, value in [(lead, 9.8), (INCUMBENT, 10.0), (lead, 9.8)]:
+        policy.learn(Step(config, "explore"), window(value))
+    assert policy.trial is None and not policy._further.get(policy._key())
