@@ -63,7 +63,8 @@ class Gateway:
         self.starts += 1
         argv = python_argv(
             "gateway.cli", "serve", "--model-repo", str(self.repo),
-            "--http-port", str(self.http_port), "--max-body-bytes", str(256 * 1024),
+            "--http-port", str(self.http_port), "--grpc-port", "0",
+            "--max-body-bytes", str(256 * 1024),
             "--broker", f"mqtt://127.0.0.1:{self.broker_port}",
             "--mqtt-client-id", GATEWAY_ID, "--no-tuner", "--log-level", "INFO",
         )  # fmt: skip

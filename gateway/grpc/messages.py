@@ -11,9 +11,11 @@ every service the server has.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
@@ -50,3 +52,24 @@ TFS_PREDICTION = "tensorflow.serving.PredictionService"
 TFS_MODEL = "tensorflow.serving.ModelService"
 HEALTH = "grpc.health.v1.Health"
 REFLECTION = "grpc.reflection.v1alpha.ServerReflection"
+
+
+class Malformed:
+    """What a request's bytes parse to when they are not a valid message: the handler refuses
+    it with INVALID_ARGUMENT (grpc would answer INTERNAL for a deserializer's exception, a
+    server fault, where the fault is the client's)."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+
+def parser(full_name: str) -> Callable[[bytes], Any]:
+    parse = message(full_name).FromString
+
+    def parse_or_refuse(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except DecodeError as exc:
+            return Malformed(f"the request is not a valid {full_name} message: {exc}")
+
+    return parse_or_refuse

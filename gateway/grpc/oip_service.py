@@ -17,7 +17,7 @@ import numpy as np
 from gateway import __version__
 from gateway.codecs.datatypes import dtype_label
 from gateway.edge import Edge
-from gateway.errors import GatewayError, ModelUnavailable
+from gateway.errors import BadRequest, GatewayError, ModelUnavailable
 from gateway.grpc import messages, oip_codec
 from gateway.grpc.status import DeadlinePassed, status_code, trailers
 from gateway.lifecycle import Readiness
@@ -54,6 +54,28 @@ async def guarded(edge: Edge, context: Context, model: str, call: Awaitable[_T])
         err = edge.reject(exc, phase="infer", model=model)
         await context.abort(status_code(err), err.message, trailing_metadata=trailers(err))
         raise AssertionError("unreachable: abort raises") from None
+
+
+def unary_handler(
+    edge: Edge, method: Callable[[Any, Context], Awaitable[Any]], request: str, reply: Any
+) -> grpc.RpcMethodHandler:
+    """A unary call's handler: its request parsed (bytes that are no such message are refused
+    with INVALID_ARGUMENT before ``method`` runs), its reply serialized."""
+
+    async def call(message: Any, context: Context) -> Any:
+        if isinstance(message, messages.Malformed):
+            await guarded(edge, context, "", _refuse(message))
+        return await method(message, context)
+
+    return grpc.unary_unary_rpc_method_handler(
+        call,
+        request_deserializer=messages.parser(request),
+        response_serializer=reply.SerializeToString,
+    )
+
+
+async def _refuse(malformed: messages.Malformed) -> None:
+    raise BadRequest(malformed.why)
 
 
 class InferenceServicer:
@@ -163,14 +185,17 @@ class InferenceServicer:
 
     async def _stream_reply(self, request: Any, context: Context) -> Any:
         try:
+            if isinstance(request, messages.Malformed):
+                raise BadRequest(request.why)
             return _ModelStreamInferResponse(infer_response=await self._infer(request, context))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            err = self.edge.reject(exc, phase="infer", model=request.model_name)
+            model = getattr(request, "model_name", "")  # none when it could not be parsed
+            err = self.edge.reject(exc, phase="infer", model=model)
             reply = _ModelStreamInferResponse(error_message=err.message)
-            reply.infer_response.model_name = request.model_name
-            reply.infer_response.id = request.id
+            reply.infer_response.model_name = model
+            reply.infer_response.id = getattr(request, "id", "")
             # What a unary call's trailers say, for clients that read more than the message.
             params = reply.infer_response.parameters
             params["grpc_status"].string_param = status_code(err).name
@@ -210,11 +235,7 @@ def method_handlers(servicer: InferenceServicer) -> dict[str, grpc.RpcMethodHand
     """The handlers of every call, by method name, with the messages' (de)serializers."""
 
     def unary(method: Callable[..., Any], request: str, reply: Any) -> grpc.RpcMethodHandler:
-        return grpc.unary_unary_rpc_method_handler(
-            method,
-            request_deserializer=_M(request).FromString,
-            response_serializer=reply.SerializeToString,
-        )
+        return unary_handler(servicer.edge, method, request, reply)
 
     s = servicer
     return {
@@ -232,7 +253,7 @@ def method_handlers(servicer: InferenceServicer) -> dict[str, grpc.RpcMethodHand
         ),
         "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(
             s.ModelStreamInfer,
-            request_deserializer=_M("inference.ModelInferRequest").FromString,
+            request_deserializer=messages.parser("inference.ModelInferRequest"),
             response_serializer=_ModelStreamInferResponse.SerializeToString,
         ),
         "RepositoryIndex": unary(

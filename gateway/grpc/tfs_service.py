@@ -19,13 +19,12 @@ from gateway.codecs.oip import convert_values, tensor_from_raw
 from gateway.edge import Edge
 from gateway.errors import BadRequest, ModelUnavailable, NotFound
 from gateway.grpc import messages
-from gateway.grpc.oip_service import TRANSPORT, Context, guarded
+from gateway.grpc.oip_service import TRANSPORT, Context, guarded, unary_handler
 from gateway.grpc.status import DeadlinePassed
 from gateway.service import InferenceService
 from gateway.types import InferenceRequest
 
 _M = messages.message
-_TensorProto = _M("tensorflow.TensorProto")
 _PredictResponse = _M("tensorflow.serving.PredictResponse")
 _GetModelMetadataResponse = _M("tensorflow.serving.GetModelMetadataResponse")
 _SignatureDefMap = _M("tensorflow.serving.SignatureDefMap")
@@ -228,11 +227,7 @@ def method_handlers(
     servicer: TfServingServicer,
 ) -> dict[str, dict[str, grpc.RpcMethodHandler]]:
     def unary(method: Callable[..., Any], request: str, reply: Any) -> grpc.RpcMethodHandler:
-        return grpc.unary_unary_rpc_method_handler(
-            method,
-            request_deserializer=_M(request).FromString,
-            response_serializer=reply.SerializeToString,
-        )
+        return unary_handler(servicer.edge, method, request, reply)
 
     s = servicer
     return {
