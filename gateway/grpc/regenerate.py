@@ -11,6 +11,7 @@ while the committed module differs from what this writes.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -36,23 +37,25 @@ def proto_files() -> list[str]:
 def descriptor_set() -> bytes:
     """protoc's serialized FileDescriptorSet of the protos (imports included)."""
     import grpc_tools
-    from grpc_tools import protoc
 
     well_known = Path(grpc_tools.__file__).with_name("_proto")
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "set.binpb"
-        code = protoc.main(
+        # In a process of its own: grpc_tools links a protobuf library of its own, which
+        # crashes a process that has loaded TensorFlow's.
+        subprocess.run(
             [
-                "protoc",
+                sys.executable,
+                "-m",
+                "grpc_tools.protoc",
                 f"-I{PROTOS}",
                 f"-I{well_known}",
                 "--include_imports",
                 f"--descriptor_set_out={out}",
                 *proto_files(),
-            ]
+            ],
+            check=True,
         )
-        if code != 0:
-            raise RuntimeError(f"protoc failed with exit code {code}")
         return out.read_bytes()
 
 
