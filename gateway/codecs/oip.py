@@ -372,6 +372,11 @@ def _parameters(value: Any, *, what: str) -> dict[str, Any]:
     return value
 
 
+def version_parameter(params: dict[str, Any]) -> int | None:
+    """The ``model_version`` parameter, for a request whose address names no version."""
+    return _version_param(params)
+
+
 def scheduling(params: dict[str, Any]) -> tuple[float | None, int]:
     """The request's time budget (``timeout``, ``deadline_unix_ms``) and ``priority`` from its
     parameters: one reading for every transport that carries Open Inference Protocol ones."""

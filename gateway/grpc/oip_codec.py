@@ -16,7 +16,13 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 
 from gateway.codecs.datatypes import dtype_label, numpy_dtype
 from gateway.codecs.limits import DecodeLimits
-from gateway.codecs.oip import convert_values, scheduling, tensor_from_raw, tensor_to_raw
+from gateway.codecs.oip import (
+    convert_values,
+    scheduling,
+    tensor_from_raw,
+    tensor_to_raw,
+    version_parameter,
+)
 from gateway.errors import BadRequest, GatewayError
 from gateway.grpc.messages import message
 from gateway.types import InferenceRequest, InferenceResponse
@@ -106,10 +112,11 @@ def _decode(
         elements += arr.size
         limits.check_elements(elements)
     outputs, raw_out = _requested_outputs(msg.outputs, limits, params, bool(raw))
-    version = msg.model_version
+    # The field as given (checked by the edge), else the parameter, which HTTP reads too.
+    version = int(msg.model_version) if msg.model_version else version_parameter(params)
     request = InferenceRequest(
         model=msg.model_name,
-        version=int(version) if version else None,
+        version=version,
         inputs=inputs,
         id=msg.id or None,
         outputs=outputs,

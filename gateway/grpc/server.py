@@ -208,6 +208,8 @@ class GrpcServer:
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", limit),
                 ("grpc.max_concurrent_streams", settings.max_streams_per_connection),
+                # Idle connections close as HTTP's keep-alive ones do (http.keepalive_timeout_s).
+                ("grpc.max_connection_idle_ms", round(http.keepalive_timeout_s * 1000)),
             ],
         )
         oip = oip_service.InferenceServicer(

@@ -159,3 +159,16 @@ def test_every_refusal_has_its_code(err: GatewayError, code: grpc.StatusCode) ->
         assert int(sent["retry-after-ms"]) == max(1, round(err.retry_after * 1000))
     else:
         assert "retry-after-ms" not in sent
+
+
+def test_the_model_version_parameter_is_read_as_over_http() -> None:
+    msg = _request()
+    msg.parameters["model_version"].string_param = "2"  # type: ignore[attr-defined]
+    request, _ = oip_codec.decode_request(msg, limits=LIMITS, deadline_s=None)
+    assert request.version == 2
+    msg.model_version = "1"  # type: ignore[attr-defined]
+    assert oip_codec.decode_request(msg, limits=LIMITS, deadline_s=None)[0].version == 1
+    msg.model_version = ""  # type: ignore[attr-defined]
+    msg.parameters["model_version"].string_param = "two"  # type: ignore[attr-defined]
+    with pytest.raises(BadRequest, match="model_version"):
+        oip_codec.decode_request(msg, limits=LIMITS, deadline_s=None)
