@@ -161,3 +161,23 @@ async def test_a_grpc_port_in_use_fails_the_start_naming_the_option(
         )
         with pytest.raises(StartupError, match="--grpc-port"):
             await Gateway(settings).start()
+
+
+async def test_no_grpc_leaves_the_port_alone(repo: Path, tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings = GatewaySettings.load(
+        http={"port": 0, "host": "127.0.0.1"},
+        grpc={"enabled": False, "port": port},
+        serving={"model_repo": repo, "cache_dir": tmp_path},
+        mqtt={"enabled": False},
+    )
+    gw = Gateway(settings)
+    await gw.start()
+    try:
+        assert gw.grpc is None
+        with socket.socket() as again:
+            again.bind(("127.0.0.1", port))  # nothing listens there
+    finally:
+        await gw.stop()
