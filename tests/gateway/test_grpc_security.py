@@ -1,7 +1,8 @@
-"""gRPC with the gateway's security and lifecycle: TLS from HTTP's certificate files, bearer
-tokens in the ``authorization`` metadata (inference and admin), health turning NOT_SERVING
-while the gateway drains, and a port in use refused at start. In-process gateways, asyncio
-clients on the same loop."""
+"""gRPC with the gateway's security, bounds and lifecycle: TLS from HTTP's certificate files,
+bearer tokens in the ``authorization`` metadata (inference and admin), a stream's bound on the
+requests it answers at once, health turning NOT_SERVING while the gateway drains, a port in use
+refused at start, and no port at all with gRPC off. In-process gateways, asyncio clients on the
+same loop."""
 
 from __future__ import annotations
 
@@ -179,5 +180,38 @@ async def test_no_grpc_leaves_the_port_alone(repo: Path, tmp_path: Path) -> None
         assert gw.grpc is None
         with socket.socket() as again:
             again.bind(("127.0.0.1", port))  # nothing listens there
+    finally:
+        await gw.stop()
+
+
+async def test_a_stream_answers_at_most_its_bound_at_once(repo: Path, tmp_path: Path) -> None:
+    """With one request in flight per stream, the next is read only once the previous one is
+    answered: the replies come back in the order sent, whatever each one's size."""
+    settings = GatewaySettings.load(
+        http={"port": 0, "host": "127.0.0.1"},
+        grpc={"port": 0, "stream_max_in_flight": 1},
+        serving={"model_repo": repo, "cache_dir": tmp_path},
+        mqtt={"enabled": False},
+    )
+    gw = Gateway(settings)
+    await gw.start(wait_ready=True)
+    try:
+        assert gw.grpc is not None
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.grpc.port}") as channel:
+            stream: Any = channel.stream_stream(
+                f"{_OIP}/ModelStreamInfer",
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=service_pb2.ModelStreamInferResponse.FromString,
+            )
+            requests = []
+            for i in range(24):
+                rows = 64 if i % 3 == 0 else 1  # big ones first in every three
+                request = service_pb2.ModelInferRequest(model_name=MODEL, id=f"r{i}")
+                request.inputs.add(name="features", datatype="FP32", shape=[rows, 32])
+                request.raw_input_contents.append(np.zeros((rows, 32), np.float32).tobytes())
+                requests.append(request)
+            call = stream(iter(requests), timeout=60)
+            ids = [reply.infer_response.id async for reply in call]
+        assert ids == [f"r{i}" for i in range(24)]
     finally:
         await gw.stop()
