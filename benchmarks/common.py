@@ -235,6 +235,24 @@ def process_cpu_seconds(pid: int) -> float | None:
 PROC_STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 
+def tree_cpu_seconds(root: int) -> float:
+    """CPU seconds of ``root`` and every process below it (the ingest processes)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        total += process_cpu_seconds(pid) or 0.0
+        todo.extend(children.get(pid, []))
+    return total
+
+
 def machine_cpu_seconds() -> dict[str, float] | None:
     """The whole machine's CPU seconds (all cores) by kind since boot, from /proc/stat's first
     line: ``PROC_STAT_FIELDS`` (guest time is already counted in user)."""

@@ -71,7 +71,18 @@ def _bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p = sub.add_parser("bench", help="run a benchmark (writes benchmarks/results/<name>.json)")
     p.add_argument(
         "name",
-        choices=["chaos", "find", "fuzz", "http", "ingest", "mqtt", "peers", "quant", "tuner"],
+        choices=[
+            "chaos",
+            "find",
+            "fuzz",
+            "grpc",
+            "http",
+            "ingest",
+            "mqtt",
+            "peers",
+            "quant",
+            "tuner",
+        ],
         help="which benchmark",
     )
     p.add_argument("--quick", action="store_true", help="a few seconds, to check it still works")

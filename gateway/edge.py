@@ -135,6 +135,12 @@ class Edge:
             model,
         )
 
+    async def run_decode(self, size: int, decode: Callable[[], _T], *, model: str) -> _T:
+        """``decode()`` for a message of ``size`` bytes that a transport has already parsed
+        (gRPC's protobuf): on the executor from ``offload_bytes`` on, its failures mapped as
+        ``decode_oip``'s are."""
+        return await self._run(size, decode, model)
+
     def reject(self, exc: BaseException, *, phase: Phase, model: str = "") -> GatewayError:
         """Map ``exc`` and count the refusal by reason (bounded label values: reasons and
         transports, never a client-chosen name)."""

@@ -16,6 +16,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -32,6 +33,9 @@ from gateway.service import InferenceService
 from gateway.settings import GatewaySettings
 from gateway.tuning import TuningService
 from models.repository import RepositoryError, scan_repository
+
+if TYPE_CHECKING:
+    from gateway.grpc.server import GrpcServer
 
 log = logging.getLogger("gateway")
 
@@ -83,6 +87,7 @@ class Gateway:
         self.mqtt: MqttAdapter | None = None
         self.http_port: int = settings.http.port
         self._http_in_flight = InFlight()
+        self.grpc: GrpcServer | None = None
         self.hub: IngestHub | None = None
         self.ingest: IngestSupervisor | None = None
         self._reserved: socket.socket | None = None
@@ -127,6 +132,8 @@ class Gateway:
             await self.hub.start()
             stack.push_async_callback(self.hub.close)
         await self._start_http(stack)
+        if self.settings.grpc.enabled:
+            await self._start_grpc(stack)
         self.readiness.require(models_check(self.service))
         self._loading = asyncio.create_task(self._load(), name="load-models")
         stack.push_async_callback(self._stop_loading)
@@ -175,6 +182,27 @@ class Gateway:
         self.readiness.require(lambda: None if self._http_listening else "http: not listening")
         scheme = "https" if http.tls_cert_file else "http"
         log.info("HTTP listening on %s://%s:%d", scheme, http.host, self.http_port)
+
+    async def _start_grpc(self, stack: contextlib.AsyncExitStack) -> None:
+        from gateway.grpc.server import GrpcServer  # grpcio only loads when gRPC is on
+
+        edge = Edge(
+            service=self.service,
+            executor=self.executor,
+            limits=self.settings.serving.decode_limits(),
+            transport="grpc",
+        )
+        server = GrpcServer(
+            settings=self.settings.grpc,
+            http=self.settings.http,
+            service=self.service,
+            edge=edge,
+            readiness=self.readiness,
+            executor=self.executor,
+        )
+        await server.start()
+        stack.push_async_callback(server.stop, _HTTP_CLOSE_S)
+        self.grpc = server
 
     async def _start_embedded_broker(self, stack: contextlib.AsyncExitStack) -> None:
         broker = embedded_broker(self.settings.mqtt, self.settings.serving.cache_dir)
@@ -291,10 +319,11 @@ class Gateway:
         self.readiness.shutting_down()
         if self.tuning is not None:
             await self.tuning.stop()  # no knob change may start while the gateway drains
-        mqtt_done, http_done, ingest_done = await asyncio.gather(
+        mqtt_done, http_done, ingest_done, grpc_done = await asyncio.gather(
             self._stop_mqtt(grace_s),
             self._http_in_flight.wait_idle(grace_s),
             self.ingest.stop(grace_s) if self.ingest is not None else _true(),
+            self.grpc.drain(grace_s) if self.grpc is not None else _true(),
         )
         if not ingest_done:
             log.warning("ingest processes did not all finish their requests within %.0f s", grace_s)
@@ -304,7 +333,7 @@ class Gateway:
                 self._http_in_flight.count,
                 grace_s,
             )
-        return mqtt_done and http_done
+        return mqtt_done and http_done and grpc_done
 
     async def _stop_mqtt(self, timeout_s: float) -> bool:
         task = self._mqtt_task
@@ -456,6 +485,8 @@ async def _until_loaded(gw: Gateway, stop: asyncio.Event) -> None:
     log.info("%d of %d model versions ready", ready, len(statuses))
     scheme = "https" if gw.settings.http.tls_cert_file else "http"
     log.info("ready: %s://%s:%d/v2", scheme, gw.settings.http.host, gw.http_port)
+    if gw.grpc is not None:
+        log.info("ready: gRPC on %s:%d", gw.settings.http.host, gw.grpc.port)
 
 
 def _start_failed(exc: Exception, settings: GatewaySettings) -> int:

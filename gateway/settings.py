@@ -100,6 +100,37 @@ class HttpSettings(BaseModel):
         return self
 
 
+class GrpcSettings(BaseModel):
+    """gRPC listens on http.host, with http's TLS files and tokens (gateway/grpc/server.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(
+        True,
+        description="Serve gRPC: the Open Inference Protocol, TF Serving's Predict, "
+        "grpc.health.v1 and reflection.",
+    )
+    port: int = Field(8001, ge=0, le=65535, description="gRPC port (0 picks a free one).")
+    max_message_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=1024,
+        description="Largest request (and reply) message; a bigger one gets RESOURCE_EXHAUSTED.",
+    )
+    max_concurrent_rpcs: int = Field(
+        1024, ge=1, description="Calls served at once; one more gets RESOURCE_EXHAUSTED."
+    )
+    max_streams_per_connection: int = Field(
+        128, ge=1, description="Calls open at once on one connection (HTTP/2 streams)."
+    )
+    stream_max_in_flight: int = Field(
+        64,
+        ge=1,
+        le=4096,
+        description="Requests of one ModelStreamInfer stream answered at once; the next is "
+        "read when one is answered.",
+    )
+
+
 class ServingSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -404,6 +435,7 @@ class GatewaySettings(BaseSettings):
     )
 
     http: HttpSettings = HttpSettings()
+    grpc: GrpcSettings = GrpcSettings()
     serving: ServingSettings = ServingSettings()
     mqtt: MqttSettings = MqttSettings()
     tuner: TunerSettings = TunerSettings()

@@ -1,8 +1,8 @@
 """The ``iotgw serve`` options, generated from the settings model, so a setting is declared once:
 its type, default, bounds and help live on its pydantic field, and the flag follows.
 
-A flag is ``--<field>`` for the HTTP and serving sections, ``--mqtt-<field>`` and
-``--tuner-<field>`` for the others (underscores as dashes), except the established names in
+A flag is ``--<field>`` for the HTTP and serving sections, ``--grpc-<field>``, ``--mqtt-<field>``
+and ``--tuner-<field>`` for the others (underscores as dashes), except the established names in
 ``FLAG_NAMES``. A boolean is ``--X`` / ``--no-X``, its help saying what ``--X`` does; an
 established ``--no-...`` name with no positive form gets the help of ``OFF_HELP``, what turning
 it off does. Options left out keep the value from the environment, the TOML file or the default.
@@ -30,6 +30,7 @@ SECTIONS: dict[str, tuple[str, str, str | None]] = {
         "/proc/<pid>/cmdline); give it in a file (--*-file, or IOTGW_HTTP__*_FILE) or in the "
         "environment (IOTGW_HTTP__*), which ps does not show.",
     ),
+    "grpc": ("grpc-", "gRPC", "Listens on --host with the HTTP TLS files and tokens."),
     "serving": ("", "serving", None),
     "mqtt": ("mqtt-", "MQTT", None),
     "tuner": ("tuner-", "online tuner", None),
@@ -41,6 +42,7 @@ FLAG_NAMES: dict[tuple[str, str], str] = {
     ("http", "port"): "--http-port",
     ("http", "read_timeout_s"): "--read-timeout",
     ("http", "keepalive_timeout_s"): "--keepalive-timeout",
+    ("grpc", "enabled"): "--grpc",  # and --no-grpc
     ("serving", "shutdown_grace_s"): "--shutdown-grace",
     ("mqtt", "enabled"): "--mqtt",  # and --no-mqtt, the form scripts use
     ("mqtt", "broker"): "--broker",

@@ -51,6 +51,11 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[test]"
+# TF Serving's gRPC client for tests/gateway/test_grpc_*.py. Without its dependencies: it names
+# the tensorflow package, which would install a second TensorFlow beside the tensorflow-cpu of
+# the [tf] extra; what it needs (tensorflow, grpcio, protobuf) is installed already.
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
+  "tensorflow-serving-api==2.21.*"
 
 # deploy/prometheus/prometheus.yml is checked by promtool, and the compose stack's test
 # (tests/deploy/test_stack.py) runs a Prometheus server, both from Debian's prometheus package.

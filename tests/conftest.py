@@ -13,6 +13,8 @@ from models.demo import FLOAT_DEMO_MODELS, ensure_demo_repository
 # keep the knobs they are given: a test of batching or reconfiguration must not have the online
 # tuner retune them underneath it. The tuner's own tests turn it on explicitly.
 os.environ.setdefault("IOTGW_TUNER__ENABLED", "false")
+# Tests start many gateways, some at once: each takes a free gRPC port instead of 8001.
+os.environ.setdefault("IOTGW_GRPC__PORT", "0")
 
 
 @pytest.fixture(scope="session")

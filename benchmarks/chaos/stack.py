@@ -138,6 +138,8 @@ class Gateway:
             str(self.repo),
             "--http-port",
             str(self.http_port),
+            "--grpc-port",
+            "0",  # replicas run side by side: each its own free gRPC port
             *broker,
             "--mqtt-client-id",
             self.client_id,

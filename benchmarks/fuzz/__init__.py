@@ -1,17 +1,21 @@
-"""``iotgw bench fuzz``: a structure-aware fuzzer against a live gateway on HTTP and MQTT.
+"""``iotgw bench fuzz``: a structure-aware fuzzer against a live gateway on HTTP, MQTT and gRPC.
 
 Hypothesis draws the cases (``strategies``): Open Inference Protocol JSON, valid and mutated
 (wrong types at every field, lying shapes, huge and negative dims, many inputs, deep nesting,
 NaN/Infinity tokens, non-UTF-8, duplicated keys, bad parameters), TF Serving JSON, the binary
 tensor extension with lying lengths (the HTTP header, ``binary_data_size``, BYTES elements, the
-MQTT ``OIPB`` frame's u32), raw bytes; on MQTT also the topic and the MQTT 5 properties. A real
-Mosquitto and a real ``iotgw serve`` (``sensor_mlp`` only) take them on both transports at once,
-with a well-formed request from another device every tenth send (``runner``).
+MQTT ``OIPB`` frame's u32), raw bytes; on MQTT also the topic and the MQTT 5 properties; on gRPC
+ModelInfer and TF Serving's Predict messages with wrong values, and bytes that are no message
+(lying length prefixes, wrong wire types, huge repeated fields, unknown fields, truncations;
+``grpc_strategies``). A real Mosquitto and a real ``iotgw serve`` (``sensor_mlp`` only) take them
+on the three transports at once, with a well-formed request from another device every tenth send
+(``runner``).
 
 Counted per transport (``report``): payloads, crashes (the process exited, or an HTTP
 connection reset without a response), stuck (no reply within the timeout where one is owed),
-non-4xx answers to bad input (anything but a valid 200 or a 4xx error reply; 503s are counted
-apart), good requests answered; then readiness and a last batch of good requests. Results in
+non-4xx answers to bad input (anything but a valid 200 or a 4xx error reply, over gRPC a
+client-error status code; 503s and UNAVAILABLE with a reason are counted apart), good requests
+answered; then readiness and a last batch of good requests. Results in
 ``benchmarks/results/fuzz.json`` (``fuzz.quick.json`` with ``--quick``). The same seed draws the
 same cases.
 """
@@ -99,7 +103,8 @@ def run(plan: Plan, quick: bool, out_dir: Path | None, logs: Path | None = None)
             "plan": plan.__dict__,
             "model": MODEL,
             "broker": "mosquitto, persistence off, set_tcp_nodelay true",
-            "gateway": "iotgw serve --broker (MQTT 5, QoS 1) --max-body-bytes 262144 --no-tuner",
+            "gateway": "iotgw serve --broker (MQTT 5, QoS 1) --max-body-bytes 262144 --no-tuner "
+            "(gRPC with its default limits)",
             "devices": "MQTT 5 and MQTT 3.1.1 publishers, QoS 1; replies on one MQTT 5 client",
         },
     )

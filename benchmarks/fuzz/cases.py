@@ -1,5 +1,6 @@
-"""What the fuzzer sends: one HTTP request or one MQTT publish, as plain picklable records (they
-are generated in a worker process), and the well-formed requests interleaved between them.
+"""What the fuzzer sends: one HTTP request, one MQTT publish or one gRPC call, as plain picklable
+records (they are generated in a worker process), and the well-formed requests interleaved
+between them.
 
 An MQTT case's topic and Response Topic are templates: ``{n}`` becomes the request's sequence
 number when it is sent, so every request has a device (and a reply route) of its own and a reply
@@ -46,7 +47,14 @@ class MqttCase:
     user_properties: tuple[tuple[str, str], ...] = ()
 
 
-Case = HttpCase | MqttCase
+@dataclass(frozen=True, slots=True)
+class GrpcCase:
+    family: str
+    method: str  # the call's path, /package.Service/Method
+    body: bytes  # the request message's bytes, as sent (no client-side serializer)
+
+
+Case = HttpCase | MqttCase | GrpcCase
 
 
 def request_topic(model: str = MODEL, device: str = SEQ) -> str:
@@ -112,4 +120,30 @@ def good_mqtt(rng: np.random.Generator, k: int) -> MqttCase:
         payload,
         response_topic=f"{PREFIX}/infer/{MODEL}/res/{device}/reply" if v5 else None,
         correlation=b"good" if v5 else None,
+    )
+
+
+def good_grpc(rng: np.random.Generator, k: int) -> GrpcCase:
+    """A well-formed gRPC call: ModelInfer with raw or typed contents, or TF Serving's Predict."""
+    from gateway.grpc.messages import message
+
+    rows = rng.standard_normal((1 + k % 3, FEATURES)).astype(np.float32)
+    if k % 3 == 2:
+        predict = message("tensorflow.serving.PredictRequest")()
+        predict.model_spec.name = MODEL
+        tensor = predict.inputs[INPUT]
+        tensor.dtype = 1  # DT_FLOAT
+        for d in rows.shape:
+            tensor.tensor_shape.dim.add(size=d)
+        tensor.tensor_content = rows.astype("<f4").tobytes()
+        body = predict.SerializeToString()
+        return GrpcCase("good/grpc_predict", "/tensorflow.serving.PredictionService/Predict", body)
+    infer = message("inference.ModelInferRequest")(model_name=MODEL, id=f"good-{k}")
+    entry = infer.inputs.add(name=INPUT, datatype="FP32", shape=list(rows.shape))
+    if k % 3 == 0:
+        infer.raw_input_contents.append(rows.astype("<f4").tobytes())
+    else:
+        entry.contents.fp32_contents.extend(rows.ravel().tolist())
+    return GrpcCase(
+        "good/grpc_infer", "/inference.GRPCInferenceService/ModelInfer", infer.SerializeToString()
     )

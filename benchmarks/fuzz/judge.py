@@ -1,5 +1,6 @@
 """What counts as a right answer: a 200 with a well-formed inference response, or a 4xx error
-reply that names the problem. A 503 (queue full, deadline) is an acceptable answer under load
+reply that names the problem (over gRPC: OK with a well-formed reply, or a client-error status
+code with a message). A 503 (queue full, deadline) is an acceptable answer under load
 and is counted apart; anything else (a 500, a 200 whose body does not parse as strict JSON, an
 error reply without its fields) is a wrong answer to bad input.
 
@@ -132,3 +133,49 @@ def reply_routes(topic: str, v5: bool, response_topic: str | None) -> list[str]:
     if v5 and response_topic and in_namespace(response_topic, model, device):
         return [response_topic, own]
     return [own]
+
+
+# The gRPC status codes that say "the request is wrong" (HTTP's 4xx); UNAVAILABLE with the
+# gateway's reason is its 503. INTERNAL, UNKNOWN, DATA_LOSS, UNIMPLEMENTED (on a served call)
+# are wrong answers.
+GRPC_CLIENT_ERRORS = frozenset(
+    {
+        "INVALID_ARGUMENT",
+        "NOT_FOUND",
+        "RESOURCE_EXHAUSTED",
+        "FAILED_PRECONDITION",
+        "OUT_OF_RANGE",
+        "ALREADY_EXISTS",
+        "PERMISSION_DENIED",
+        "UNAUTHENTICATED",
+    }
+)
+
+
+def judge_grpc(
+    code: str, details: str, reason: str | None, reply: bytes, method: str
+) -> tuple[str, str]:
+    """(verdict, why) for a gRPC call's end: its status code's name, details, the gateway's
+    ``iotgw-reason`` trailer, and the reply's bytes when it is OK."""
+    if code == "OK":
+        return (OK, "OK") if _valid_grpc_reply(reply, method) else (WRONG, "OK, malformed reply")
+    if code in GRPC_CLIENT_ERRORS:
+        return (REFUSED, code) if details else (WRONG, f"{code} without a message")
+    if code == "UNAVAILABLE" and reason is not None:
+        return OVERLOAD, f"UNAVAILABLE ({reason})"
+    return WRONG, f"{code}: {details[:120]}"
+
+
+def _valid_grpc_reply(reply: bytes, method: str) -> bool:
+    from gateway.grpc.messages import message
+
+    try:
+        if method.endswith("/ModelInfer"):
+            msg = message("inference.ModelInferResponse").FromString(reply)
+            return bool(msg.outputs) and all(o.shape[-1] == CLASSES for o in msg.outputs)
+        if method.endswith("/Predict"):
+            out = message("tensorflow.serving.PredictResponse").FromString(reply)
+            return bool(out.outputs)
+    except Exception:  # a reply that does not parse is malformed, whatever the parser raised
+        return False
+    return True  # the read-only calls: any message they answer with

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import format_table, write_results
-from benchmarks.fuzz.cases import Case, HttpCase
+from benchmarks.fuzz.cases import Case, GrpcCase, HttpCase
 from benchmarks.fuzz.judge import OK, OVERLOAD, REFUSED, WRONG
 from benchmarks.fuzz.transports import DOWN, RESET, STUCK, UNROUTED
 
@@ -22,6 +22,8 @@ def describe(case: Case) -> dict[str, Any]:
     if isinstance(case, HttpCase):
         where: dict[str, Any] = {"path": case.path, "headers": dict(case.headers)}
         payload = case.body
+    elif isinstance(case, GrpcCase):
+        where, payload = {"grpc": case.method}, case.body
     else:
         where = {
             "mqtt": "5" if case.v5 else "3.1.1",

@@ -1,5 +1,5 @@
-"""The run: Mosquitto and ``iotgw serve`` as real processes, fuzzed cases sent on HTTP and MQTT
-at once with a bounded window per transport and a well-formed request from another device every
+"""The run: Mosquitto and ``iotgw serve`` as real processes, fuzzed cases sent on HTTP, MQTT and
+gRPC at once with a bounded window per transport and a well-formed request from another device every
 ``good_every``-th send, then the final checks (readiness, a last batch of good requests on both
 transports).
 
@@ -15,7 +15,7 @@ import contextlib
 import itertools
 import time
 from collections import deque
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
@@ -23,16 +23,25 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import grpc
 import numpy as np
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
 from benchmarks.common import ServerProcess, free_port, python_argv
-from benchmarks.fuzz.cases import Case, HttpCase, MqttCase, good_http, good_mqtt
+from benchmarks.fuzz.cases import (
+    Case,
+    GrpcCase,
+    HttpCase,
+    MqttCase,
+    good_grpc,
+    good_http,
+    good_mqtt,
+)
 from benchmarks.fuzz.generate import generate_chunk
 from benchmarks.fuzz.judge import OK
 from benchmarks.fuzz.report import Tally, describe
-from benchmarks.fuzz.transports import DOWN, STUCK, MqttDevices, send_http
+from benchmarks.fuzz.transports import DOWN, STUCK, MqttDevices, send_grpc, send_http
 
 GATEWAY_ID = "fuzz-gateway"
 
@@ -55,7 +64,9 @@ class Gateway:
     def __init__(self, folder: Path, repo: Path, broker_port: int) -> None:
         self.folder, self.repo, self.broker_port = folder, repo, broker_port
         self.http_port = free_port()
+        self.grpc_port = free_port()  # the same across restarts: the channel reconnects to it
         self.base = f"http://127.0.0.1:{self.http_port}"
+        self.grpc_target = f"127.0.0.1:{self.grpc_port}"
         self.starts = 0
         self.process = self._start()
 
@@ -63,7 +74,8 @@ class Gateway:
         self.starts += 1
         argv = python_argv(
             "gateway.cli", "serve", "--model-repo", str(self.repo),
-            "--http-port", str(self.http_port), "--max-body-bytes", str(256 * 1024),
+            "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
+            "--max-body-bytes", str(256 * 1024),
             "--broker", f"mqtt://127.0.0.1:{self.broker_port}",
             "--mqtt-client-id", GATEWAY_ID, "--no-tuner", "--log-level", "INFO",
         )  # fmt: skip
@@ -139,10 +151,16 @@ class FuzzRun:
     or wedged, and keeps the tallies."""
 
     def __init__(
-        self, plan: Plan, gateway: Gateway, devices: MqttDevices, session: aiohttp.ClientSession
+        self,
+        plan: Plan,
+        gateway: Gateway,
+        devices: MqttDevices,
+        session: aiohttp.ClientSession,
+        channel: grpc.aio.Channel,
     ) -> None:
         self.plan, self.gateway, self.devices, self.session = plan, gateway, devices, session
-        self.tallies = {"http": Tally(), "mqtt": Tally()}
+        self.channel = channel
+        self.tallies = {"http": Tally(), "mqtt": Tally(), "grpc": Tally()}
         self.seq = itertools.count(1)
         self.rng = np.random.default_rng(plan.seed)
         self.running = asyncio.Event()
@@ -161,6 +179,8 @@ class FuzzRun:
         n = next(self.seq)
         if isinstance(case, HttpCase):
             return await send_http(self.session, self.gateway.base, case, self.plan.timeout_s)
+        if isinstance(case, GrpcCase):
+            return await send_grpc(self.channel, case, self.plan.timeout_s)
         assert isinstance(case, MqttCase)
         return await self.devices.send(case, n, self.plan.timeout_s)
 
@@ -182,7 +202,12 @@ class FuzzRun:
             window.release()
 
     async def drive(self, transport: str) -> None:
-        good = good_http if transport == "http" else good_mqtt
+        goods: dict[str, Callable[[np.random.Generator, int], Case]] = {
+            "http": good_http,
+            "mqtt": good_mqtt,
+            "grpc": good_grpc,
+        }
+        good = goods[transport]
         window = asyncio.Semaphore(self.plan.window)
         sent = 0
         async with (
@@ -209,7 +234,7 @@ class FuzzRun:
             if not self.gateway.alive() and self.running.is_set():
                 self.gateway_exits += 1
                 code = self.gateway.process.proc.returncode
-                await self.recover(("http", "mqtt"), f"gateway exited with {code}")
+                await self.recover(("http", "mqtt", "grpc"), f"gateway exited with {code}")
 
     async def recover(self, transports: tuple[str, ...], why: str) -> None:
         if not self.running.is_set():
@@ -236,6 +261,7 @@ class FuzzRun:
         cases: list[tuple[str, Case]] = []
         for k in range(self.plan.final_good):
             cases += [("http", good_http(self.rng, k)), ("mqtt", good_mqtt(self.rng, k))]
+            cases.append(("grpc", good_grpc(self.rng, k)))
         outcomes = await asyncio.gather(*(self.send(t, c) for t, c in cases))
         answered = sum(outcome == OK for outcome, _ in outcomes)
         failures = [why for outcome, why in outcomes if outcome != OK][:5]
@@ -253,11 +279,12 @@ async def fuzz(plan: Plan, gateway: Gateway, broker_port: int) -> tuple[FuzzRun,
     async with (
         aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=plan.window)) as session,
         MqttDevices(broker_port).connected() as devices,
+        grpc.aio.insecure_channel(gateway.grpc_target) as channel,
     ):
-        run = FuzzRun(plan, gateway, devices, session)
+        run = FuzzRun(plan, gateway, devices, session, channel)
         watcher = asyncio.create_task(run.watch())
         try:
-            await asyncio.gather(run.drive("http"), run.drive("mqtt"))
+            await asyncio.gather(run.drive("http"), run.drive("mqtt"), run.drive("grpc"))
             fuzz_s = time.monotonic() - started
             while not (run.running.is_set() and run.idle.is_set()):  # a restart may be on
                 await run.running.wait()

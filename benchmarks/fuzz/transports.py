@@ -1,5 +1,6 @@
-"""The two ways in: an aiohttp client session, and MQTT devices (one MQTT 5 and one MQTT 3.1.1
-publisher, QoS 1) with one MQTT 5 receiver subscribed to every reply route the cases use.
+"""The three ways in: an aiohttp client session, MQTT devices (one MQTT 5 and one MQTT 3.1.1
+publisher, QoS 1) with one MQTT 5 receiver subscribed to every reply route the cases use, and a
+gRPC channel that sends each case's bytes as they are.
 
 Each ``send`` returns a verdict (see ``judge``) or one of the outcomes below; neither raises for
 anything the gateway does."""
@@ -15,12 +16,13 @@ from dataclasses import dataclass, field
 
 import aiohttp
 import aiomqtt
+import grpc
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from yarl import URL
 
-from benchmarks.fuzz.cases import PREFIX, REPLY_ROOT, SEQ, HttpCase, MqttCase
-from benchmarks.fuzz.judge import judge_http, judge_mqtt, reply_routes
+from benchmarks.fuzz.cases import PREFIX, REPLY_ROOT, SEQ, GrpcCase, HttpCase, MqttCase
+from benchmarks.fuzz.judge import judge_grpc, judge_http, judge_mqtt, reply_routes
 
 STUCK = "stuck"  # no reply within the timeout
 RESET = "reset"  # the HTTP connection closed without a response
@@ -55,6 +57,24 @@ async def send_http(
         aiohttp.ClientOSError,
     ) as e:
         return RESET, f"{type(e).__name__}: {e}"
+
+
+async def send_grpc(channel: grpc.aio.Channel, case: GrpcCase, timeout_s: float) -> tuple[str, str]:
+    # No serializers: the case's bytes go on the wire as drawn, the reply comes back as bytes.
+    call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(case.method)
+    try:
+        reply = await call(case.body, timeout=timeout_s)
+    except grpc.aio.AioRpcError as err:
+        code = err.code()
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return STUCK, f"no gRPC answer in {timeout_s:g} s"
+        details = err.details() or ""
+        trailers = dict(err.trailing_metadata() or ())
+        reason = trailers.get("iotgw-reason")
+        if code == grpc.StatusCode.UNAVAILABLE and reason is None:
+            return DOWN, details  # the connection, not the gateway's answer
+        return judge_grpc(code.name, details, str(reason) if reason else None, b"", case.method)
+    return judge_grpc("OK", "", None, reply, case.method)
 
 
 @dataclass

@@ -19,7 +19,7 @@ from benchmarks.common import (
     machine_info,
     percentiles,
     print_summary,
-    process_cpu_seconds,
+    tree_cpu_seconds,
     usable_cores,
     write_results,
 )
@@ -74,24 +74,6 @@ def _body(model: str) -> bytes:
     return json.dumps(doc).encode()
 
 
-def _tree_cpu_seconds(root: int) -> float:
-    """CPU seconds of ``root`` and every process below it (the ingest processes)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    total, todo = 0.0, [root]
-    while todo:
-        pid = todo.pop()
-        total += process_cpu_seconds(pid) or 0.0
-        todo.extend(children.get(pid, []))
-    return total
-
-
 def _measure(arm: Arm, plan: Plan, repo: Path, work: Path, clients: ClientProcesses) -> dict:
     prefix = ("taskset", "-c", ",".join(str(c) for c in range(arm.cores)))
     folder = work / arm.key
@@ -116,9 +98,9 @@ def _measure(arm: Arm, plan: Plan, repo: Path, work: Path, clients: ClientProces
             warmup_s=plan.warmup_s,
             timeout_s=30.0,
         )
-        cpu_before = _tree_cpu_seconds(server.pid)
+        cpu_before = tree_cpu_seconds(server.pid)
         load = merge_load(clients.run(split_job(job, clients.count), timeout_s=300))
-        cpu = _tree_cpu_seconds(server.pid) - cpu_before  # warm-up included, as for every arm
+        cpu = tree_cpu_seconds(server.pid) - cpu_before  # warm-up included, as for every arm
     finally:
         server.stop()
     served = load["answered"] + load["answered_after_window"]

@@ -90,8 +90,7 @@ def _decode_header(
     params = _parameters(header.get("parameters"), what="request")
     # Parameters first: a request whose deadline has passed is refused before its tensors are
     # built (the cheapest refusal is what overload needs most).
-    timeout_s = _timeout(params)
-    priority = _int_param(params, "priority", 0, _MAX_PRIORITY)
+    timeout_s, priority = scheduling(params)
     binary_all = _bool_param(params, "binary_data_output") or _bool_param(params, "binary_data")
     inputs = _decode_inputs(header.get("inputs"), binary, limits)
     outputs, binary_outputs, json_outputs = _requested_outputs(header.get("outputs"), limits)
@@ -171,7 +170,7 @@ def encode_response(response: InferenceResponse, fmt: OutputFormat) -> tuple[byt
             "shape": list(arr.shape),
         }
         if fmt.is_binary(name):
-            raw = _to_bytes(arr)
+            raw = tensor_to_raw(arr)
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
         else:
@@ -236,7 +235,7 @@ def _decode_input(
                 f"{what}: declares {size} binary bytes but only {len(binary) - offset} remain "
                 "in the binary section"
             )
-        arr = _from_bytes(binary[offset : offset + size], dtype, shape, what)
+        arr = tensor_from_raw(binary[offset : offset + size], dtype, shape, what)
         return name, arr, size
     if "data" not in entry:
         raise BadRequest(f"{what}: needs 'data' or a 'binary_data_size' parameter")
@@ -244,7 +243,7 @@ def _decode_input(
     return name, _from_json_data(entry["data"], dtype, shape, count, what), 0
 
 
-def _from_bytes(raw: bytes, dtype: np.dtype, shape: list[int], what: str) -> np.ndarray:
+def tensor_from_raw(raw: bytes, dtype: np.dtype, shape: list[int], what: str) -> np.ndarray:
     count = math.prod(shape)
     if dtype == np.dtype(object):
         items = _unpack_bytes_elements(raw, what)
@@ -344,7 +343,7 @@ def _flatten(data: Any, what: str) -> list[Any]:
 # -- outputs ---------------------------------------------------------------------------------
 
 
-def _to_bytes(arr: np.ndarray) -> bytes:
+def tensor_to_raw(arr: np.ndarray) -> bytes:
     if arr.dtype == np.dtype(object):
         parts = []
         for item in arr.reshape(-1):
@@ -371,6 +370,17 @@ def _parameters(value: Any, *, what: str) -> dict[str, Any]:
         raise BadRequest(f"{what}: 'parameters' must be an object")
     check_scalar_parameters(value, what)
     return value
+
+
+def version_parameter(params: dict[str, Any]) -> int | None:
+    """The ``model_version`` parameter, for a request whose address names no version."""
+    return _version_param(params)
+
+
+def scheduling(params: dict[str, Any]) -> tuple[float | None, int]:
+    """The request's time budget (``timeout``, ``deadline_unix_ms``) and ``priority`` from its
+    parameters: one reading for every transport that carries Open Inference Protocol ones."""
+    return _timeout(params), _int_param(params, "priority", 0, _MAX_PRIORITY)
 
 
 def _bool_param(params: dict[str, Any], key: str) -> bool:

@@ -1,7 +1,8 @@
-"""``iotgw bench fuzz --quick``: a few thousand fuzzed payloads on HTTP and MQTT against a real
-gateway and Mosquitto. The gateway must neither crash nor leave a request unanswered, must
-answer bad input with a 4xx error reply (or a valid 200), and must answer every well-formed
-request interleaved with the fuzz, then still be ready and serving on both transports."""
+"""``iotgw bench fuzz --quick``: a few thousand fuzzed payloads on HTTP, MQTT and gRPC against a
+real gateway and Mosquitto. The gateway must neither crash nor leave a request unanswered, must
+answer bad input with a 4xx error reply (over gRPC a client-error code; or a valid answer), and
+must answer every well-formed request interleaved with the fuzz, then still be ready and serving
+on every transport."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def test_bench_fuzz_quick_meets_its_targets(tmp_path: Path) -> None:
     doc = json.loads((tmp_path / "fuzz.quick.json").read_text())
     assert doc["benchmark"] == "fuzz" and doc["quick"] is True
     transports = doc["transports"]
-    assert set(transports) == {"http", "mqtt"}
+    assert set(transports) == {"http", "mqtt", "grpc"}
     # What went wrong, with payloads, so that a failure here names its cause.
     examples = {name: t["examples"] for name, t in transports.items()}
     detail = json.dumps({"restarts": doc["restarts"], "examples": examples}, indent=1)[:6000]

@@ -5,8 +5,9 @@ Markdown (``<!-- doctest: skip (why) -->``) and are reported as skipped; see tes
 for the other clauses.
 
 The one rewrite applied to every block: the documented addresses ``localhost:8080``,
-``127.0.0.1:8080`` and ``127.0.0.1:1883`` become the live gateway's, which listens on free ports
-(8080 and 1883 may be taken on the machine that runs the tests). The blocks of one page run in
+``127.0.0.1:8080``, ``localhost:8001`` (gRPC) and ``127.0.0.1:1883`` become the live gateway's,
+which listens on free ports (8080, 8001 and 1883 may be taken on the machine that runs the
+tests). The blocks of one page run in
 order in one folder, so a page can write a file and use it later; anything else a block needs
 (an input file made from code, a free port, a Mosquitto of its own, a smaller budget) its
 directive asks for, in the Markdown (tests/docs/pages.py holds what a page's blocks share).
@@ -100,6 +101,12 @@ def _mqtt_port(gw: Serve) -> int:
     return int(found.group(1))
 
 
+def _grpc_port(gw: Serve) -> int:
+    found = re.search(r"gRPC listening on grpcs?://127\.0\.0\.1:(\d+)", gw.text())
+    assert found, f"the gateway's log names no gRPC address:\n{gw.text()}"
+    return int(found.group(1))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("block", SHELL_BLOCKS, ids=[b.where for b in SHELL_BLOCKS])
 def test_documented_block_runs(block: Block, live: Serve, pages: Pages) -> None:
@@ -119,6 +126,7 @@ def _run(block: Block, live: Serve, pages: Pages) -> None:
         .replace("localhost:8080", f"127.0.0.1:{live.http_port}")
         .replace("127.0.0.1:8080", f"127.0.0.1:{live.http_port}")
         .replace("127.0.0.1:1883", f"127.0.0.1:{_mqtt_port(live)}")
+        .replace("localhost:8001", f"127.0.0.1:{_grpc_port(live)}")
     )
     bindir = str(Path(sys.executable).parent)
     env = {

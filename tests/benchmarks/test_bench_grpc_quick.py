@@ -1,0 +1,35 @@
+"""``iotgw bench grpc --quick``: gRPC on the event loop, HTTP on the loop and HTTP through one
+ingest process, a fixed number of requests each. Every arm must serve all of them, and the
+results file must carry the figures the placement decision in docs/architecture.md reads."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bench_grpc_quick_serves_every_arm(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "bench", "grpc", "--quick", "--out", str(tmp_path)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    doc = json.loads((tmp_path / "grpc.quick.json").read_text())
+    assert doc["benchmark"] == "grpc" and doc["quick"] is True
+    assert {r["arm"] for r in doc["runs"]} == {"grpc_loop", "http_loop", "http_ingest1"}
+    for run in doc["runs"]:
+        assert run["rps"] > 0 and run["failed"] == 0, run
+        assert run["cpu_ms_per_request"] > 0, run
+    for figure in ("ingest_hop_throughput_ratio", "grpc_vs_http_binary_throughput_ratio"):
+        assert doc["summary"][figure] > 0
