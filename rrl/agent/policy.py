@@ -96,8 +96,7 @@ class Policy:
         on_record: Callable[[Decision], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.model = model
-        self._clock = clock
+        self.model, self._clock, self.budget, self._on_record = model, clock, budget, on_record
         self.settings = s = settings or AgentSettings()
         if s.algorithm not in ONLINE_TUNERS:
             raise ValueError(f"unknown online tuner {s.algorithm!r}; known: {ONLINE_TUNERS}")
@@ -133,8 +132,6 @@ class Policy:
         self._screened: tuple[float, StateKey | None, tuple[int, int]] = (-math.inf, None, (0, 0))
         self._draining = False
         self._idle = False
-        self.budget = budget
-        self._on_record = on_record
         self._blocked: list[Knobs] = []
         self._gated_at = -math.inf
         self.rest = Rest(s.rest, s.interval_s)
@@ -142,8 +139,7 @@ class Policy:
         self._pending: list[tuple[Knobs, Arrivals, Measurement]] = []
         self.trust = ModelTrust(kappa=s.gate.kappa)
         self._searched: dict[StateKey, int] = {}  # measured-search trials per state
-        # Per state, one notch beyond candidates that led without clearing the margin.
-        self._further: dict[StateKey, list[Knobs]] = {}
+        self._further: dict[StateKey, list[Knobs]] = {}  # beyond candidates that led (per state)
         self.load_kind = LoadKind()
 
     def choose(self, queued: int = 0) -> Step:
