@@ -106,8 +106,14 @@ class LoadKind:
     """The closed loop's population the workload state is held for (``hold``), kept through a
     spell of mixed readings: a loop of another size after it is still another loop."""
 
-    def observe(self, in_system: int) -> None:
-        """One tick's reading of the requests inside the model."""
+    def observe(self, in_system: int, refused: int = 0) -> None:
+        """One tick's reading of the requests inside the model, and the requests refused since
+        the last. A tick with refusals starts the readings over: an overloaded open loop keeps
+        a full queue as steady as a closed loop keeps its clients, but a closed loop's clients
+        wait for their answers and are not refused."""
+        if refused > 0:
+            self._seen.clear()
+            return
         self._seen.append(in_system)
         while len(self._seen) > self.readings:
             self._seen.popleft()

@@ -485,7 +485,7 @@ class Policy:
         # Arrivals, not completions: completions read a building queue short.
         state = self.monitor.update(now, stats.arrived, stats.arrived_rows)
         self._tick_counts.append(stats.arrived * self.settings.tick_s / span_s)
-        self.load_kind.observe(stats.in_system)
+        self.load_kind.observe(stats.in_system, stats.rejected)
         changed = self.monitor.state is not None and state != self.workload
         if changed and not self.load_kind.same_loop():
             self.workload = state
@@ -706,7 +706,11 @@ class Policy:
         if trial is None:
             return None
         outcome = trial.record(config, value, m.rate_per_s, self._normalise)
-        if outcome is None and config == trial.candidate and value > self._unsafe_value(config):
+        # Beyond the safety limit a candidate goes back at once, unless the incumbent's last
+        # window measured worse still (an overloaded incumbent: the candidate may be the way out).
+        base = trial.baseline
+        unsafe = value > self._unsafe_value(config) and (base is None or value >= base.objective)
+        if outcome is None and config == trial.candidate and unsafe:
             outcome = Outcome(
                 "revert",
                 value,

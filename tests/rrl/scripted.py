@@ -5,12 +5,12 @@ fraction of a second and reads the same on any machine.
 
 ``ScriptedGateway`` is a ``ModelControl``: FIFO batching over ``concurrency`` instances (a free
 instance takes what is queued up to the max batch at once, or waits out the batch timeout for a
-full one), one row per request, each batch taking ``service_s(knobs, rows)``, each request
-decoded first by one serial event loop (``FRONT_END_S``); arrivals are a
-closed loop of N clients that send again when answered, or seeded Poisson at a rate that may
-follow the clock. A knob change applies from the next batch (instances added free, removed
-once idle). It answers ``stats`` and ``service_samples`` as the gateway does, from what it
-simulated.
+full one; a full queue, ``max_queue``, refuses at once), one row per request, each batch taking
+``service_s(knobs, rows)``, each request decoded first by one serial event loop
+(``FRONT_END_S``); arrivals are a closed loop of N clients that send again when answered (or
+refused), or seeded Poisson at a rate that may follow the clock. A knob change applies from
+the next batch (instances added free, removed once idle). It answers ``stats`` and
+``service_samples`` as the gateway does, from what it simulated.
 """
 
 from __future__ import annotations
@@ -82,9 +82,11 @@ class ScriptedGateway(ModelControl):
         load: ClosedLoop | OpenLoop,
         *,
         slo_ms: float = 100.0,
+        max_queue: int = 512,
     ) -> None:
         self.clock, self._knobs, self.service_s, self.load = clock, knobs, service_s, load
-        self.slo_ms = slo_ms
+        self.slo_ms, self.max_queue = slo_ms, max_queue
+        self.refused: list[float] = []  # when a full queue refused a request
         self.start = self._now = clock.now
         self.knob_changes: list[tuple[float, Knobs]] = [(clock.now, knobs)]
         self._free = [clock.now] * knobs.concurrency  # when each instance is next free
@@ -126,7 +128,10 @@ class ScriptedGateway(ModelControl):
         now = self.clock.now
         self._advance(now)
         since = now - window_s
-        done = [r for r in self._recent(since) if since < r.finished <= now]
+        done = [
+            r for r in self._recent(since) if since < r.finished <= now and r.queued == r.queued
+        ]  # answered (a refused request was never queued: its ``queued`` is NaN)
+        refused = len(self.refused) - bisect.bisect_right(self.refused, since)
         ms = np.array([1000.0 * (r.finished - r.arrived) for r in done]) if done else None
         arrived = len(self.requests) - bisect.bisect_right(
             self.requests, since, key=lambda r: r.arrived
@@ -147,7 +152,7 @@ class ScriptedGateway(ModelControl):
             p95_ms=pct(95),
             p99_ms=pct(99),
             slo_violations=0 if ms is None else int((ms > self.slo_ms).sum()),
-            rejected=0,
+            rejected=refused,
             queue_depth=len(self._queue),
             arrived=arrived,
             arrived_rows=arrived,
@@ -174,7 +179,7 @@ class ScriptedGateway(ModelControl):
         return self.knob_changes[max(at, 0)][1]
 
     def answered(self, since: float, until: float) -> int:
-        return sum(1 for r in self.requests if since < r.finished <= until)
+        return sum(1 for r in self.requests if since < r.finished <= until and r.queued == r.queued)
 
     def served_for(self, seconds: float) -> int:
         """Requests answered over the next ``seconds`` with the knobs left as they are (a static
@@ -185,7 +190,11 @@ class ScriptedGateway(ModelControl):
 
     def p99_ms(self, since: float, until: float) -> float:
         """The 99th percentile latency of the requests answered in (since, until]."""
-        done = [r.finished - r.arrived for r in self.requests if since < r.finished <= until]
+        done = [
+            r.finished - r.arrived
+            for r in self.requests
+            if since < r.finished <= until and r.queued == r.queued
+        ]
         return 1000.0 * float(np.percentile(done, 99))
 
     # -- the simulation ------------------------------------------------------------------------
@@ -220,6 +229,12 @@ class ScriptedGateway(ModelControl):
                 return
             if enter == t:
                 _, request = self._entering.popleft()
+                if len(self._queue) >= self.max_queue:  # answered at once with a refusal
+                    request.finished = t
+                    self.refused.append(t)
+                    if isinstance(self.load, ClosedLoop):
+                        heapq.heappush(self._arrivals, t)
+                    continue
                 request.queued = t
                 self._queue.append(request)
             elif finish == t:

@@ -329,3 +329,14 @@ def test_a_lead_within_the_noise_is_not_followed() -> None:
     for config, value in [(lead, 9.8), (INCUMBENT, 10.0), (lead, 9.8)]:
         policy.learn(Step(config, "explore"), window(value))
     assert policy.trial is None and not policy._further.get(policy._key())
+
+
+def test_a_full_queue_that_refuses_is_not_a_closed_loop() -> None:
+    overloaded = LoadKind()
+    for _ in range(8):  # the queue held at its bound, arrivals beyond it refused
+        overloaded.observe(512, refused=40)
+    assert not overloaded.closed
+    for _ in range(7):
+        overloaded.observe(512)
+    overloaded.observe(512, refused=1)
+    assert not overloaded.closed  # one refusal starts the readings over
