@@ -163,7 +163,8 @@ class ModelHost:
         self.state = ModelState.READY
         self._metrics.model_ready.labels(*self._labels).set(1)
         self._publish_knobs()
-        log.info("model %s version %d ready (%s)", self.name, self.version, self._describe())
+        # One line per version is detail at start-up (the gateway logs how many loaded).
+        log.debug("model %s version %d ready (%s)", self.name, self.version, self._describe())
 
     async def unload(self, *, publish: bool = True) -> None:
         """Stop serving and close the runtime instances; ``publish=False`` leaves the ready
@@ -236,15 +237,17 @@ class ModelHost:
 
     async def set_knobs(self, new: Knobs) -> Knobs:
         """Set the knobs; returns once every one is in effect. Request-level knobs take effect
-        from the next batch; thread and concurrency changes swap runtime instances."""
-        return await self._change(lambda _: new)
+        from the next batch; thread and concurrency changes swap runtime instances. The
+        tuner's way in: logged at DEBUG (its moves are on /admin/tuner and the dashboard)."""
+        return await self._change(lambda _: new, logging.DEBUG)
 
     async def change_knobs(self, changes: Mapping[str, object]) -> Knobs:
         """Change some knobs by wire name; the others keep what they hold when the change
-        takes the knob lock (two changes at once both land, one after the other)."""
-        return await self._change(lambda current: current.with_changes(changes))
+        takes the knob lock (two changes at once both land, one after the other). An
+        operator's way in (the admin API): logged at INFO."""
+        return await self._change(lambda current: current.with_changes(changes), logging.INFO)
 
-    async def _change(self, to: Callable[[Knobs], Knobs]) -> Knobs:
+    async def _change(self, to: Callable[[Knobs], Knobs], level: int) -> Knobs:
         async with self._knob_lock:
             old = self._knobs
             try:
@@ -274,7 +277,13 @@ class ModelHost:
             self._knobs = new
             self._publish_knobs()
             if new != old:
-                log.info("model %s version %d knobs: %s", self.name, self.version, self._describe())
+                log.log(
+                    level,
+                    "model %s version %d knobs: %s",
+                    self.name,
+                    self.version,
+                    self._describe(),
+                )
             return new
 
     def stats(self, window_s: float = 10.0) -> WindowStats:

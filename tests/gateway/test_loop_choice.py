@@ -71,7 +71,8 @@ async def test_gateway_on_uvloop_serves_http_and_mqtt_and_stops_cleanly(
     reference.close()
     port = free_port()
     config = tmp_path / "mosquitto" / "mosquitto.conf"
-    with serve(small_repo, tmp_path, "--mqtt-port", str(port), "--event-loop", "uvloop") as gw:
+    args = ("--mqtt-port", str(port), "--event-loop", "uvloop", "--log-level", "DEBUG")
+    with serve(small_repo, tmp_path, *args) as gw:
         gw.wait_ready()
         assert "event loop: uvloop" in gw.text()
         assert len(mosquitto_children(config)) == 1
@@ -107,7 +108,15 @@ async def test_gateway_on_the_standard_loop_and_json_answers_the_same(
     """The configuration the benchmark measures as "before" still serves."""
     inputs = {"features": np.random.default_rng(6).standard_normal((1, 32)).astype(np.float32)}
     body = json.dumps({**json_request(inputs), "parameters": {"timeout": GENEROUS_TIMEOUT_US}})
-    args = ("--no-mqtt", "--event-loop", "asyncio", "--json-codec", "stdlib")
+    args = (
+        "--no-mqtt",
+        "--event-loop",
+        "asyncio",
+        "--json-codec",
+        "stdlib",
+        "--log-level",
+        "DEBUG",
+    )
     with serve(small_repo, tmp_path, *args) as gw:
         gw.wait_ready()
         assert "event loop: asyncio" in gw.text()
