@@ -141,7 +141,8 @@ class ServingSettings(BaseModel):
         Path.home() / ".cache" / "iotgw",
         description="Folder of what the gateway keeps between runs: the bundled demo repository "
         "(built here on first use), the embedded Mosquitto's configuration and persistent store "
-        "(mosquitto/: requests queued while the gateway is down) and the serving plans' "
+        "(mosquitto/<port>/, one per listener port: requests queued while the gateway is "
+        "down) and the serving plans' "
         "measured costs (plans/).",
     )
     executor_threads: int = Field(

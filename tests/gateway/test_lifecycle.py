@@ -15,6 +15,7 @@ import aiohttp
 import numpy as np
 import pytest
 
+from gateway.mosquitto import broker_dir
 from tests.brokers import free_port, mosquitto
 from tests.gateway.helpers import json_request, make_repo
 from tests.gateway.mqtt_client import device, json_payload, outputs_of
@@ -145,5 +146,5 @@ def test_failed_start_closes_what_it_opened(small_repo: Path, tmp_path: Path) ->
         f"iotgw serve: HTTP port {http_port} is in use (set --http-port)"
     )
     assert "embedded MQTT broker (mosquitto" in stderr  # it had started before HTTP failed
-    assert mosquitto_children(tmp_path / "mosquitto" / "mosquitto.conf") == []
+    assert mosquitto_children(broker_dir(tmp_path, broker_port) / "mosquitto.conf") == []
     assert port_free(broker_port)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from gateway import event_loop
+from gateway.mosquitto import broker_dir
 from tests.brokers import free_port
 from tests.gateway.helpers import GENEROUS_TIMEOUT_US, Reference, json_request, make_repo
 from tests.gateway.mqtt_client import device, framed_binary_request, json_payload, outputs_of
@@ -70,7 +71,7 @@ async def test_gateway_on_uvloop_serves_http_and_mqtt_and_stops_cleanly(
     want = reference.infer(MODEL, inputs)["probabilities"]
     reference.close()
     port = free_port()
-    config = tmp_path / "mosquitto" / "mosquitto.conf"
+    config = broker_dir(tmp_path, port) / "mosquitto.conf"
     args = ("--mqtt-port", str(port), "--event-loop", "uvloop", "--log-level", "DEBUG")
     with serve(small_repo, tmp_path, *args) as gw:
         gw.wait_ready()
