@@ -213,9 +213,9 @@ class RequestStats:
         return out
 
     def completions_per_second(self, now: float, seconds: int) -> list[int]:
-        """Requests answered in each of the last ``seconds`` whole seconds before ``now``,
-        oldest first (the dashboard's history at its first load)."""
-        end = math.floor(now)
+        """Requests answered in each of the last ``seconds`` seconds, oldest first, the last
+        being the second ``now`` is in, so far (the dashboard's history at its first load)."""
+        end = math.floor(now) + 1
         first = end - seconds
         counts = [0] * seconds
         for t, *_ in _newest(self._done, first):
