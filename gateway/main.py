@@ -28,6 +28,7 @@ from gateway.ingest.supervisor import IngestSupervisor
 from gateway.lifecycle import InFlight, Readiness, StartupError, models_check
 from gateway.metrics import GatewayMetrics
 from gateway.mqtt import BrokerAddress, MqttAdapter
+from gateway.ports import check_ports
 from gateway.service import InferenceService
 from gateway.settings import GatewaySettings
 from gateway.startup_log import announce_ready, endpoints, ready_line, serving, until_loaded
@@ -118,6 +119,7 @@ class Gateway:
     async def _start(self, stack: contextlib.AsyncExitStack) -> None:
         # Each step registers its undo right after it succeeds; they run in reverse order.
         stack.callback(self._close_executor)
+        check_ports(self.settings)  # every busy port at once, before anything starts
         external = _external_broker(self.settings) if self.settings.mqtt.enabled else None
         loop = asyncio.get_running_loop()
         # Building the demo repository exports TF models (seconds): keep the loop free.
