@@ -51,14 +51,17 @@ def resolve_model_repo(settings: GatewaySettings) -> Path:
     if settings.serving.model_repo is not None:
         return settings.serving.model_repo
     try:
-        from models.demo import ensure_demo_repository
+        from models.demo import ensure_demo_repository, is_complete
     except ImportError as exc:  # a base install: the demo is built with iotgw[demo]
         raise RepositoryError(
             f"no --model-repo given and the bundled demo cannot be built here ({exc}): "
             "install the iotgw[demo] extra (pip install '.[demo]' in the iotgw source folder), "
             "or serve your models with --model-repo"
         ) from exc
-    root = ensure_demo_repository(settings.serving.cache_dir / "demo-repo-v1")
+    root = settings.serving.cache_dir / "demo-repo-v1"
+    if not is_complete(root):  # seconds of exports with nothing else to say meanwhile
+        log.info("no --model-repo given: building the bundled demo repository (first use)")
+    root = ensure_demo_repository(root)
     log.info("no --model-repo given: serving the bundled demo repository at %s", root)
     return root
 
