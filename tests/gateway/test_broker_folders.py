@@ -18,9 +18,9 @@ from tests.brokers import free_port, mosquitto_binary
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
-def _broker(cache: Path, port: int, **kw: bool) -> MosquittoBroker:
+def _broker(cache: Path, port: int, *, ephemeral: bool = False) -> MosquittoBroker:
     return MosquittoBroker(
-        binary=mosquitto_binary(), port=port, data_dir=broker_dir(cache, port), **kw
+        binary=mosquitto_binary(), port=port, data_dir=broker_dir(cache, port), ephemeral=ephemeral
     )
 
 
