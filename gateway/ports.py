@@ -18,6 +18,9 @@ def check_ports(settings: GatewaySettings) -> None:
     wanted: list[tuple[str, str, int, str]] = []
     if settings.http.port:
         wanted.append(("HTTP port", settings.http.host, settings.http.port, "--http-port"))
+    if settings.grpc.enabled and settings.grpc.port:
+        # grpc binds with SO_REUSEPORT: a second gateway on the port would share it unnoticed.
+        wanted.append(("gRPC port", settings.http.host, settings.grpc.port, "--grpc-port"))
     mqtt = settings.mqtt
     if mqtt.enabled and mqtt.broker is None and mqtt.embedded_port:
         wanted.append(("embedded MQTT broker port", "127.0.0.1", mqtt.embedded_port, "--mqtt-port"))
@@ -26,14 +29,22 @@ def check_ports(settings: GatewaySettings) -> None:
         return
     if len(busy) == 1:
         what, port, flag = busy[0]
-        broker = ", or --broker for an external broker" if flag == "--mqtt-port" else ""
-        raise StartupError(f"{what} {port} is in use (set {flag}{broker})")
-    ports = " and ".join(f"{what} {port}" for what, port, _ in busy)
-    flags = " and ".join(flag for _, _, flag in busy)
-    raise StartupError(
-        f"{ports} are in use (set {flags}; --broker for an external broker instead of the "
-        "embedded one)"
-    )
+        raise StartupError(f"{what} {port} is in use (set {flag}{_ALTERNATIVE.get(flag, '')})")
+    ports = _listed([f"{what} {port}" for what, port, _ in busy])
+    flags = _listed([flag for _, _, flag in busy])
+    mqtt_busy = any(flag == "--mqtt-port" for _, _, flag in busy)
+    tail = "; --broker for an external broker instead of the embedded one" * mqtt_busy
+    raise StartupError(f"{ports} are in use (set {flags}{tail})")
+
+
+_ALTERNATIVE = {
+    "--mqtt-port": ", or --broker for an external broker",
+    "--grpc-port": ", or --no-grpc",
+}
+
+
+def _listed(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def in_use(host: str, port: int) -> bool:

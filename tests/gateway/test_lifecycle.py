@@ -153,26 +153,29 @@ def test_failed_start_closes_what_it_opened(small_repo: Path, tmp_path: Path) ->
 def test_every_busy_port_is_told_at_once_before_anything_starts(
     small_repo: Path, tmp_path: Path
 ) -> None:
-    with socket.socket() as http, socket.socket() as mqtt:
-        for taken in (http, mqtt):
+    with socket.socket() as http, socket.socket() as grpc, socket.socket() as mqtt:
+        for taken in (http, grpc, mqtt):
             taken.bind(("127.0.0.1", 0))
             taken.listen()
-        http_port, broker_port = http.getsockname()[1], mqtt.getsockname()[1]
+        http_port, grpc_port = http.getsockname()[1], grpc.getsockname()[1]
+        broker_port = mqtt.getsockname()[1]
+        args = ("--mqtt-port", str(broker_port), "--grpc-port", str(grpc_port))
         done = subprocess.run(
-            serve_command(small_repo, tmp_path, http_port, "--mqtt-port", str(broker_port)),
+            serve_command(small_repo, tmp_path, http_port, *args),
             capture_output=True,
             timeout=120,
         )
         stderr = done.stderr.decode(errors="replace")
         assert done.returncode == 1
         assert stderr.strip().splitlines()[-1] == (
-            f"iotgw serve: HTTP port {http_port} and embedded MQTT broker port {broker_port} are "
-            "in use (set --http-port and --mqtt-port; --broker for an external broker instead "
-            "of the embedded one)"
+            f"iotgw serve: HTTP port {http_port}, gRPC port {grpc_port} and embedded MQTT broker "
+            f"port {broker_port} are in use (set --http-port, --grpc-port and --mqtt-port; "
+            "--broker for an external broker instead of the embedded one)"
         )
         mqtt.close()  # one left busy: named alone, as before
+        grpc.close()
         done = subprocess.run(
-            serve_command(small_repo, tmp_path, http_port, "--mqtt-port", str(broker_port)),
+            serve_command(small_repo, tmp_path, http_port, *args),
             capture_output=True,
             timeout=120,
         )
