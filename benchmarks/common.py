@@ -95,8 +95,23 @@ class BenchRun:
             config=config,
             created=self.created,
         )
+        note_if_quick(self.quick)
         print(f"\nwrote {path}")
         return path
+
+
+# Printed after a --quick run's figures: a target "missed" there is no finding.
+QUICK_NOTE = (
+    "\nThis was a --quick run: it checks that the benchmark still works, at loads, durations "
+    "and repeats too small to be read against the targets, so a target_met (or *_met) of "
+    "False above says nothing; run it without --quick to measure."
+)
+
+
+def note_if_quick(quick: bool) -> None:
+    """After a --quick run's figures: ``QUICK_NOTE``."""
+    if quick:
+        print(QUICK_NOTE)
 
 
 def print_summary(summary: Mapping[str, object]) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gateway.lifecycle import StartupError
-from gateway.mosquitto import MosquittoBroker, find_mosquitto
+from gateway.mosquitto import MosquittoBroker, broker_dir, find_mosquitto
 from gateway.settings import MqttSettings
 
 log = logging.getLogger("gateway.broker")
@@ -74,16 +74,17 @@ def embedded_broker(settings: MqttSettings, cache_dir: Path) -> EmbeddedBroker:
                 "credentials (set --mqtt-username and --mqtt-password)"
             )
     port = settings.embedded_port or free_port()
-    check_port_free("127.0.0.1", port)
+    check_port_free("127.0.0.1", port)  # before any file of that port's broker is touched
     choice = settings.embedded_broker
     binary = find_mosquitto() if choice in ("auto", "mosquitto") else None
     if binary is not None:
         return MosquittoBroker(
             binary=binary,
             port=port,
-            data_dir=cache_dir / "mosquitto",
+            data_dir=broker_dir(cache_dir, port),
             password_file=password_file.resolve() if password_file is not None else None,
             max_inflight=settings.receive_maximum,
+            ephemeral=not settings.embedded_port,  # a random port: nothing to find again
         )
     if choice == "mosquitto":
         raise StartupError(

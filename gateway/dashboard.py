@@ -33,6 +33,7 @@ _ASSETS = {
 DATA_PATH = "/admin/dashboard.json"
 _DECISIONS = 8  # the tuner's latest decisions shown per model
 _ESTIMATES = 50  # estimates searched for a decision's predicted objective
+HISTORY_S = 60  # seconds of each model's trend
 
 
 def add_routes(
@@ -93,6 +94,7 @@ def snapshot(
 ) -> dict[str, Any]:
     """Everything the page shows, at this moment."""
     errors = _error_replies(service)
+    models = _models(service, window_s)
     return {
         "gateway": {
             "version": __version__,
@@ -101,7 +103,8 @@ def snapshot(
             "ready": readiness.ready,
             "waiting_for": readiness.waiting_for(),
         },
-        "models": _models(service, window_s),
+        "models": models,
+        "totals": _totals(models, window_s),
         "mqtt": _mqtt(service, errors.get("mqtt", {})),
         "tuner": _tuner(tuning),
         "error_replies": errors,
@@ -109,6 +112,31 @@ def snapshot(
 
 
 def _models(service: InferenceService, window_s: float) -> list[dict[str, Any]]:
+    """Every model version, the busiest first (by rate), then those not serving (something to
+    look at), then the idle ones by name: an operator reads the top of the list at a glance."""
+    return sorted(_entries(service, window_s), key=_busy_first)
+
+
+def _busy_first(entry: dict[str, Any]) -> tuple[float, int, str, str]:
+    stats = entry.get("stats")
+    rate = stats["rate_per_s"] + stats["arrived"] / stats["window_s"] if stats else 0.0
+    return (-rate, 0 if entry["state"] != "READY" else 1, entry["name"], entry["version"])
+
+
+def _totals(models: list[dict[str, Any]], window_s: float) -> dict[str, Any]:
+    """The gateway's sums over the window (latencies do not add up: the page shows them per
+    model only)."""
+    stats = [m["stats"] for m in models if "stats" in m]
+    keys = ("completed", "arrived", "rejected", "slo_violations", "queue_depth", "in_system")
+    out: dict[str, Any] = {key: sum(s[key] for s in stats) for key in keys}
+    out["rate_per_s"] = out["completed"] / window_s
+    out["models"] = len(models)
+    out["serving"] = len(stats)
+    out["busy"] = sum(1 for s in stats if s["completed"] or s["arrived"])
+    return out
+
+
+def _entries(service: InferenceService, window_s: float) -> list[dict[str, Any]]:
     batches = _batches(service)
     out: list[dict[str, Any]] = []
     for status in service.statuses():
@@ -126,6 +154,10 @@ def _models(service: InferenceService, window_s: float) -> list[dict[str, Any]]:
             entry["knobs"] = view.knobs.as_dict()
             entry["stats"] = {name: getattr(stats, name) for name in stats.__slots__}
             entry["batches"] = batches.get((status.name, str(status.version)), _no_batches())
+            # Requests answered in each of the last seconds: the page's trend from its first
+            # load, not only from what it polled itself.
+            host = service.host(status.name, status.version)
+            entry["history_per_s"] = host.completions_per_second(HISTORY_S)
         out.append(entry)
     return out
 

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gateway.logs import quiet_libraries
 from models.backends import load_runtime
 from models.backends.devices import Placement
 from models.extras import install_hint, installed, missing_module_hint
@@ -272,6 +273,8 @@ def main(argv: list[str]) -> int:
         "--load", action="store_true", help="open one session per model (shows GPU fallbacks)"
     )
     args = parser.parse_args(argv)
+    # The report is the output: TensorFlow's import banners (and its warnings) are not.
+    quiet_libraries()
     from gateway.settings import GatewaySettings
 
     serving = GatewaySettings.load(args.config).serving

@@ -55,6 +55,6 @@ def run(main: Coroutine[Any, Any, _T], choice: EventLoopChoice) -> _T:
     except EventLoopUnavailable:
         main.close()  # never awaited: say so to no one
         raise
-    log.info("event loop: %s", name)
+    log.debug("event loop: %s", name)
     with asyncio.Runner(loop_factory=factory) as runner:
         return runner.run(main)

@@ -9,6 +9,8 @@ import json
 import logging
 from typing import Literal
 
+from models import tf_env
+
 # Below WARNING these speak only at DEBUG: their INFO lines repeat per model, per instance or per
 # tuning interval (the tuner's decisions are on /admin/tuner and the dashboard), or come from
 # libraries whose INFO is their own business.
@@ -27,6 +29,10 @@ DETAIL_LOGGERS = (
     "tensorflow",
     "transitions",
 )
+
+# Of those, the libraries underneath: at --log-level WARNING their warnings are not the
+# operator's either (TensorFlow's deprecations, absl's), so they speak from ERROR up.
+LIBRARY_LOGGERS = ("absl", "h5py", "keras", "tensorflow")
 
 
 class JsonFormatter(logging.Formatter):
@@ -55,3 +61,14 @@ def configure_logging(level: str, fmt: Literal["text", "json"] = "text") -> None
     quiet = logging.DEBUG if level == "DEBUG" else max(logging.WARNING, logging.getLevelName(level))
     for name in DETAIL_LOGGERS:
         logging.getLogger(name).setLevel(quiet)
+    if logging.getLevelName(level) >= logging.WARNING:
+        quiet_libraries(logging.getLevelName(level))
+
+
+def quiet_libraries(level: int = logging.ERROR) -> None:
+    """For a process asked for warnings only, or whose output is a report: TensorFlow's import
+    banners (its C++ side, set before TensorFlow is imported) and the libraries' own warnings
+    (TensorFlow's deprecations, absl's) are not the operator's."""
+    tf_env.quiet_native_logs()
+    for name in LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(max(logging.ERROR, level))

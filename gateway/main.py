@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import gc
 import logging
 import os
 import signal
@@ -29,8 +28,10 @@ from gateway.ingest.supervisor import IngestSupervisor
 from gateway.lifecycle import InFlight, Readiness, StartupError, models_check
 from gateway.metrics import GatewayMetrics
 from gateway.mqtt import BrokerAddress, MqttAdapter
+from gateway.ports import check_ports
 from gateway.service import InferenceService
 from gateway.settings import GatewaySettings
+from gateway.startup_log import announce_ready, endpoints, ready_line, serving, until_loaded
 from gateway.tuning import TuningService
 from models.repository import RepositoryError, scan_repository
 
@@ -42,20 +43,25 @@ log = logging.getLogger("gateway")
 # After the drain, what aiohttp may still take to close idle keep-alive connections and
 # finish writing the last responses.
 _HTTP_CLOSE_S = 2.0
+# How long the tuner's start waits for the MQTT subscription (``Gateway._load``).
+_TUNER_AFTER_MQTT_S = 10.0
 
 
 def resolve_model_repo(settings: GatewaySettings) -> Path:
     if settings.serving.model_repo is not None:
         return settings.serving.model_repo
     try:
-        from models.demo import ensure_demo_repository
+        from models.demo import ensure_demo_repository, is_complete
     except ImportError as exc:  # a base install: the demo is built with iotgw[demo]
         raise RepositoryError(
             f"no --model-repo given and the bundled demo cannot be built here ({exc}): "
             "install the iotgw[demo] extra (pip install '.[demo]' in the iotgw source folder), "
             "or serve your models with --model-repo"
         ) from exc
-    root = ensure_demo_repository(settings.serving.cache_dir / "demo-repo-v1")
+    root = settings.serving.cache_dir / "demo-repo-v1"
+    if not is_complete(root):  # seconds of exports with nothing else to say meanwhile
+        log.info("no --model-repo given: building the bundled demo repository (first use)")
+    root = ensure_demo_repository(root)
     log.info("no --model-repo given: serving the bundled demo repository at %s", root)
     return root
 
@@ -85,6 +91,7 @@ class Gateway:
         self.readiness = Readiness()
         self.broker: EmbeddedBroker | None = None
         self.mqtt: MqttAdapter | None = None
+        self.broker_address: BrokerAddress | None = None  # the one MQTT serves on, if any
         self.http_port: int = settings.http.port
         self._http_in_flight = InFlight()
         self.grpc: GrpcServer | None = None
@@ -94,6 +101,7 @@ class Gateway:
         self._http_listening = False
         self._mqtt_task: asyncio.Task[None] | None = None
         self._loading: asyncio.Task[None] | None = None
+        self._models_loaded = asyncio.Event()
         self._stack: contextlib.AsyncExitStack | None = None
 
     async def start(self, *, wait_ready: bool = False) -> None:
@@ -114,6 +122,7 @@ class Gateway:
     async def _start(self, stack: contextlib.AsyncExitStack) -> None:
         # Each step registers its undo right after it succeeds; they run in reverse order.
         stack.callback(self._close_executor)
+        check_ports(self.settings)  # every busy port at once, before anything starts
         external = _external_broker(self.settings) if self.settings.mqtt.enabled else None
         loop = asyncio.get_running_loop()
         # Building the demo repository exports TF models (seconds): keep the loop free.
@@ -138,6 +147,7 @@ class Gateway:
         self._loading = asyncio.create_task(self._load(), name="load-models")
         stack.push_async_callback(self._stop_loading)
         broker = self._broker_address(external) if self.settings.mqtt.enabled else None
+        self.broker_address = broker[0] if broker is not None else None
         if processes:
             self._start_ingest(stack, broker)
         if broker is not None and not (processes and _shares(self.settings, broker[1])):
@@ -209,7 +219,7 @@ class Gateway:
         await broker.start()
         stack.push_async_callback(broker.stop)
         self.broker = broker
-        log.info(
+        log.debug(
             "no --broker given: devices can publish to %s (embedded %s, MQTT %s)",
             broker.url,
             broker.name,
@@ -298,15 +308,30 @@ class Gateway:
 
     async def _load(self) -> None:
         await self.service.load_all()
-        if self.tuning is not None:
-            self.tuning.start()  # agents need loaded models: their knobs, limits and SLO
+        self._models_loaded.set()
+        if self.tuning is None:
+            return
+        if self.mqtt is not None:
+            # The agents' first steps run in threads of the loop's default executor, where
+            # aiomqtt connects too: started at once, 24 of them held the subscription back
+            # 7 s on 2 cores. The broker first, for a bounded while (HTTP serves meanwhile).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.mqtt.connected.wait(), _TUNER_AFTER_MQTT_S)
+        self.tuning.start()  # agents need loaded models: their knobs, limits and SLO
 
     async def _run_mqtt(self, adapter: MqttAdapter) -> None:
         # Subscribe only once the models are loaded: the broker may hold a backlog of requests
         # for this session, and every one taken before then would be refused as unavailable.
         if self._loading is not None:
-            await asyncio.shield(self._loading)
+            loaded = asyncio.ensure_future(self._models_loaded.wait())
+            # ... or once loading ended without them (cancelled): nothing more to wait for.
+            await asyncio.wait({loaded, self._loading}, return_when=asyncio.FIRST_COMPLETED)
+            loaded.cancel()
         await adapter.run()
+
+    async def wait_models(self) -> None:
+        """Until the models are loaded (the tuner may still be starting)."""
+        await self._models_loaded.wait()
 
     async def wait_loaded(self) -> None:
         if self._loading is not None:
@@ -441,8 +466,13 @@ async def serve(settings: GatewaySettings) -> int:
     except Exception as exc:
         return _start_failed(exc, settings)
     try:
-        await _until_loaded(gw, stop)
-        await stop.wait()
+        if await until_loaded(gw.wait_models(), stop, gw.service):
+            grpc = gw.grpc.port if gw.grpc is not None else None
+            where = endpoints(gw.settings, gw.http_port, gw.broker_address, grpc)
+            line = ready_line(where, serving(gw.service))
+            announcing = asyncio.create_task(announce_ready(gw.readiness, line), name="ready")
+            await stop.wait()
+            announcing.cancel()
         grace = settings.serving.shutdown_grace_s
         log.info("shutting down: draining requests for up to %.0f s", grace)
         clean = await gw.drain(grace)
@@ -458,35 +488,6 @@ async def serve(settings: GatewaySettings) -> int:
         sys.stderr.flush()
         os._exit(code)
     return code
-
-
-async def _until_loaded(gw: Gateway, stop: asyncio.Event) -> None:
-    """Wait for the models (a signal during the load stops at once), then log what serves."""
-    waits = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(gw.wait_loaded())}
-    try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiting in waits:
-            waiting.cancel()
-    if stop.is_set():
-        return
-    # Everything allocated so far (TF, sessions, modules) lives as long as the process: moved
-    # out of the collector's reach, a full collection no longer walks it (~0.25 s with TF
-    # loaded, a pause every device would feel).
-    gc.collect()
-    gc.freeze()
-    statuses = gw.service.statuses()
-    for s in statuses:  # each ready model logged its own line as it loaded
-        if s.state != "READY":
-            log.warning(
-                "  %s v%d: %s%s", s.name, s.version, s.state, f" ({s.reason})" * bool(s.reason)
-            )
-    ready = sum(s.state == "READY" for s in statuses)
-    log.info("%d of %d model versions ready", ready, len(statuses))
-    scheme = "https" if gw.settings.http.tls_cert_file else "http"
-    log.info("ready: %s://%s:%d/v2", scheme, gw.settings.http.host, gw.http_port)
-    if gw.grpc is not None:
-        log.info("ready: gRPC on %s:%d", gw.settings.http.host, gw.grpc.port)
 
 
 def _start_failed(exc: Exception, settings: GatewaySettings) -> int:

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import itertools
 import logging
 import stat
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -21,14 +19,13 @@ from gateway.batcher import Batcher, BatchRecord
 from gateway.errors import BadRequest, InternalError, ModelUnavailable
 from gateway.instances import InstancePool, RuntimeFactory, StuckCalls
 from gateway.metrics import GatewayMetrics
+from gateway.request_stats import RequestStats
 from models.knobs import InvalidKnobs, KnobLimits, Knobs
 from models.repository import ModelConfig
 from models.runtime import ModelMetadata, Threads
 from models.window_stats import WindowStats
 
 log = logging.getLogger("gateway.model")
-
-_STATS_WINDOW = 20_000  # completed requests remembered for the tuner's snapshots
 
 # (relative path, size, mtime in ns) of every file of a version folder: a reload rebuilds a
 # version only when this changed.
@@ -114,10 +111,8 @@ class ModelHost:
         self._replacing: set[asyncio.Task[None]] = set()
         self._knob_lock = asyncio.Lock()
         self._bind_metrics(metrics)
-        # (completion time, latency s, rows, violated SLO) of recent requests.
-        self._done: deque[tuple[float, float, int, bool]] = deque(maxlen=_STATS_WINDOW)
-        self._rejected: deque[float] = deque(maxlen=_STATS_WINDOW)
-        self._arrived: deque[tuple[float, int]] = deque(maxlen=_STATS_WINDOW)  # (time, rows)
+        # Arrivals, completions and refusals by time, for the windows of ``stats``.
+        self._requests = RequestStats(slo_s=config.slo_ms / 1000.0)
         self.arrived_total = 0
         """Requests that reached ``infer`` since the start (the tuner's loop meter)."""
         # Requests inside ``infer``: a version swapped out is closed only once they are answered.
@@ -168,7 +163,8 @@ class ModelHost:
         self.state = ModelState.READY
         self._metrics.model_ready.labels(*self._labels).set(1)
         self._publish_knobs()
-        log.info("model %s version %d ready (%s)", self.name, self.version, self._describe())
+        # One line per version is detail at start-up (the gateway logs how many loaded).
+        log.debug("model %s version %d ready (%s)", self.name, self.version, self._describe())
 
     async def unload(self, *, publish: bool = True) -> None:
         """Stop serving and close the runtime instances; ``publish=False`` leaves the ready
@@ -212,7 +208,7 @@ class ModelHost:
                 + (f": {self.reason}" if self.reason else "")
             )
         started = time.monotonic()
-        self._arrived.append((started, rows))
+        self._requests.arrive(started, rows)
         self.arrived_total += 1
         budget = timeout_s if timeout_s is not None else self.config.slo_ms / 1000.0
         # The answer must be ready before the reply's own way to the client starts eating the
@@ -236,21 +232,22 @@ class ModelHost:
             if not self._in_flight:
                 self._idle.set()
         finished = time.monotonic()
-        latency = finished - started
-        self._done.append((finished, latency, rows, latency > self.config.slo_ms / 1000.0))
+        self._requests.complete(finished, finished - started, rows)
         return result
 
     async def set_knobs(self, new: Knobs) -> Knobs:
         """Set the knobs; returns once every one is in effect. Request-level knobs take effect
-        from the next batch; thread and concurrency changes swap runtime instances."""
-        return await self._change(lambda _: new)
+        from the next batch; thread and concurrency changes swap runtime instances. The
+        tuner's way in: logged at DEBUG (its moves are on /admin/tuner and the dashboard)."""
+        return await self._change(lambda _: new, logging.DEBUG)
 
     async def change_knobs(self, changes: Mapping[str, object]) -> Knobs:
         """Change some knobs by wire name; the others keep what they hold when the change
-        takes the knob lock (two changes at once both land, one after the other)."""
-        return await self._change(lambda current: current.with_changes(changes))
+        takes the knob lock (two changes at once both land, one after the other). An
+        operator's way in (the admin API): logged at INFO."""
+        return await self._change(lambda current: current.with_changes(changes), logging.INFO)
 
-    async def _change(self, to: Callable[[Knobs], Knobs]) -> Knobs:
+    async def _change(self, to: Callable[[Knobs], Knobs], level: int) -> Knobs:
         async with self._knob_lock:
             old = self._knobs
             try:
@@ -280,34 +277,26 @@ class ModelHost:
             self._knobs = new
             self._publish_knobs()
             if new != old:
-                log.info("model %s version %d knobs: %s", self.name, self.version, self._describe())
+                log.log(
+                    level,
+                    "model %s version %d knobs: %s",
+                    self.name,
+                    self.version,
+                    self._describe(),
+                )
             return new
 
     def stats(self, window_s: float = 10.0) -> WindowStats:
-        now = time.monotonic()
-        since = now - window_s
-        recent = _newest(self._done, since)
-        arrived = _newest(self._arrived, since)
-        rejected = len(_newest(self._rejected, since))
-        latencies = np.array([d[1] for d in recent], dtype=np.float64) * 1000.0
-        p50, p95, p99 = (
-            np.percentile(latencies, [50, 95, 99]).tolist() if latencies.size else [0.0] * 3
-        )
-        return WindowStats(
-            window_s=window_s,
-            completed=len(recent),
-            rate_per_s=len(recent) / window_s if window_s > 0 else 0.0,
-            rows_per_request=float(np.mean([d[2] for d in recent])) if recent else 0.0,
-            p50_ms=p50,
-            p95_ms=p95,
-            p99_ms=p99,
-            slo_violations=sum(1 for d in recent if d[3]),
-            rejected=rejected,
+        return self._requests.window(
+            time.monotonic(),
+            window_s,
             queue_depth=self._batcher.queue_depth,
-            arrived=len(arrived),
-            arrived_rows=sum(a[1] for a in arrived),
             in_system=self._in_flight,
         )
+
+    def completions_per_second(self, seconds: int) -> list[int]:
+        """Requests answered in each of the last ``seconds`` whole seconds, oldest first."""
+        return self._requests.completions_per_second(time.monotonic(), seconds)
 
     def service_samples(self) -> dict[int, tuple[float, ...]]:
         """Recent batch service times (seconds) by batch-size bucket: the tuner's queueing model."""
@@ -319,7 +308,7 @@ class ModelHost:
 
     def record_rejection(self, reason: str) -> None:
         """Count a request refused before computing (by reason, and for the tuner's stats)."""
-        self._rejected.append(time.monotonic())
+        self._requests.reject(time.monotonic())
         self._metrics.rejections.labels(*self._labels, reason).inc()
 
     def record_request(self, transport: str, outcome: str, seconds: float) -> None:
@@ -406,14 +395,3 @@ def _carried(configured: Knobs, previous: Knobs, limits: KnobLimits) -> Knobs:
         return limits.check(previous)
     except InvalidKnobs:
         return configured
-
-
-def _newest(records: deque[Any], since: float) -> list[Any]:
-    """The records stamped at or after ``since`` (a time, or a tuple led by one). Each is
-    appended when it happens, so they are the newest: read from the end, a short window costs
-    what it holds, not the whole history."""
-    return list(
-        itertools.takewhile(
-            lambda r: (r[0] if isinstance(r, tuple) else r) >= since, reversed(records)
-        )
-    )

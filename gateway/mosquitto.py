@@ -1,6 +1,12 @@
 """Mosquitto as the embedded broker: a child process the gateway configures, starts, waits for
-and stops. It speaks MQTT 5 (shared subscriptions, Response Topic), persists queued requests
-under ``<cache_dir>/mosquitto/`` and listens on 127.0.0.1 only."""
+and stops. It speaks MQTT 5 (shared subscriptions, Response Topic), listens on 127.0.0.1 only
+and persists queued requests in a folder of its own, ``<cache_dir>/mosquitto/<port>/``
+(``broker_dir``): one per listener port, so two gateways on one machine, which cannot share a
+port, never share a configuration or a store, and a gateway restarted on its port finds the
+requests queued for its persistent session. The folder is locked while its broker runs, before
+anything is written there: a second gateway pointed at it (the same port, started at the same
+moment) is refused without touching the first one's files. A broker on a port picked at random
+(``--mqtt-port 0``) has nothing to find again: its folder goes when it stops."""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import fcntl
 import logging
 import os
 import pwd
@@ -33,6 +40,11 @@ MAX_QUEUED_BYTES = 256 * 1024 * 1024
 _START_TIMEOUT_S = 10.0
 _STOP_TIMEOUT_S = 5.0
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def broker_dir(cache_dir: Path, port: int) -> Path:
+    """The folder of the embedded broker listening on ``port``."""
+    return cache_dir / "mosquitto" / str(port)
 
 
 def find_mosquitto() -> str | None:
@@ -82,6 +94,7 @@ class MosquittoBroker:
         password_file: Path | None = None,
         max_inflight: int = 64,
         host: str = "127.0.0.1",
+        ephemeral: bool = False,
     ) -> None:
         self.binary = binary
         self.host = host
@@ -89,7 +102,9 @@ class MosquittoBroker:
         self.data_dir = data_dir
         self.password_file = password_file
         self.max_inflight = max_inflight
+        self.ephemeral = ephemeral  # the folder is removed at stop
         self._process: asyncio.subprocess.Process | None = None
+        self._lock: int | None = None  # the folder's lock file, held while the broker runs
 
     @property
     def url(self) -> str:
@@ -130,8 +145,49 @@ class MosquittoBroker:
 
     async def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        config = self.data_dir / "mosquitto.conf"
-        config.write_text(self.config(), encoding="utf-8")
+        self._take_folder()
+        try:
+            _adopt_legacy_store(self.data_dir, self.port)
+            config = self.data_dir / "mosquitto.conf"
+            config.write_text(self.config(), encoding="utf-8")
+            await self._start_process(config)
+        except BaseException:
+            self._release_folder()
+            raise
+        log.info(
+            "embedded MQTT broker (mosquitto, MQTT 5, pid %d) listening on %s; data in %s",
+            self.pid,
+            self.url,
+            self.data_dir,
+        )
+
+    def _take_folder(self) -> None:
+        """Lock the folder for this broker (released at stop, or by the kernel with the
+        process), or refuse: another gateway's broker runs from it."""
+        path = self.data_dir / "lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise StartupError(
+                f"the embedded broker's folder {self.data_dir} is in use by another gateway "
+                f"(pid {holder}); set another --mqtt-port or --cache-dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock = fd
+
+    def _release_folder(self) -> None:
+        fd, self._lock = self._lock, None
+        if fd is None:
+            return
+        if self.ephemeral:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+        os.close(fd)  # after the removal: no other broker may take the folder meanwhile
+
+    async def _start_process(self, config: Path) -> None:
         with self.log_file.open("wb") as out:
             self._process = await asyncio.create_subprocess_exec(
                 self.binary,
@@ -145,14 +201,8 @@ class MosquittoBroker:
         try:
             await self._wait_listening()
         except BaseException:
-            await self.stop()
+            await self._stop_process()
             raise
-        log.info(
-            "embedded MQTT broker (mosquitto, MQTT 5, pid %d) listening on %s; data in %s",
-            self._process.pid,
-            self.url,
-            self.data_dir,
-        )
 
     async def _wait_listening(self) -> None:
         process = self._process
@@ -195,6 +245,12 @@ class MosquittoBroker:
         return errors[-1].strip() if errors else "no log output"
 
     async def stop(self) -> None:
+        try:
+            await self._stop_process()
+        finally:
+            self._release_folder()
+
+    async def _stop_process(self) -> None:
         process, self._process = self._process, None
         if process is None or process.returncode is not None:
             return
@@ -205,3 +261,18 @@ class MosquittoBroker:
             log.warning("embedded mosquitto did not stop within %.0f s: killed", _STOP_TIMEOUT_S)
             process.kill()
             await process.wait()
+
+
+def _adopt_legacy_store(folder: Path, port: int) -> None:
+    """Earlier versions kept one store for every port in ``<cache_dir>/mosquitto/`` itself:
+    the store of the broker that last listened on ``port`` moves into its own folder, so the
+    requests queued for the gateway's persistent session survive the upgrade."""
+    legacy = folder.parent
+    store, config = legacy / "mosquitto.db", legacy / "mosquitto.conf"
+    if (folder / "mosquitto.db").exists() or not store.is_file() or not config.is_file():
+        return
+    with contextlib.suppress(OSError):
+        listeners = [line.split() for line in config.read_text().splitlines()]
+        if any(words[:2] == ["listener", str(port)] for words in listeners):
+            store.rename(folder / "mosquitto.db")
+            config.unlink()

@@ -141,7 +141,8 @@ class ServingSettings(BaseModel):
         Path.home() / ".cache" / "iotgw",
         description="Folder of what the gateway keeps between runs: the bundled demo repository "
         "(built here on first use), the embedded Mosquitto's configuration and persistent store "
-        "(mosquitto/: requests queued while the gateway is down) and the serving plans' "
+        "(mosquitto/<port>/, one per listener port: requests queued while the gateway is "
+        "down) and the serving plans' "
         "measured costs (plans/).",
     )
     executor_threads: int = Field(
@@ -441,9 +442,11 @@ class GatewaySettings(BaseSettings):
     tuner: TunerSettings = TunerSettings()
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         "INFO",
-        description="Least severe log lines printed. Only DEBUG adds the per-instance, "
-        "per-backend and per-decision detail and the INFO lines of the libraries underneath "
-        "(TensorFlow, amqtt, ...); at the other levels those log warnings and errors only.",
+        description="Least severe log lines printed. INFO: the start-up on one screen, ending "
+        "with one 'ready:' line once the gateway takes requests. Only DEBUG adds each model's, "
+        "instance's, backend's and tuner decision's detail and the INFO lines of the libraries "
+        "underneath (TensorFlow, amqtt, ...); at WARNING and ERROR the libraries log errors "
+        "only (TensorFlow's import banners none).",
     )
     log_format: Literal["text", "json"] = Field(
         "text", description="Log lines as text, or one JSON object per line for log shippers."

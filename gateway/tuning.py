@@ -45,6 +45,11 @@ from rrl.tuners.space import ConfigSpace, core_share, expert_default
 from rrl.tuners.workload import MonitorSettings
 
 log = logging.getLogger("gateway.tuning")
+# The objectives in plain words (settings.TunerSettings.objective), for the start-up line.
+_GOALS = {
+    "latency": "lowest p95 latency within the SLO",
+    "cost": "fewest cores that meet the SLO",
+}
 
 
 class AgentControl(ModelControl):
@@ -131,10 +136,11 @@ class TuningService:
         self.service.watch_models(self._model_changed)
         if self.agents:
             log.info(
-                "tuner: %s (%s objective) on %d model(s), %d configurations each at most",
-                s.algorithm,
-                s.objective,
+                "tuner: retuning the batching and threads of %d model(s) as their load changes, "
+                "for the %s (%s, up to %d settings each; --no-tuner keeps the configured ones)",
                 len(self.agents),
+                _GOALS.get(s.objective, f"{s.objective} objective"),
+                s.algorithm,
                 max(a.space.size for a in self.agents.values()),
             )
 

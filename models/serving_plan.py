@@ -47,6 +47,12 @@ WAYS: dict[Way, str] = {
     "graph": "dequantized in the graph on every run",
     "load": "dequantized once at load to fp32",
 }
+# The ways as the log says them, after a count of layers ("2 run a kernel ...").
+_PLAIN: dict[Way, str] = {
+    "packed": "on a kernel over their packed codes",
+    "graph": "dequantized on every run",
+    "load": "dequantized once at load",
+}
 DEFAULT_WEIGHT_MEMORY_BUDGET = 0.5
 # Resolution of the knapsack: the budget is cut into this many units, each tensor's bytes
 # rounded up to whole units (so a chosen plan never exceeds the budget).
@@ -124,14 +130,24 @@ class ServingPlan:
         return {t.layer: t.way for t in self.tensors}
 
     def summary(self) -> str:
+        """The plan in plain words: the weights' memory against its limit, how the layers
+        run, and whether the choice is new."""
         counts = {w: sum(t.way == w for t in self.tensors) for w in WAYS}
-        ways = ", ".join(f"{n} {w}" for w, n in counts.items() if n)
-        over = "" if self.within_budget else " (over budget: every tensor at its smallest)"
-        kept = "kept from an earlier load" if self.kept else "chosen now"
+        ways = ", ".join(f"{n} {_PLAIN[w]}" for w, n in counts.items() if n)
+        limit = (
+            f"within the limit of {self.budget:g}"
+            if self.within_budget
+            else f"over the limit of {self.budget:g} even with every layer in its smallest form"
+        )
+        timed = (
+            f"{self.measured} layer timing(s) measured now"
+            if self.measured
+            else "layer timings from the cache"
+        )
+        chosen = "kept from an earlier load" if self.kept else "chosen now"
         return (
-            f"weights {self.held_bytes / 1e6:.2f} MB = {self.memory_ratio:.3f} of fp32 "
-            f"(budget {self.budget:g}){over}; {ways or 'nothing quantized'}; "
-            f"{self.measured} cost(s) measured now; {kept}"
+            f"weights take {self.held_bytes / 1e6:.2f} MB, {self.memory_ratio:.2f} of their "
+            f"float32 size ({limit}); quantized layers: {ways or 'none'}; {chosen}, {timed}"
         )
 
     def with_ways(self, ways: Mapping[str, Way]) -> ServingPlan:
@@ -314,11 +330,13 @@ _logged: set[tuple[str, str]] = set()
 
 
 def log_once(what: str, plan: ServingPlan) -> None:
-    """The plan at INFO the first time this model version loads in the process (instances and
-    rebuilds after it load the same plan: DEBUG)."""
+    """The plan at DEBUG the first time this model version loads in the process (instances and
+    rebuilds after it load the same plan). Detail: ``iotgw inspect --plan`` and the model's
+    metadata show it too."""
     key = (what, json.dumps(plan.ways(), sort_keys=True))
-    level = logging.DEBUG if key in _logged else logging.INFO
+    if key in _logged:
+        return
     _logged.add(key)
-    log.log(level, "%s: serving plan: %s", what, plan.summary())
+    log.debug("%s: serving plan: %s", what, plan.summary())
     for t in plan.tensors:
         log.debug("%s: %s %s (%s)", what, t.name, t.way, WAYS[t.way])

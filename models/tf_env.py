@@ -23,7 +23,21 @@ IMPORTED_TOO_EARLY = (
 # before that import (setdefault: an operator's explicit choice wins).
 os.environ.setdefault("TF_OVERRIDE_GLOBAL_THREADPOOL", "1")
 # TensorFlow's C++ side logs several INFO/WARNING lines per session (CPU features, XLA, ...).
+# An operator's own TF_CPP_MIN_LOG_LEVEL is kept, whatever the gateway's log level.
+_OPERATOR_LEVEL = os.environ.get("TF_CPP_MIN_LOG_LEVEL")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def quiet_native_logs() -> None:
+    """Silence TensorFlow's C++ logging below FATAL (TF_CPP_MIN_LOG_LEVEL=3) for a process whose
+    own log shows warnings and errors only, and for ``iotgw doctor``: the lines TensorFlow and
+    XLA print at import (absl's "All log messages before absl::InitializeLog()" banner, CUDA
+    factories registered twice, CPU features, oneDNN) are ERROR and INFO lines of no use there;
+    a failing op still raises in Python. Effective only before TensorFlow is imported (it reads
+    the variable once), and never over an operator's own setting."""
+    if _OPERATOR_LEVEL is None and sys.modules.get("tensorflow") is None:
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+
 
 if IMPORTED_TOO_EARLY:
     logging.getLogger("models.tf").warning(

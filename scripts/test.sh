@@ -19,12 +19,15 @@ venv="${IOTGW_VENV:-.venv}"
 python="${PYTHON:-python3.11}"
 command -v "$python" >/dev/null 2>&1 || python=python3
 
-# The MQTT tests run a real Mosquitto broker (Debian's, MQTT 5 with shared subscriptions).
-if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; then
+# The MQTT tests run a real Mosquitto broker (Debian's, MQTT 5 with shared subscriptions); the
+# README's MQTT example, run by the doc tests, is Debian's mosquitto_rr (mosquitto-clients).
+if { ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; } ||
+  ! command -v mosquitto_rr >/dev/null 2>&1; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get install -y -q mosquitto >/dev/null 2>&1 || {
-    $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q mosquitto >/dev/null
+  $sudo apt-get install -y -q mosquitto mosquitto-clients >/dev/null 2>&1 || {
+    $sudo apt-get update -q >/dev/null &&
+      $sudo apt-get install -y -q mosquitto mosquitto-clients >/dev/null
   }
 fi
 

@@ -48,7 +48,7 @@ from benchmarks.chaos.scenarios import (
 )
 from benchmarks.chaos.stack import MODEL, OVERLOAD_MODEL, demo_repository
 from benchmarks.clients import ClientProcesses
-from benchmarks.common import load_average, machine_info, write_results
+from benchmarks.common import load_average, machine_info, note_if_quick, write_results
 from models.repository import read_config
 
 DEVICE_PROCESSES = 2
@@ -91,6 +91,7 @@ def run(
     print_table(results)
     summary = summarize(results)
     print(" ".join(f"{k}={v}" for k, v in summary.items()))
+    note_if_quick(quick)
     path = write_results(
         # A run of some cases only is kept apart: chaos.json holds every case.
         "chaos" if cases_run == CASES else f"chaos_{cases_run}",

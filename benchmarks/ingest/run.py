@@ -17,6 +17,7 @@ from benchmarks.common import (
     fmt_repeated,
     format_table,
     machine_info,
+    note_if_quick,
     percentiles,
     print_summary,
     tree_cpu_seconds,
@@ -181,6 +182,7 @@ def main(quick: bool = False, out_dir: Path | None = None) -> int:
     head = ["model", "cores", "ingest", "req/s", "vs 0", "p50 ms", "p99 ms", "CPU ms/req", "lost"]
     print(format_table(head, rows))
     print_summary(summary)
+    note_if_quick(quick)
     write_results(
         "ingest",
         quick=quick,

@@ -18,6 +18,7 @@ import numpy as np
 from benchmarks.common import (
     load_average,
     machine_info,
+    note_if_quick,
     now_iso,
     results_path,
     usable_cores,
@@ -368,6 +369,7 @@ def run(opts: Options) -> Path:
     print(report.table([r for r in runs if r["scenario"] in opts.scenarios]))
     for name in opts.scenarios:
         print(name, {k: summary[name][k] for k in report.SUMMARY_KEYS})
+    note_if_quick(opts.quick)
     return path
 
 

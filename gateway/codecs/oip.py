@@ -282,6 +282,12 @@ def _from_json_data(
     data: Any, dtype: np.dtype, shape: list[int], count: int, what: str
 ) -> np.ndarray:
     if not isinstance(data, list):
+        if isinstance(data, str) and dtype != np.dtype(object):
+            # Counted as one value, a string would be refused for its count, not for what it is.
+            raise BadRequest(
+                f"{what}: 'data' is a string; {dtype_label(dtype)} data is a list of {count} "
+                f"number{'s' * (count != 1)} (nested or flat), or binary tensor data"
+            )
         data = [data]
     if dtype == np.dtype(object):
         flat = _flatten(data, what)
@@ -297,7 +303,12 @@ def _from_json_data(
     except ValueError:
         raise BadRequest(f"{what}: 'data' is ragged (nested lists of unequal lengths)") from None
     if values.size != count:
-        raise BadRequest(f"{what}: {values.size} values for shape {shape} (needs {count})")
+        if values.dtype.kind not in "biuf":
+            convert_values(values, dtype, what)  # wrong in kind first (strings, nulls): say that
+        raise BadRequest(
+            f"{what}: {values.size} value{'s' * (values.size != 1)} for shape {shape} "
+            f"(needs {count})"
+        )
     return convert_values(values, dtype, what).reshape(shape)
 
 

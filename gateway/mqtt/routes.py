@@ -11,6 +11,7 @@ from gateway.codecs import oip
 from gateway.edge import OFFLOAD_BYTES
 from gateway.errors import GatewayError
 from gateway.mqtt.paho_seam import Message
+from gateway.mqtt.refusals import RefusalLog
 from gateway.mqtt_trust import DeviceTrust, ReplyNamespace
 from gateway.settings import MqttSettings
 
@@ -40,7 +41,9 @@ class Route:
 
 
 class Router:
-    def __init__(self, settings: MqttSettings, *, v5: bool) -> None:
+    def __init__(
+        self, settings: MqttSettings, *, v5: bool, refusals: RefusalLog | None = None
+    ) -> None:
         self._prefix = settings.topic_prefix.rstrip("/")
         self._head = f"{self._prefix}/infer/"
         self._v5 = v5
@@ -50,6 +53,7 @@ class Router:
             identity=settings.device_identity,
             identity_property=settings.identity_property,
         )
+        self._refusals = refusals if refusals is not None else RefusalLog()
 
     def route(self, message: Message) -> Route | None:
         topic: str = message.topic
@@ -69,6 +73,11 @@ class Router:
         user_properties = getattr(props, "UserProperty", None) if props is not None else None
         refusal = self._trust.refusal(model, device, response_topic, user_properties)
         default = f"{self._prefix}/infer/{model}/res/{device}"
+        if refusal is not None:
+            # Answered on the default topic only, never on the topic the device named: the
+            # gateway cannot see the broker's ACL, and a topic outside the namespace may be
+            # another device's reply topic (docs/mqtt.md, "Reply namespace").
+            self._refusals.refused(device, refusal, default)
         reply = default if refusal is not None or not response_topic else response_topic
         return Route(model, device, reply, correlation, self._v5, refusal)
 

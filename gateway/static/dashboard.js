@@ -5,11 +5,13 @@
 
 const DATA_URL = "admin/dashboard.json";
 const POLL_MS = 1000;
-const TREND_POINTS = 60;
+const TREND_POINTS = 60; // the gateway's per-second history of each model (history_per_s)
 const TOKEN_KEY = "iotgw.adminToken";
+const DASH = "\u2013"; // what the page shows where there is no value (an idle model's p95)
 
-const rateHistory = new Map(); // "model/version" -> recent requests/s
 const lastBatches = new Map(); // "model/version" -> {count, rows} at the previous poll
+const tunerOpen = new Map(); // model -> open or folded, once the operator chose
+let showIdle = false; // the idle models' rows, folded until asked for
 let timer = null;
 
 function el(tag, attrs = {}, ...children) {
@@ -25,12 +27,16 @@ function el(tag, attrs = {}, ...children) {
 }
 
 function fmt(value, digits = 1) {
-  if (value === null || value === undefined || Number.isNaN(value)) return "–";
+  if (value === null || value === undefined || Number.isNaN(value)) return DASH;
   return Number(value).toFixed(digits);
 }
 
+function busy(stats) {
+  return Boolean(stats) && (stats.completed > 0 || stats.arrived > 0);
+}
+
 function knobText(knobs) {
-  if (!knobs) return "–";
+  if (!knobs) return DASH;
   const short = {
     max_batch_size: "batch",
     batch_timeout_ms: "timeout_ms",
@@ -103,10 +109,10 @@ function render(doc) {
   document.getElementById("updated").textContent =
     `iotgw ${gw.version} · updated ${new Date(gw.time * 1000).toLocaleTimeString()}`;
   document.getElementById("window").textContent = `(last ${gw.window_s} s)`;
-  renderModels(doc.models);
-  renderMqtt(doc.mqtt);
-  renderTuner(doc.tuner);
   renderErrors(doc.error_replies);
+  renderModels(doc.models, doc.totals);
+  renderMqtt(doc.mqtt);
+  renderTuner(doc.tuner, doc.models);
 }
 
 function sparkline(values) {
@@ -131,45 +137,91 @@ function recentBatchRows(key, batches) {
   return (batches.rows - before.rows) / (batches.count - before.count);
 }
 
-function renderModels(models) {
-  const body = document.querySelector("#models tbody");
-  body.replaceChildren();
-  for (const m of models) {
-    const key = `${m.name}/${m.version}`;
-    const row = el("tr", { "data-model": m.name, "data-version": m.version });
-    const stateClass = m.state === "READY" ? "good" : "bad";
-    row.append(el("td", {}, m.name), el("td", {}, m.version));
-    row.append(el("td", { class: stateClass, "data-field": "state", title: m.reason || "" }, m.state));
-    if (!m.stats) {
-      row.append(el("td", { colspan: 10, class: "muted" }, m.reason || ""));
-      body.append(row);
-      continue;
-    }
-    const s = m.stats;
-    const rates = rateHistory.get(key) || [];
-    rates.push(s.rate_per_s);
-    if (rates.length > TREND_POINTS) rates.shift();
-    rateHistory.set(key, rates);
-    const perBatch = recentBatchRows(key, m.batches);
-    const overall = m.batches.count ? m.batches.rows / m.batches.count : null;
-    row.append(
-      el("td", { class: "num", "data-field": "rate" }, fmt(s.rate_per_s, 1)),
-      el("td", {}, sparkline(rates)),
-      el("td", { class: "num", "data-field": "p50" }, fmt(s.p50_ms, 2)),
-      el("td", { class: "num", "data-field": "p95" }, fmt(s.p95_ms, 2)),
-      el("td", { class: "num", "data-field": "p99" }, fmt(s.p99_ms, 2)),
-      el("td", { class: "num" }, fmt(m.slo_ms, 0)),
-      el("td", { class: "num", "data-field": "queue" }, s.queue_depth),
-      el("td", { class: "num", "data-field": "rows-per-request" }, fmt(s.rows_per_request, 1)),
-      el(
-        "td",
-        { class: "num", "data-field": "batch-rows", title: `${m.batches.count} batches, ${fmt(overall)} rows each since start` },
-        fmt(perBatch ?? overall, 1),
-      ),
-      el("td", { class: "knobs", "data-field": "knobs" }, knobText(m.knobs)),
-    );
-    body.append(row);
+function modelRow(m) {
+  const key = `${m.name}/${m.version}`;
+  const row = el("tr", { "data-model": m.name, "data-version": m.version });
+  const stateClass = m.state === "READY" ? "good" : "bad";
+  row.append(el("td", {}, m.name), el("td", {}, m.version));
+  row.append(el("td", { class: stateClass, "data-field": "state", title: m.reason || "" }, m.state));
+  if (!m.stats) {
+    row.append(el("td", { colspan: 10, class: "muted" }, m.reason || ""));
+    return row;
   }
+  const s = m.stats;
+  // Latencies of no request are no latencies: an idle model shows a dash, not 0.00.
+  const answered = s.completed > 0;
+  const perBatch = recentBatchRows(key, m.batches);
+  const overall = m.batches.count ? m.batches.rows / m.batches.count : null;
+  row.append(
+    el("td", { class: "num", "data-field": "rate" }, fmt(s.rate_per_s, 1)),
+    el("td", { "data-field": "trend" }, sparkline(m.history_per_s || [])),
+    el("td", { class: "num", "data-field": "p50" }, answered ? fmt(s.p50_ms, 2) : DASH),
+    el("td", { class: "num", "data-field": "p95" }, answered ? fmt(s.p95_ms, 2) : DASH),
+    el("td", { class: "num", "data-field": "p99" }, answered ? fmt(s.p99_ms, 2) : DASH),
+    el("td", { class: "num" }, fmt(m.slo_ms, 0)),
+    el("td", { class: "num", "data-field": "queue" }, s.queue_depth),
+    el("td", { class: "num", "data-field": "rows-per-request" }, answered ? fmt(s.rows_per_request, 1) : DASH),
+    el(
+      "td",
+      { class: "num", "data-field": "batch-rows", title: `${m.batches.count} batches, ${fmt(overall)} rows each since start` },
+      fmt(perBatch ?? overall, 1),
+    ),
+    el("td", { class: "knobs", "data-field": "knobs" }, knobText(m.knobs)),
+  );
+  return row;
+}
+
+function renderModels(models, totals) {
+  // The gateway lists the busiest first; models with traffic or trouble are shown, the idle
+  // ones folded behind one row.
+  const shown = document.getElementById("busy-models");
+  const idle = document.getElementById("idle-models");
+  const toggle = document.getElementById("idle-toggle");
+  shown.replaceChildren();
+  idle.replaceChildren();
+  toggle.replaceChildren();
+  for (const m of models) {
+    (m.state === "READY" && !busy(m.stats) ? idle : shown).append(modelRow(m));
+  }
+  idle.hidden = !showIdle;
+  if (idle.children.length) {
+    const button = el(
+      "button",
+      { type: "button", "data-field": "idle-toggle" },
+      `${idle.children.length} idle model${idle.children.length === 1 ? "" : "s"} (${showIdle ? "hide" : "show"})`,
+    );
+    button.addEventListener("click", () => {
+      showIdle = !showIdle;
+      idle.hidden = !showIdle;
+      button.textContent = button.textContent.replace(/\((show|hide)\)$/, showIdle ? "(hide)" : "(show)");
+    });
+    toggle.append(el("tr", {}, el("td", { colspan: 13, class: "muted" }, button)));
+  }
+  renderTotals(models, totals);
+}
+
+function renderTotals(models, totals) {
+  const foot = document.getElementById("totals");
+  foot.replaceChildren();
+  if (!totals) return;
+  const trend = new Array(TREND_POINTS).fill(0);
+  for (const m of models) {
+    (m.history_per_s || []).forEach((n, i) => { trend[i + TREND_POINTS - m.history_per_s.length] += n; });
+  }
+  foot.append(
+    el(
+      "tr",
+      { "data-model": "*totals*" },
+      el("th", {}, "all models"),
+      el("td", {}),
+      el("td", { "data-field": "serving" }, `${totals.serving} of ${totals.models} serving, ${totals.busy} busy`),
+      el("td", { class: "num", "data-field": "rate" }, fmt(totals.rate_per_s, 1)),
+      el("td", {}, sparkline(trend)),
+      el("td", { colspan: 4, class: "muted" }, `${totals.slo_violations} over their SLO, ${totals.rejected} refused`),
+      el("td", { class: "num", "data-field": "queue" }, totals.queue_depth),
+      el("td", { colspan: 3 }),
+    ),
+  );
 }
 
 function definitionList(pairs) {
@@ -200,7 +252,7 @@ function renderMqtt(mqtt) {
   );
 }
 
-function renderTuner(tuner) {
+function renderTuner(tuner, models) {
   const box = document.getElementById("tuner");
   box.replaceChildren();
   if (!tuner.enabled) {
@@ -208,51 +260,72 @@ function renderTuner(tuner) {
     return;
   }
   box.append(el("p", { "data-field": "tuner-state" }, `${tuner.algorithm}, ${tuner.objective} objective`));
-  for (const [name, t] of Object.entries(tuner.models)) {
-    const section = el("div", { "data-tuned-model": name });
-    section.append(el("h3", {}, `${name}${t.paused ? " (paused)" : ""}`));
-    section.append(
-      definitionList([
-        ["workload", t.workload ? t.workload.state : "–"],
-        ["running", knobText(t.current), { class: "knobs" }],
-        ["best known", `${knobText(t.best)} (estimate ${fmt(t.best_estimate, 2)})`, { class: "knobs" }],
-      ]),
+  const withTraffic = new Set(models.filter((m) => busy(m.stats)).map((m) => m.name));
+  // Busy models' agents first, open; an idle model's agent is one folded line.
+  const names = Object.keys(tuner.models).sort((a, b) => withTraffic.has(b) - withTraffic.has(a));
+  for (const name of names) box.append(tunerBlock(name, tuner.models[name], withTraffic.has(name)));
+}
+
+function tunerBlock(name, t, active) {
+  const section = el("details", { "data-tuned-model": name });
+  section.open = tunerOpen.has(name) ? tunerOpen.get(name) : active;
+  const summary = el(
+    "summary",
+    {},
+    el("strong", {}, `${name}${t.paused ? " (paused)" : ""}`),
+    ` ${active ? "busy" : "idle"} · ${t.workload ? t.workload.state : DASH} · running `,
+    el("span", { class: "knobs" }, knobText(t.current)),
+    ` · ${t.decisions.length} recent decision${t.decisions.length === 1 ? "" : "s"}`,
+  );
+  // The operator's choice outlives the re-render of every poll (a click comes before the
+  // toggle it causes, so it records the state the block is about to take).
+  summary.addEventListener("click", () => tunerOpen.set(name, !section.open));
+  section.append(summary);
+  section.append(
+    definitionList([
+      ["workload", t.workload ? t.workload.state : DASH],
+      ["running", knobText(t.current), { class: "knobs" }],
+      ["best known", `${knobText(t.best)} (estimate ${fmt(t.best_estimate, 2)})`, { class: "knobs" }],
+    ]),
+  );
+  const table = el("table", { class: "decisions" });
+  table.append(
+    el("thead", {}, el("tr", {}, ...["time", "kind", "configuration", "predicted", "measured", "p95 ms", "reason"].map((h) => el("th", {}, h)))),
+  );
+  const body = el("tbody");
+  for (const d of t.decisions) {
+    body.append(
+      el(
+        "tr",
+        { "data-decision": d.kind },
+        el("td", {}, new Date(d.at * 1000).toLocaleTimeString()),
+        el("td", {}, d.kind),
+        el("td", { class: "knobs" }, knobText(d.config)),
+        el("td", { class: "num", "data-field": "predicted", title: "the tuner's estimate of this configuration's objective (– when not among its 50 best)" }, fmt(d.predicted, 2)),
+        el("td", { class: "num", "data-field": "measured" }, fmt(d.objective, 2)),
+        el("td", { class: "num" }, fmt(d.measurement ? d.measurement.p95_ms : null, 2)),
+        el("td", { class: "muted" }, d.reason),
+      ),
     );
-    const table = el("table", { class: "decisions" });
-    table.append(
-      el("thead", {}, el("tr", {}, ...["time", "kind", "configuration", "predicted", "measured", "p95 ms", "reason"].map((h) => el("th", {}, h)))),
-    );
-    const body = el("tbody");
-    for (const d of t.decisions) {
-      body.append(
-        el(
-          "tr",
-          { "data-decision": d.kind },
-          el("td", {}, new Date(d.at * 1000).toLocaleTimeString()),
-          el("td", {}, d.kind),
-          el("td", { class: "knobs" }, knobText(d.config)),
-          el("td", { class: "num", "data-field": "predicted", title: "the tuner's estimate of this configuration's objective (– when not among its 50 best)" }, fmt(d.predicted, 2)),
-          el("td", { class: "num", "data-field": "measured" }, fmt(d.objective, 2)),
-          el("td", { class: "num" }, fmt(d.measurement ? d.measurement.p95_ms : null, 2)),
-          el("td", { class: "muted" }, d.reason),
-        ),
-      );
-    }
-    table.append(body);
-    section.append(table);
-    box.append(section);
   }
+  table.append(body);
+  section.append(table);
+  return section;
 }
 
 function renderErrors(errors) {
   const body = document.querySelector("#errors tbody");
   body.replaceChildren();
-  for (const [transport, reasons] of Object.entries(errors)) {
-    for (const [reason, count] of Object.entries(reasons)) {
-      body.append(el("tr", {}, el("td", {}, transport), el("td", {}, reason), el("td", { class: "num" }, count)));
-    }
+  const rows = Object.entries(errors).flatMap(([transport, reasons]) =>
+    Object.entries(reasons).map(([reason, count]) => [transport, reason, count]),
+  );
+  rows.sort((a, b) => b[2] - a[2]); // the most frequent first
+  for (const [transport, reason, count] of rows) {
+    body.append(
+      el("tr", { "data-error": `${transport}/${reason}` }, el("td", {}, transport), el("td", {}, reason), el("td", { class: "num" }, count)),
+    );
   }
-  if (!body.children.length) body.append(el("tr", {}, el("td", { colspan: 3, class: "muted" }, "none")));
+  if (!body.children.length) body.append(el("tr", {}, el("td", { colspan: 3, class: "muted", "data-field": "no-errors" }, "none")));
 }
 
 document.getElementById("login").addEventListener("submit", onLogin);

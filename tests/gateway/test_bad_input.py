@@ -136,6 +136,20 @@ CASES: dict[str, tuple[str, bytes, dict[str, str], int, list[str]]] = {
         400,
         ["'features'", "shape", "[32]"],
     ),
+    "data-a-string": (
+        "sensor_mlp",
+        _features(data="abc"),
+        {},
+        400,
+        ["'features'", "'data' is a string", "list of 32 numbers"],
+    ),
+    "data-strings-short": (
+        "sensor_mlp",
+        _features(data=["abc"]),
+        {},
+        400,
+        ["'features'", "strings are not valid FP32 data"],
+    ),
     "data-count-not-shape": (
         "sensor_mlp",
         _features(data=[0.0] * 31),

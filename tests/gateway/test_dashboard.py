@@ -64,9 +64,11 @@ async def test_document_lists_models_and_follows_the_load(
 async def _follows_the_load(gateway: Gateway, url: str, http: aiohttp.ClientSession) -> None:
     before = await _document(http, url)
     statuses = gateway.service.statuses()
-    assert [(m["name"], m["version"]) for m in before["models"]] == [
+    # All idle: by name.
+    assert [(m["name"], m["version"]) for m in before["models"]] == sorted(
         (s.name, str(s.version)) for s in statuses
-    ]
+    )
+    assert before["totals"]["completed"] == 0 and before["totals"]["busy"] == 0
     mlp = _model(before, "sensor_mlp")
     assert mlp["state"] == "READY"
     assert mlp["knobs"] == gateway.service.knobs("sensor_mlp").as_dict()
@@ -81,7 +83,17 @@ async def _follows_the_load(gateway: Gateway, url: str, http: aiohttp.ClientSess
     )
     assert [status for status, _, _ in results] == [200] * 24
 
-    after = _model(await _document(http, url), "sensor_mlp")
+    doc = await _document(http, url)
+    # The busy model comes first, though "sensor_fusion" sorts before it by name.
+    assert [m["name"] for m in doc["models"]][:1] == ["sensor_mlp"]
+    after = _model(doc, "sensor_mlp")
+    totals = doc["totals"]
+    assert (totals["models"], totals["serving"], totals["busy"]) == (len(statuses), 2, 1)
+    assert totals["completed"] == after["stats"]["completed"] >= 24
+    assert totals["rate_per_s"] == pytest.approx(after["stats"]["rate_per_s"])
+    # The trend from the gateway's own history: the last minute's answers, second by second.
+    assert len(after["history_per_s"]) == 60
+    assert sum(after["history_per_s"]) == 24
     stats = after["stats"]
     assert stats["completed"] >= 24 and stats["rate_per_s"] > 0
     assert 0 < stats["p50_ms"] <= stats["p95_ms"] <= stats["p99_ms"]

@@ -1,7 +1,9 @@
 """The dashboard page in a real headless Chromium (Debian's ``chromium`` and ``chromium-driver``,
 driven by Selenium) against a real gateway on 127.0.0.1 with an admin token, a real Mosquitto
 and the online tuner: the page asks for the token, lists the served models, its numbers move
-under load, and a screenshot is left as an artifact. The browser is required, not optional: the
+under load, busy models come first with a totals row, idle ones fold, the error replies head
+the page, the trend is drawn from the gateway's history at once, and a screenshot is left as
+an artifact. The browser is required, not optional: the
 test command installs it, and without it this test fails saying so."""
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]
 TOKEN = "browser-admin-0123"
 MODELS = ("sensor_mlp", "vision_cnn")
 T = TypeVar("T")
+DASH = "\N{EN DASH}"  # the page's "no value"
 
 
 def _browser_paths() -> tuple[str, str]:
@@ -158,12 +161,31 @@ async def test_dashboard_in_a_real_browser(demo_repo: Path, tmp_path: Path) -> N
             token_input = driver.find_element(By.ID, "token")
             await asyncio.to_thread(token_input.send_keys, TOKEN)
             await asyncio.to_thread(driver.find_element(By.CSS_SELECTOR, "#login button").click)
+            # No traffic yet: both models are idle, folded behind one row.
+            toggle = '[data-field="idle-toggle"]'
+            await _wait(
+                driver, lambda d: _text(d, toggle) == "2 idle models (show)", "the idle fold"
+            )
+            await asyncio.to_thread(driver.find_element(By.CSS_SELECTOR, toggle).click)
             await _wait(
                 driver,
                 lambda d: all(_cell(d, m, "state") == "READY" for m in MODELS),
                 f"the models {MODELS} as READY",
             )
-            assert _number(_cell(driver, "sensor_mlp", "rate")) == 0.0  # no traffic yet
+            assert _number(_cell(driver, "sensor_mlp", "rate")) == 0.0
+            assert _cell(driver, "vision_cnn", "p95") == DASH  # no latency without requests
+            # One refused request: the error replies are the page's first section.
+            async with aiohttp.ClientSession() as http:
+                bad = f"{base_url(gw)}/v2/models/sensor_mlp/infer"
+                async with http.post(bad, data=b'{"inputs": "abc"}') as resp:
+                    assert resp.status == 400
+            await _wait(
+                driver,
+                lambda d: _text(d, '#errors [data-error="http/bad_request"] td.num') == "1",
+                "the refused request among the error replies",
+            )
+            sections = driver.find_elements(By.CSS_SELECTOR, "main > section h2")
+            assert sections[0].text.startswith("Error replies")
 
             stop, sent = asyncio.Event(), [0]
             load = asyncio.create_task(_load(gw, stop, sent))
@@ -176,10 +198,20 @@ async def test_dashboard_in_a_real_browser(demo_repo: Path, tmp_path: Path) -> N
                     ),
                     "a non-zero request rate and p95 for sensor_mlp",
                 )
+                # The busy model heads the table, the idle one stays below the fold row.
+                await _wait(
+                    driver,
+                    lambda d: (
+                        _text(d, "#busy-models tr:first-child td") == "sensor_mlp"
+                        and _text(d, toggle) == "1 idle model (hide)"
+                        and _number(_text(d, '#totals [data-field="rate"]')) > 0
+                    ),
+                    "sensor_mlp first, vision_cnn folded as idle, a total rate",
+                )
                 await _wait(
                     driver,
                     lambda d: any(
-                        c.text not in ("", "\N{EN DASH}")  # the page's "no value"
+                        c.text not in ("", DASH)  # the page's "no value"
                         for c in d.find_elements(
                             By.CSS_SELECTOR,
                             '[data-tuned-model="sensor_mlp"] [data-field="measured"]',
@@ -190,6 +222,16 @@ async def test_dashboard_in_a_real_browser(demo_repo: Path, tmp_path: Path) -> N
             finally:
                 stop.set()
                 await load
+            # Reloaded, the page draws the last minute at once, from the gateway's history.
+            await asyncio.to_thread(driver.refresh)
+            trend = 'tr[data-model="sensor_mlp"] [data-field="trend"] polyline'
+            points = await _wait(
+                driver,
+                lambda d: d.find_element(By.CSS_SELECTOR, trend).get_attribute("points"),
+                "the trend after a reload",
+            )
+            heights = [float(p.split(",")[1]) for p in points.split()]
+            assert len(heights) == 60 and min(heights) < 23  # not a flat, empty line
             mqtt_state = _text(driver, '#mqtt [data-field="mqtt-state"]')
             assert mqtt_state == "connected"
             assert sent[0] > 0

@@ -4,6 +4,7 @@ file (anonymous clients refused, the gateway with its credentials serves)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shutil
 import signal
@@ -15,10 +16,18 @@ import aiomqtt
 import numpy as np
 import pytest
 
+from gateway.mosquitto import broker_dir
 from tests.brokers import free_port
 from tests.gateway.helpers import make_repo
 from tests.gateway.mqtt_client import NODELAY, Device, json_payload, outputs_of
-from tests.gateway.serve_process import Serve, mosquitto_children, port_free, serve, wait_gone
+from tests.gateway.serve_process import (
+    Serve,
+    mosquitto_children,
+    port_free,
+    serve,
+    serve_command,
+    wait_gone,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -71,12 +80,12 @@ async def test_serve_runs_mosquitto_speaks_mqtt5_and_stops_it(
     small_repo: Path, tmp_path: Path
 ) -> None:
     port = free_port()
-    config = tmp_path / "mosquitto" / "mosquitto.conf"
+    config = broker_dir(tmp_path, port) / "mosquitto.conf"
     with start_embedded(small_repo, tmp_path, port) as gw:
         gw.wait_ready()
         assert len(mosquitto_children(config)) == 1
         log = gw.text()
-        assert "embedded mosquitto, MQTT 5" in log
+        assert "embedded MQTT broker (mosquitto, MQTT 5" in log
         assert "subscribed to $share/iotgw/iotgw/infer/+/req/+" in log
         await round_trip(port, "dev-mosq", v5=True)
         gw.process.send_signal(signal.SIGTERM)
@@ -89,7 +98,7 @@ async def test_serve_runs_mosquitto_speaks_mqtt5_and_stops_it(
 
 async def test_mosquitto_dies_with_a_killed_gateway(small_repo: Path, tmp_path: Path) -> None:
     port = free_port()
-    config = tmp_path / "mosquitto" / "mosquitto.conf"
+    config = broker_dir(tmp_path, port) / "mosquitto.conf"
     with start_embedded(small_repo, tmp_path, port) as gw:
         gw.wait_ready()
         assert len(mosquitto_children(config)) == 1
@@ -129,3 +138,39 @@ async def test_password_file_refuses_anonymous_and_admits_the_gateway(
         await round_trip(port, "dev-auth", v5=v5, username="dev-auth", password="dev-secret")
         gw.process.send_signal(signal.SIGTERM)
         assert gw.wait_exit() == 0
+
+
+async def test_two_gateways_on_one_machine_keep_their_own_brokers(
+    small_repo: Path, tmp_path: Path
+) -> None:
+    """One cache directory, two gateways on two MQTT ports: two brokers, each with its own
+    configuration and store, each serving its gateway; a third start that fails (HTTP port
+    busy) leaves both running brokers' files as they were."""
+    one, two = free_port(), free_port()
+    configs = [broker_dir(tmp_path, port) / "mosquitto.conf" for port in (one, two)]
+    with start_embedded(small_repo, tmp_path, one) as first:
+        first.wait_ready()
+        with start_embedded(small_repo, tmp_path, two) as second:
+            second.wait_ready()
+            before = [(c.read_bytes(), c.stat().st_mtime_ns) for c in configs]
+            for port, config in zip((one, two), configs, strict=True):
+                assert f"listener {port} " in config.read_text()
+            assert [len(mosquitto_children(c)) for c in configs] == [1, 1]
+            await round_trip(one, "dev-one", v5=True)
+            await round_trip(two, "dev-two", v5=True)
+            failed = await asyncio.to_thread(
+                subprocess.run,
+                serve_command(
+                    small_repo, tmp_path, first.http_port, "--mqtt-port", str(free_port())
+                ),
+                capture_output=True,
+                timeout=120,
+            )
+            assert failed.returncode == 1
+            assert [(c.read_bytes(), c.stat().st_mtime_ns) for c in configs] == before
+            await round_trip(one, "dev-one-again", v5=True)
+            second.process.send_signal(signal.SIGTERM)
+            assert second.wait_exit() == 0
+        first.process.send_signal(signal.SIGTERM)
+        assert first.wait_exit() == 0
+    assert [mosquitto_children(c) for c in configs] == [[], []]

@@ -5,6 +5,7 @@ leaves nothing running."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import socket
 import subprocess
@@ -15,6 +16,7 @@ import aiohttp
 import numpy as np
 import pytest
 
+from gateway.mosquitto import broker_dir
 from tests.brokers import free_port, mosquitto
 from tests.gateway.helpers import json_request, make_repo
 from tests.gateway.mqtt_client import device, json_payload, outputs_of
@@ -129,21 +131,57 @@ async def _wait_queued(http: aiohttp.ClientSession, url: str, count: int) -> Non
 
 def test_failed_start_closes_what_it_opened(small_repo: Path, tmp_path: Path) -> None:
     broker_port = free_port()
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        http_port = taken.getsockname()[1]
-        done = subprocess.run(
-            serve_command(small_repo, tmp_path, http_port, "--mqtt-port", str(broker_port)),
-            capture_output=True,
-            timeout=120,
-        )
+    # An address of no interface here: HTTP fails only when it binds, after the broker started.
+    args = ("--mqtt-port", str(broker_port), "--host", "192.0.2.1")
+    done = subprocess.run(
+        serve_command(small_repo, tmp_path, free_port(), *args),
+        capture_output=True,
+        timeout=120,
+        env={**os.environ, "IOTGW_HTTP__ADMIN_TOKEN": "lifecycle-admin-0123"},
+    )
     stderr = done.stderr.decode(errors="replace")
     assert done.returncode == 1
     assert "Traceback" not in stderr
     assert stderr.strip().splitlines()[-1] == (
-        f"iotgw serve: HTTP port {http_port} is in use (set --http-port)"
+        "iotgw serve: HTTP host 192.0.2.1 is not an address of this machine (set --host)"
     )
     assert "embedded MQTT broker (mosquitto" in stderr  # it had started before HTTP failed
-    assert mosquitto_children(tmp_path / "mosquitto" / "mosquitto.conf") == []
+    assert mosquitto_children(broker_dir(tmp_path, broker_port) / "mosquitto.conf") == []
     assert port_free(broker_port)
+
+
+def test_every_busy_port_is_told_at_once_before_anything_starts(
+    small_repo: Path, tmp_path: Path
+) -> None:
+    with socket.socket() as http, socket.socket() as grpc, socket.socket() as mqtt:
+        for taken in (http, grpc, mqtt):
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+        http_port, grpc_port = http.getsockname()[1], grpc.getsockname()[1]
+        broker_port = mqtt.getsockname()[1]
+        args = ("--mqtt-port", str(broker_port), "--grpc-port", str(grpc_port))
+        done = subprocess.run(
+            serve_command(small_repo, tmp_path, http_port, *args),
+            capture_output=True,
+            timeout=120,
+        )
+        stderr = done.stderr.decode(errors="replace")
+        assert done.returncode == 1
+        assert stderr.strip().splitlines()[-1] == (
+            f"iotgw serve: HTTP port {http_port}, gRPC port {grpc_port} and embedded MQTT broker "
+            f"port {broker_port} are in use (set --http-port, --grpc-port and --mqtt-port; "
+            "--broker for an external broker instead of the embedded one)"
+        )
+        mqtt.close()  # one left busy: named alone, as before
+        grpc.close()
+        done = subprocess.run(
+            serve_command(small_repo, tmp_path, http_port, *args),
+            capture_output=True,
+            timeout=120,
+        )
+        stderr = done.stderr.decode(errors="replace")
+    assert stderr.strip().splitlines()[-1] == (
+        f"iotgw serve: HTTP port {http_port} is in use (set --http-port)"
+    )
+    assert "embedded MQTT broker" not in stderr  # nothing started, nothing written
+    assert not (tmp_path / "mosquitto").exists()

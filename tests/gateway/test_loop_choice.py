@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from gateway import event_loop
+from gateway.mosquitto import broker_dir
 from tests.brokers import free_port
 from tests.gateway.helpers import GENEROUS_TIMEOUT_US, Reference, json_request, make_repo
 from tests.gateway.mqtt_client import device, framed_binary_request, json_payload, outputs_of
@@ -70,8 +71,9 @@ async def test_gateway_on_uvloop_serves_http_and_mqtt_and_stops_cleanly(
     want = reference.infer(MODEL, inputs)["probabilities"]
     reference.close()
     port = free_port()
-    config = tmp_path / "mosquitto" / "mosquitto.conf"
-    with serve(small_repo, tmp_path, "--mqtt-port", str(port), "--event-loop", "uvloop") as gw:
+    config = broker_dir(tmp_path, port) / "mosquitto.conf"
+    args = ("--mqtt-port", str(port), "--event-loop", "uvloop", "--log-level", "DEBUG")
+    with serve(small_repo, tmp_path, *args) as gw:
         gw.wait_ready()
         assert "event loop: uvloop" in gw.text()
         assert len(mosquitto_children(config)) == 1
@@ -107,7 +109,15 @@ async def test_gateway_on_the_standard_loop_and_json_answers_the_same(
     """The configuration the benchmark measures as "before" still serves."""
     inputs = {"features": np.random.default_rng(6).standard_normal((1, 32)).astype(np.float32)}
     body = json.dumps({**json_request(inputs), "parameters": {"timeout": GENEROUS_TIMEOUT_US}})
-    args = ("--no-mqtt", "--event-loop", "asyncio", "--json-codec", "stdlib")
+    args = (
+        "--no-mqtt",
+        "--event-loop",
+        "asyncio",
+        "--json-codec",
+        "stdlib",
+        "--log-level",
+        "DEBUG",
+    )
     with serve(small_repo, tmp_path, *args) as gw:
         gw.wait_ready()
         assert "event loop: asyncio" in gw.text()

@@ -9,6 +9,7 @@ import base64
 import contextlib
 import getpass
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -35,7 +36,13 @@ from tests.gateway.mqtt_client import NODELAY, decode_reply, json_payload
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "mosquitto"
 GATEWAY_USER = "iotgw-gateway"
-PASSWORDS = {GATEWAY_USER: "gw-secret", "devA": "a-secret", "devB": "b-secret", "devC": "c-secret"}
+PASSWORDS = {
+    GATEWAY_USER: "gw-secret",
+    "devA": "a-secret",
+    "devB": "b-secret",
+    "devC": "c-secret",
+    "devD": "d-secret",
+}
 MODEL = "sensor_mlp"
 # Lines of the shipped mosquitto.conf that name the machine's ports and files: the test broker
 # sets its own (a free loopback port, files under tmp, no persistence).
@@ -292,6 +299,24 @@ async def test_response_topic_outside_the_namespace_gets_403_on_the_default_topi
     assert (reply["status"], reply["reason"]) == (403, "forbidden_response_topic")
     assert "iotgw/infer/+/res/devA/#" in reply["error"]  # the allowed pattern, for devA
     assert b.keys() == [marker]  # nothing was published into B's namespace
+
+
+@on_module_loop
+async def test_a_refused_response_topic_is_logged_once_per_device_at_info(
+    gateway_mqtt: Gateway, broker: Broker, payload_of: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The 403 goes where an MQTT 5 requester does not look: the operator's log must say why.
+    caplog.set_level(logging.DEBUG, logger="gateway.mqtt")
+    async with account(broker, "devD") as d:
+        for key in ("log-1", "log-2"):
+            await send(d, "devD", key, payload_of(key), response_topic="my/replies")
+            await d.reply_to(key)
+    refused = [r for r in caplog.records if "refused a request from device 'devD'" in r.message]
+    assert [r.levelno for r in refused] == [logging.INFO, logging.DEBUG]
+    line = refused[0].message
+    assert "'my/replies'" in line  # the topic it asked for
+    assert "'iotgw/infer/+/res/devD/#'" in line  # the pattern it must match
+    assert f"went to iotgw/infer/{MODEL}/res/devD" in line  # where the 403 is
 
 
 @on_module_loop
