@@ -4,7 +4,8 @@ live), why a start failed, and which HTTP requests a shutdown must wait for."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator
 
 from aiohttp import web
 
@@ -79,13 +80,26 @@ def models_check(service: InferenceService) -> Check:
 
 
 class InFlight:
-    """Counts HTTP requests inside their handler, so a shutdown can wait until they are done
-    while the server still listens (and answers readiness probes with 503)."""
+    """Counts requests taken and not yet answered (HTTP requests inside their handler, gRPC
+    calls and a stream's requests one by one), so a shutdown can wait until they are done
+    while the servers still listen (and readiness and health say not ready)."""
 
     def __init__(self) -> None:
         self.count = 0
         self._idle = asyncio.Event()
         self._idle.set()
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        """One request inside, for the ``with`` block."""
+        self.count += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self.count -= 1
+            if self.count == 0:
+                self._idle.set()
 
     @web.middleware
     async def middleware(
@@ -93,14 +107,8 @@ class InFlight:
         request: web.Request,
         handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
     ) -> web.StreamResponse:
-        self.count += 1
-        self._idle.clear()
-        try:
+        with self():
             return await handler(request)
-        finally:
-            self.count -= 1
-            if self.count == 0:
-                self._idle.set()
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """True when no request is in flight within ``timeout_s``."""

@@ -18,10 +18,8 @@ waits for the requests already taken.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import logging
-from collections.abc import Iterator
 from concurrent.futures import Executor
 from typing import Any
 
@@ -32,7 +30,7 @@ from pydantic import SecretStr
 
 from gateway.edge import Edge
 from gateway.grpc import messages, oip_service, tfs_service
-from gateway.lifecycle import Readiness, StartupError
+from gateway.lifecycle import InFlight, Readiness, StartupError
 from gateway.service import InferenceService
 from gateway.settings import GrpcSettings, HttpSettings
 
@@ -58,34 +56,6 @@ _INFERENCE_PREFIXES = tuple(
 )
 # How often a Watch call looks at readiness: a probe learns of a drain within this.
 _WATCH_POLL_S = 0.25
-
-
-class InFlight:
-    """Requests taken and not yet answered (a stream's count one by one), so a drain waits for
-    them while the server still listens and health says NOT_SERVING."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
-
-    @contextlib.contextmanager
-    def __call__(self) -> Iterator[None]:
-        self.count += 1
-        self._idle.clear()
-        try:
-            yield
-        finally:
-            self.count -= 1
-            if self.count == 0:
-                self._idle.set()
-
-    async def wait_idle(self, timeout_s: float) -> bool:
-        try:
-            await asyncio.wait_for(self._idle.wait(), max(timeout_s, 0.0))
-        except TimeoutError:
-            return False
-        return True
 
 
 class Health(health_pb2_grpc.HealthServicer):
