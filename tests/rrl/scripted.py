@@ -21,7 +21,7 @@ import contextlib
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -273,15 +273,28 @@ class ScriptedGateway(ModelControl):
         times.setdefault(bucket, deque(maxlen=15)).append(seconds)
 
 
-async def run_agent(agent: ModelAgent, clock: VirtualClock, seconds: float) -> None:
+Action = Callable[[], Awaitable[None]]
+
+
+async def run_agent(
+    agent: ModelAgent,
+    clock: VirtualClock,
+    seconds: float,
+    at: Sequence[tuple[float, Action]] = (),
+) -> None:
     """Run ``agent`` until the clock has moved ``seconds`` (its simulations in a thread of this
-    process: they take no time on the clock)."""
-    end = clock.now + seconds
+    process: they take no time on the clock), running each of ``at``'s actions (an operator's,
+    say) once the clock has moved its seconds."""
+    begin = clock.now
+    end = begin + seconds
+    pending = sorted(at, key=lambda a: a[0])
     task = asyncio.create_task(agent.run())
     try:
         while clock.now < end:
             if task.done():
                 task.result()  # an agent that stopped says why
+            while pending and clock.now >= begin + pending[0][0]:
+                await pending.pop(0)[1]()
             await asyncio.sleep(0.001)
     finally:
         task.cancel()

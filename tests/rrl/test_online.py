@@ -232,43 +232,6 @@ async def test_a_worse_candidate_is_reverted_within_one_window(
     assert set(statuses) == {200} and statuses[200] > 0, statuses
 
 
-@pytest.mark.slow
-async def test_the_configuration_learned_for_a_state_returns_at_once_when_it_recurs(
-    mlp_repo: Path, tmp_path: Path
-) -> None:
-    async with gateway(mlp_repo, tmp_path, enabled=False) as gw:
-        url = f"http://127.0.0.1:{gw.http_port}"
-        async with running(gw, WAITING) as agent:
-            load = asyncio.create_task(poisson_load(url, rate_per_s=BUSY_RPS, seconds=30))
-            await until(lambda: "accept" in kinds(agent) or load.done(), "a trial accepted")
-            # No trial of its own from here: what runs in each state is what was learned or set.
-            agent.policy._since_trial = -10_000
-            statuses = await load
-            assert "accept" in kinds(agent), "\n".join(log_line(d) for d in agent.policy.history)
-            learned, busy_key = agent.policy.incumbent, agent.policy._key()
-            assert learned != WAITING and agent.policy.memory.recall(busy_key).config == learned  # type: ignore[union-attr]
-            # An operator sets other knobs; the agent takes them as its incumbent.
-            agent.paused = True
-            await gw.service.set_knobs("sensor_mlp", None, WAITING)
-            agent.paused = False
-            trickle = await poisson_load(url, rate_per_s=30, seconds=9, seed=1)
-            again = await poisson_load(url, rate_per_s=BUSY_RPS, seconds=9, seed=2)
-            knobs = gw.service.knobs("sensor_mlp")
-    history = list(agent.policy.history)
-    recalls = [i for i, d in enumerate(history) if d.kind == "recall"]
-    assert recalls, "\n".join(log_line(d) for d in history)
-    recall = history[recalls[-1]]
-    assert recall.config == learned and f"r{busy_key.rate_level}/" in recall.reason
-    # Applied at once: the first decision after the state came back.
-    assert history[recalls[-1] - 1].kind == "workload"
-    assert history[recalls[-1] - 1].workload is not None
-    assert history[recalls[-1] - 1].workload.rate_level == busy_key.rate_level  # type: ignore[union-attr]
-    assert any(k.rate_level < busy_key.rate_level for k in agent.policy.memory.best)  # the trickle
-    assert knobs == learned
-    for s in (statuses, trickle, again):
-        assert set(s) == {200}, s
-
-
 async def test_the_agent_starts_from_the_expert_default_and_an_idle_model_keeps_it(
     mlp_repo: Path, tmp_path: Path
 ) -> None:
@@ -354,42 +317,6 @@ async def test_an_interval_that_drained_a_backlog_is_not_learned(
         )
         assert decision.kind == "explore" and decision.objective is not None
         assert [n for c, _, n in agent.policy.tuner.estimates() if c == bad] == [1]
-
-
-@pytest.mark.slow
-async def test_a_trial_cut_short_by_a_workload_change_is_still_logged(
-    mlp_repo: Path, tmp_path: Path
-) -> None:
-    async with gateway(mlp_repo, tmp_path, enabled=False) as gw:
-        url = f"http://127.0.0.1:{gw.http_port}"
-        agent = hand_built_agent(gw, GRID, interval_s=8.0, max_interval_s=10.0)
-        agent.policy.current = agent.policy.incumbent = GRID.snap(EXPERT)
-        await agent._apply(agent.policy.current)
-        statuses: dict[int, int] = {}
-        trickle = asyncio.create_task(poisson_load(url, 10.0, seconds=6.0, statuses=statuses))
-        # The agent's monitor learns the trickle's state (its first state is a change).
-        for _ in range(10):
-            if await agent._tick() == "state":
-                break
-            await asyncio.sleep(agent.settings.tick_s)
-        assert agent.policy.workload == agent.policy.monitor.state, agent.policy.workload
-        trickle_state = agent.policy.workload
-        await trickle
-        # A trial starts (its knobs really change), and a burst arrives in its first window.
-        candidate = GRID.snap(Knobs(8, 1.0, 1, 1, 1))
-        rebuilt, applied = await agent._apply(candidate)
-        burst = asyncio.create_task(poisson_load(url, 400.0, seconds=5.0, statuses=statuses))
-        started = time.monotonic()
-        await agent._measure_interval(Step(applied, "explore", "predicted gain"), rebuilt)
-        assert time.monotonic() - started < 8.0  # cut short, not a full window
-        await burst
-    explore, workload = list(agent.policy.history)[-2:]
-    assert explore.kind == "explore" and explore.config == applied
-    assert explore.reason == "predicted gain (not measured: the workload changed)"
-    assert explore.objective is None  # not learned
-    assert workload.kind == "workload" and agent.policy.workload is not None and trickle_state
-    assert agent.policy.workload.rate_level > trickle_state.rate_level
-    assert set(statuses) == {200}, statuses
 
 
 async def test_a_candidate_that_rebuilds_sessions_waits_for_the_pace(

@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 
 from models.knobs import Knobs
+from rrl.agent.decisions import Step
 from rrl.agent.model_agent import ModelAgent
 from rrl.agent.settings import AgentSettings
 from rrl.tuners.space import ConfigSpace
+from rrl.tuners.workload import WorkloadState
 from tests.rrl.scripted import (
     ClosedLoop,
     OpenLoop,
@@ -99,3 +101,72 @@ def test_a_candidate_better_than_an_overloaded_incumbent_is_not_reverted_as_unsa
     last = clock.now - 30.0
     assert not [t for t in gateway.refused if t > last]
     assert gateway.p99_ms(last, clock.now) < 50.0
+
+
+def test_the_configuration_learned_for_a_state_returns_at_once_when_it_recurs() -> None:
+    """600/s from batch 1 on one instance (overloaded) for 40 s: the agent learns a better
+    configuration for that state. An operator then sets batch 1 again (the agent takes it as
+    its incumbent), the load falls to a trickle and comes back: the first decision after the
+    busy state returns recalls what was learned there."""
+    clock = VirtualClock()
+    start = Knobs(1, 0.0, 1, 1, 1)
+
+    def rate(t: float) -> float:
+        return 30.0 if 40.0 <= t < 70.0 else 600.0
+
+    gateway = ScriptedGateway(clock, start, two_cores, OpenLoop(rate, seed=2))
+    agent = agent_for(gateway, clock, start=start)
+    learned: list[Knobs] = []
+
+    async def operator_sets_batch_1() -> None:
+        assert agent.policy.incumbent is not None
+        learned.append(agent.policy.incumbent)
+        agent.paused = True
+        await gateway.set_knobs("m", None, start)
+        agent.paused = False
+
+    asyncio.run(run_agent(agent, clock, 100.0, at=[(40.0, operator_sets_batch_1)]))
+    history = list(agent.policy.history)
+    (busy,) = learned
+    assert busy != start and "accept" in [d.kind for d in history], [d.kind for d in history]
+    recalls = [i for i, d in enumerate(history) if d.kind == "recall"]
+    assert recalls, [d.kind for d in history]
+    recall = history[recalls[-1]]
+    assert recall.config == busy
+    before = history[recalls[-1] - 1]
+    assert before.kind == "workload" and before.workload is not None
+    assert gateway.knobs("m") == busy
+
+
+def test_a_trial_cut_short_by_a_workload_change_is_still_logged() -> None:
+    """A trial's first window (8 s long) at a trickle, and a burst arrives in it: the window
+    ends early on the clock, is not learned, and the log still says why the knobs moved."""
+    clock = VirtualClock()
+    start, candidate = Knobs(32, 0.0, 1, 1, 1), Knobs(8, 1.0, 1, 1, 1)
+
+    def rate(t: float) -> float:
+        return 10.0 if t < 20.0 else 400.0
+
+    gateway = ScriptedGateway(clock, start, two_cores, OpenLoop(rate, seed=4))
+    agent = agent_for(gateway, clock, interval_s=8.0, max_interval_s=10.0)
+
+    async def scenario() -> tuple[object, Knobs, float]:
+        agent.policy.begin(start)
+        while clock.now - gateway.start < 20.0:  # the monitor learns the trickle's state
+            await agent._tick()
+            await clock.sleep(agent.settings.tick_s)
+        trickle = agent.policy.workload
+        rebuilt, applied = await agent._apply(candidate)
+        began = clock.now
+        await agent._measure_interval(Step(applied, "explore", "predicted gain"), rebuilt)
+        return trickle, applied, clock.now - began
+
+    trickle, applied, took = asyncio.run(scenario())
+    assert took < 8.0  # cut short, not a full window
+    explore, workload = list(agent.policy.history)[-2:]
+    assert explore.kind == "explore" and explore.config == applied
+    assert explore.reason == "predicted gain (not measured: the workload changed)"
+    assert explore.objective is None  # not learned
+    assert workload.kind == "workload" and agent.policy.workload is not None
+    assert isinstance(trickle, WorkloadState)
+    assert agent.policy.workload.rate_level > trickle.rate_level
