@@ -87,6 +87,8 @@ class ScriptedGateway(ModelControl):
         self.clock, self._knobs, self.service_s, self.load = clock, knobs, service_s, load
         self.slo_ms, self.max_queue = slo_ms, max_queue
         self.refused: list[float] = []  # when a full queue refused a request
+        self.slowdown = 1.0
+        """Every batch takes this many times its scripted time (other work on the cores)."""
         self.start = self._now = clock.now
         self.knob_changes: list[tuple[float, Knobs]] = [(clock.now, knobs)]
         self._free = [clock.now] * knobs.concurrency  # when each instance is next free
@@ -261,7 +263,7 @@ class ScriptedGateway(ModelControl):
         k = self._knobs
         rows = min(len(self._queue), k.max_batch_size)
         batch = [self._queue.popleft() for _ in range(rows)]
-        seconds = self.service_s(k, rows)
+        seconds = self.service_s(k, rows) * self.slowdown
         instance = self._free.index(min(self._free))
         self._free[instance] = t + seconds
         for r in batch:

@@ -4,10 +4,11 @@ it ends on, for loads whose best configuration follows from the scripted service
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 
 from models.knobs import Knobs
 from rrl.agent.decisions import Step
-from rrl.agent.model_agent import ModelAgent
+from rrl.agent.model_agent import Listener, ModelAgent
 from rrl.agent.settings import AgentSettings
 from rrl.tuners.space import ConfigSpace
 from rrl.tuners.workload import WorkloadState
@@ -33,17 +34,27 @@ def two_cores(knobs: Knobs, rows: int) -> float:
     return seconds * max(1.0, knobs.concurrency * knobs.intra_op_threads / 2)
 
 
-def agent_for(gateway: ScriptedGateway, clock: VirtualClock, **settings: object) -> ModelAgent:
+def agent_for(
+    gateway: ScriptedGateway,
+    clock: VirtualClock,
+    *,
+    listener: Listener | None = None,
+    settings: Mapping[str, object] | None = None,
+    **more: object,
+) -> ModelAgent:
+    """An agent on ``gateway``, timed by ``clock``, with ``AgentSettings`` from ``settings``
+    and ``more``."""
     return ModelAgent(
         gateway,
         "m",
         space=SPACE,
         slo_ms=gateway.slo_ms,
         cores=2,
-        settings=AgentSettings(**settings),  # type: ignore[arg-type]
+        settings=AgentSettings(**{**(settings or {}), **more}),  # type: ignore[arg-type]
         model_pool=model_pool(),
         clock=clock,
         sleep=clock.sleep,
+        listener=listener,
     )
 
 
