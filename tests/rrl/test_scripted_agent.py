@@ -10,6 +10,7 @@ from models.knobs import Knobs
 from rrl.agent.decisions import Step
 from rrl.agent.model_agent import Listener, ModelAgent
 from rrl.agent.settings import AgentSettings
+from rrl.agent.trial import Trial
 from rrl.tuners.space import ConfigSpace
 from rrl.tuners.workload import WorkloadState
 from tests.rrl.scripted import (
@@ -181,3 +182,30 @@ def test_a_trial_cut_short_by_a_workload_change_is_still_logged() -> None:
     assert workload.kind == "workload" and agent.policy.workload is not None
     assert isinstance(trickle, WorkloadState)
     assert agent.policy.workload.rate_level > trickle.rate_level
+
+
+def test_a_worse_candidate_is_reverted_within_one_window() -> None:
+    """At a steady 128/s, a trial of a worse candidate (one single-thread instance waiting up to
+    8 ms a batch: a rebuild, so paired windows) runs one window, is reverted, and is not tried
+    again in that state."""
+    clock = VirtualClock()
+    start, worse = Knobs(32, 0.0, 1, 2, 1), Knobs(32, 8.0, 1, 1, 1)
+    gateway = ScriptedGateway(clock, start, two_cores, OpenLoop(lambda t: 128.0, seed=8))
+    # No trial of the agent's own (trial_gap): the worse candidate is ours.
+    agent = agent_for(gateway, clock, start=start, trial_gap=10_000)
+    at: list[int] = []
+
+    async def try_the_worse_one() -> None:
+        policy = agent.policy
+        assert policy._baseline is not None and policy.incumbent == start
+        at.append(len(policy.history))
+        policy.trial = Trial(start, worse, policy._baseline, interleave=False, margin=0.05)
+
+    asyncio.run(run_agent(agent, clock, 40.0, at=[(20.0, try_the_worse_one)]))
+    history = list(agent.policy.history)[at[0] :]
+    tried = [i for i, d in enumerate(history) if d.config == worse]
+    assert len(tried) == 1, [d.reason for d in history]  # one window, not its schedule's two
+    assert "worse, reverted after one window" in history[tried[0]].reason
+    assert (history[tried[0] + 1].kind, history[tried[0] + 1].config) == ("revert", start)
+    assert gateway.knobs("m") == start and agent.policy.incumbent == start
+    assert agent.policy.memory.was_rejected(agent.policy._key(), worse)
