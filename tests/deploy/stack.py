@@ -229,6 +229,9 @@ def gateway_environment(stack: Stack, service: Service, repo: Path) -> dict[str,
     env.update({k: service.path(v) for k, v in IOTGW_IMAGE_ENV.items()})
     env["IOTGW_SERVING__MODEL_REPO"] = str(repo)
     env["IOTGW_HTTP__PORT"] = str(service.port)  # the image serves on its default, 8080
+    # and gRPC on 8001: in its own network namespace; here the replicas share one host, so
+    # each takes a free port.
+    env["IOTGW_GRPC__PORT"] = "0"
     for key, value in service.spec["environment"].items():
         value = stack.address(str(value))
         if value == "0.0.0.0":
