@@ -24,7 +24,13 @@ from gateway.logs import quiet_libraries
 from models.backends import load_runtime
 from models.backends.devices import Placement
 from models.extras import install_hint, installed, missing_module_hint
-from models.repository import BrokenVersion, ModelVersion, RepositoryError, scan_repository
+from models.repository import (
+    BrokenVersion,
+    ModelVersion,
+    RepositoryError,
+    checkpoint_repository,
+    scan_repository,
+)
 from models.runtime import ModelLoadError, Threads
 
 # soname -> what it is. CUDA 12 and cuDNN 9: what onnxruntime-gpu < 1.27 and TensorFlow 2.21 load.
@@ -265,7 +271,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--model-repo",
         type=Path,
-        help="model repository (default: serving.model_repo, else the bundled demo if built)",
+        help="model repository, or one checkpoint file as iotgw serve takes it (default: "
+        "serving.model_repo, else the bundled demo if built)",
     )
     parser.add_argument("--config", type=Path, help="TOML settings file, as for iotgw serve")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -279,6 +286,12 @@ def main(argv: list[str]) -> int:
 
     serving = GatewaySettings.load(args.config).serving
     repo = args.model_repo or serving.model_repo or default_repository(serving.cache_dir)
+    if repo is not None and repo.is_file():  # one checkpoint, served as iotgw serve serves it
+        try:
+            repo = checkpoint_repository(repo, serving.cache_dir)
+        except RepositoryError as exc:
+            print(f"iotgw doctor: {exc}", file=sys.stderr)
+            return 2
     report = build_report(repo, load=args.load)
     print(json.dumps(report, indent=2) if args.json else render(report))
     return 0

@@ -33,7 +33,7 @@ from gateway.service import InferenceService
 from gateway.settings import GatewaySettings
 from gateway.startup_log import announce_ready, endpoints, ready_line, serving, until_loaded
 from gateway.tuning import TuningService
-from models.repository import RepositoryError, scan_repository
+from models.repository import RepositoryError, checkpoint_repository, scan_repository
 
 if TYPE_CHECKING:
     from gateway.grpc.server import GrpcServer
@@ -48,8 +48,11 @@ _TUNER_AFTER_MQTT_S = 10.0
 
 
 def resolve_model_repo(settings: GatewaySettings) -> Path:
-    if settings.serving.model_repo is not None:
-        return settings.serving.model_repo
+    given = settings.serving.model_repo
+    if given is not None and given.is_file():
+        return _checkpoint_repo(given, settings.serving.cache_dir)
+    if given is not None:
+        return given
     try:
         from models.demo import ensure_demo_repository, is_complete
     except ImportError as exc:  # a base install: the demo is built with iotgw[demo]
@@ -63,6 +66,22 @@ def resolve_model_repo(settings: GatewaySettings) -> Path:
         log.info("no --model-repo given: building the bundled demo repository (first use)")
     root = ensure_demo_repository(root)
     log.info("no --model-repo given: serving the bundled demo repository at %s", root)
+    return root
+
+
+def _checkpoint_repo(checkpoint: Path, cache_dir: Path) -> Path:
+    """``--model-repo`` naming one checkpoint file: the one-model repository that serves it."""
+    try:
+        root = checkpoint_repository(checkpoint, cache_dir)
+    except RepositoryError as exc:
+        raise StartupError(str(exc)) from exc
+    (model,) = [p.name for p in root.iterdir()]
+    log.info(
+        "serving the checkpoint %s as model %r, version 1, on onnxruntime (repository %s)",
+        checkpoint,
+        model,
+        root,
+    )
     return root
 
 

@@ -135,15 +135,19 @@ class ServingSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model_repo: Path | None = Field(
-        None, description="Model repository to serve; the bundled demo repository when unset."
+        None,
+        description="Model repository to serve, or one block-quantized checkpoint file "
+        "(served on onnxruntime as model <file name without .safetensors>, version 1); the "
+        "bundled demo repository when unset.",
     )
     cache_dir: Path = Field(
         Path.home() / ".cache" / "iotgw",
         description="Folder of what the gateway keeps between runs: the bundled demo repository "
         "(built here on first use), the embedded Mosquitto's configuration and persistent store "
         "(mosquitto/<port>/, one per listener port: requests queued while the gateway is "
-        "down) and the serving plans' "
-        "measured costs (plans/).",
+        "down), the serving plans' "
+        "measured costs (plans/) and the one-model repositories of checkpoint files given as "
+        "model_repo (checkpoint-repos/).",
     )
     executor_threads: int = Field(
         32,

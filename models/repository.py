@@ -3,11 +3,17 @@
 Several models and versions are served at once; a model's highest version is its default.
 A version whose configuration cannot be read is listed as unavailable with the reason, so one
 broken model never stops the others from being served.
+
+A single checkpoint file given where a repository is expected is served through
+``checkpoint_repository``: a one-model repository in the cache folder whose one version links
+to the file, so serving a checkpoint needs no folder layout or config.toml written by hand.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import re
 import tomllib
 from dataclasses import dataclass
@@ -16,10 +22,13 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from models.atomic_dir import build_once
 from models.knobs import Knobs
 
 CONFIG_FILE = "config.toml"
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+# Under the cache folder: the one-model repositories ``checkpoint_repository`` builds.
+CHECKPOINT_REPOS = "checkpoint-repos"
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,3 +200,54 @@ def _is_safetensors(path: Path) -> bool:
     with path.open("rb") as fh:
         head = fh.read(9)
     return len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < 1 << 32
+
+
+def checkpoint_repository(checkpoint: Path, cache_dir: Path) -> Path:
+    """A repository serving the checkpoint file ``checkpoint`` alone, on ONNX Runtime: model
+    ``<file stem>``, version 1, the ``config.toml`` defaults otherwise.
+
+    Built once under ``<cache_dir>/checkpoint-repos/``, keyed by the file's absolute path. The
+    version folder holds a link to the file, not a copy, so a reload
+    (``POST /v2/repository/models/<model>/load``) serves whatever the file holds then. The file's
+    own folder is not used as the version folder: reloads fingerprint every file under a
+    version folder, and a checkpoint may well lie in a home directory.
+    """
+    source = checkpoint.resolve()
+    if not source.is_file() or not _is_safetensors(source):
+        raise RepositoryError(
+            f"model repository {checkpoint} is neither a directory nor a block-quantized "
+            "checkpoint (safetensors)"
+        )
+    name = source.name.removesuffix(".safetensors")
+    if not _MODEL_NAME.match(name):
+        raise RepositoryError(
+            f"checkpoint {checkpoint}: {name!r} cannot be a model name (letters, digits, "
+            "'_', '.' and '-', starting with a letter or digit): rename the file"
+        )
+    key = hashlib.sha256(str(source).encode()).hexdigest()[:16]
+    root = cache_dir / CHECKPOINT_REPOS / f"{name}-{key}"
+
+    def build(tmp: Path) -> None:
+        version = tmp / name / "1"
+        version.mkdir(parents=True)
+        (version / source.name).symlink_to(source)
+        (version / CONFIG_FILE).write_text(_checkpoint_config(source.name), encoding="utf-8")
+
+    def is_complete(folder: Path) -> bool:
+        version = folder / name / "1"
+        link = version / source.name
+        # The config is written last; a link to another file would be another key's folder.
+        return (
+            (version / CONFIG_FILE).is_file()
+            and link.is_symlink()
+            and Path(link.readlink()) == source
+        )
+
+    return build_once(root, build, is_complete)
+
+
+def _checkpoint_config(filename: str) -> str:
+    # Every other key keeps its default, as in a hand-written config.toml of three lines.
+    keys = {"runtime": "onnxruntime", "path": filename, "format": "checkpoint"}
+    ModelConfig.model_validate(keys)  # what is written must read back
+    return "".join(f"{key} = {json.dumps(value)}\n" for key, value in keys.items())

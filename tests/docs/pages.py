@@ -1,7 +1,8 @@
 """What one page's blocks share while the doc test runs them in order: a folder (with ``.venv``
-as the docs name it, and the page's ``file`` blocks), the free ports and the Mosquitto its
-directives name, and the servers its ``background`` blocks left running. A page is closed
-after its last shell block: the servers stopped, the broker with them."""
+and the committed checkpoints as the docs name them, and the page's ``file`` blocks), the free
+ports and the Mosquitto its directives name, and the servers its ``background`` blocks left
+running. A page is closed after its last shell block: the servers stopped, the broker with
+them."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ from tests.brokers import free_port, mosquitto
 from tests.docs.markdown import ROOT, Block, blocks
 
 _PLACEHOLDER = re.compile(r"\{(port:[\w-]+|broker|demo_repo)\}")
+# What the docs name by its path in the checkout (their commands run from the checkout's root),
+# linked into each page's folder: the committed checkpoints, read and never written.
+CHECKOUT_PATHS = ("models/train/weights",)
 STOP_GRACE_S = 30.0  # a gateway drains before it exits; a stopped page must not hang the test
 
 
@@ -34,6 +38,9 @@ class Page:
     @classmethod
     def open(cls, doc: Path, folder: Path, demo_repo: Path) -> Page:
         (folder / ".venv").symlink_to(Path(sys.prefix))
+        for relative in CHECKOUT_PATHS:
+            (folder / relative).parent.mkdir(parents=True, exist_ok=True)
+            (folder / relative).symlink_to(ROOT / relative)
         for block in blocks(doc):
             if block.file is not None:
                 (folder / block.file).write_text(block.text, encoding="utf-8")

@@ -134,3 +134,27 @@ def test_without_a_repository_it_says_so(
 ) -> None:
     report = doctor.build_report(doctor.default_repository(tmp_path), load=False)
     assert report["models"] == [] and "give --model-repo" in report["repository_note"]
+
+
+def test_a_checkpoint_file_is_reported_as_iotgw_serve_serves_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from models.train.demo_weights import TRAINED_FILES, WEIGHTS_DIR
+
+    monkeypatch.setenv("IOTGW_SERVING__CACHE_DIR", str(tmp_path / "cache"))  # not the home's
+    checkpoint = WEIGHTS_DIR / TRAINED_FILES[("digits_cnn", 4)]
+    report = json.loads(_run(capsys, "--model-repo", str(checkpoint), "--json"))
+    assert report["repository"].startswith(str(tmp_path / "cache" / "checkpoint-repos"))
+    (row,) = report["models"]
+    assert (row["model"], row["runtime"]) == ("digits_cnn_int4", "onnxruntime")
+    assert row["state"] == "READY"
+
+
+def test_a_file_that_is_no_checkpoint_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("IOTGW_SERVING__CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    assert doctor.main(["--model-repo", str(tmp_path / "notes.txt")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "neither a directory nor a block-quantized checkpoint" in err[0], err
