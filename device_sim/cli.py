@@ -21,7 +21,7 @@ import aiomqtt
 from device_sim.arrivals import make_process
 from device_sim.endpoints import BrokerAddress, require_loopback
 from device_sim.recorder import RecordOptions, payload_dir, record
-from device_sim.runner import SimOptions, simulate
+from device_sim.runner import SimOptions, simulate, transport_line
 from device_sim.scenario import Scenario, load_scenario, single_phase
 from device_sim.summary import summarize
 from device_sim.tensors import DataFile
@@ -150,6 +150,9 @@ def _record_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     p.add_argument("--qos", type=int, choices=[0, 1, 2], default=1)
     p.add_argument("--allow-remote", action="store_true", help="allow a non-loopback broker")
+    p.add_argument(
+        "--quiet", action="store_true", help="no start line and no progress line every 5 s"
+    )
 
 
 def _positive(name: str, value: float | None) -> None:
@@ -209,6 +212,7 @@ def _headline(summary: dict[str, Any]) -> str:
     lat = summary["latency_ms"]
     latency = f"p50 {lat['p50']} ms, p95 {lat['p95']} ms, p99 {lat['p99']} ms" if lat else "none"
     lines = [
+        f"transport: {transport_line(summary['run'])}",
         f"offered {summary['offered_rps']} req/s, achieved {summary['achieved_rps']} req/s",
         f"requests: {r['planned']} planned, {r['sent']} sent, {r['ok']} ok, "
         f"{r['errors']} errors, {r['lost']} lost, {r['not_sent']} not sent",
@@ -266,7 +270,7 @@ def _record(args: argparse.Namespace) -> int:
     async def checked_record() -> int:
         if not args.allow_remote:
             await require_loopback(broker.host)
-        return await record(options)
+        return await record(options, progress=None if args.quiet else sys.stderr)
 
     try:
         count = asyncio.run(checked_record())

@@ -17,15 +17,20 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
+_TRANSPORT_NAMES = {"mqtt5": "MQTT 5", "mqtt311": "MQTT 3.1.1", "http": "HTTP"}
+# Phase labels sit at the top of the chart, every other one lower: the labels of short phases
+# would otherwise run into each other.
+_PHASE_LABEL_Y = (0.99, 0.91)
+
 
 def run_caption(summary: dict[str, Any]) -> str:
-    """``sensor_mlp over mqtt5, 100 req/s offered`` (what of it the summary knows)."""
+    """``sensor_mlp over MQTT 5, 100 req/s offered`` (what of it the summary knows)."""
     run = summary.get("run") or {}
     parts = []
     if run.get("models"):
         parts.append(", ".join(run["models"]))
     if run.get("transport"):
-        parts.append(f"over {run['transport']}")
+        parts.append(f"over {_TRANSPORT_NAMES.get(run['transport'], run['transport'])}")
     caption = " ".join(parts)
     rate = f"{summary['offered_rps']:g} req/s offered"
     return f"{caption}, {rate}" if caption else rate
@@ -43,12 +48,12 @@ def _phase_marks(ax: Any, summary: dict[str, Any]) -> None:
     phases = summary["phases"]
     if len(phases) < 2:
         return
-    for phase in phases:
+    for k, phase in enumerate(phases):
         if phase["start_s"] > 0:
             ax.axvline(phase["start_s"], color="grey", linestyle=":", linewidth=1)
         ax.text(
             phase["start_s"],
-            0.99,
+            _PHASE_LABEL_Y[k % len(_PHASE_LABEL_Y)],
             " " + phase_label(phase),
             transform=ax.get_xaxis_transform(),  # x in data, y in axes units: the top edge
             fontsize=8,
@@ -62,7 +67,8 @@ def _finish(fig: Figure, ax: Any, summary: dict[str, Any], what: str, xlabel: st
     _phase_marks(ax, summary)
     ax.set(xlabel=xlabel, title=f"{what}\n{run_caption(summary)}")
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="lower right")
+        # Outside the axes, on the right: inside, it covered the last seconds' points.
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=9)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
@@ -98,7 +104,7 @@ def rate_figure(summary: dict[str, Any]) -> Figure:
     # Offered wide and pale underneath: where the server keeps up, both lines stay visible.
     series: tuple[tuple[str, str, dict[str, Any]], ...] = (
         ("offered_rps", "offered", {"linewidth": 4, "alpha": 0.4}),
-        ("achieved_rps", "achieved (200 replies)", {"linewidth": 1.5}),
+        ("achieved_rps", "achieved (replies with status 200)", {"linewidth": 1.5}),
     )
     for key, label, style in series:
         values = [r[key] for r in rows]

@@ -233,6 +233,30 @@ async def resolve_transport(options: SimOptions) -> Transport:
     return "mqtt5" if version == "5" else "mqtt311"
 
 
+def transport_line(run: dict[str, Any]) -> str:
+    """What carried the requests, from a summary's ``run``: ``MQTT 5 via mqtt://127.0.0.1:1883
+    (QoS 1, JSON; replies on each request's Response Topic)`` or ``HTTP to http://...``. Said
+    outright because ``--http-url`` alone does not make a run HTTP: it is also where an MQTT
+    run reads the models' metadata."""
+    framing = "binary" if run.get("framing") == "binary" else "JSON"
+    if run["transport"] == "http":
+        return f"HTTP to {run['target']} ({framing})"
+    if run["transport"] == "mqtt5":
+        version, replies = "MQTT 5", "replies on each request's Response Topic"
+    else:
+        version, replies = "MQTT 3.1.1", "replies on <prefix>/infer/<model>/res/<device>"
+    return f"{version} via {run['target']} (QoS {run['qos']}, {framing}; {replies})"
+
+
+def start_line(plan: Plan, run: dict[str, Any], metadata_from: str | None) -> str:
+    """The line a run prints before its first request: how much, to what, over what."""
+    metadata = f"; model metadata from {metadata_from}" if metadata_from else ""
+    return (
+        f"iotgw sim run: {len(plan):,} requests from {len(plan.devices)} devices to "
+        f"{', '.join(plan.models)} over {transport_line(run)}{metadata}"
+    )
+
+
 def _devices(
     options: SimOptions,
     transport: Transport,
@@ -383,6 +407,25 @@ async def simulate(options: SimOptions, progress: TextIO | None = sys.stderr) ->
 
     transport = await resolve_transport(options)
     connections, devices = _devices(options, transport, plan, on_unmatched)
+    run_info = {
+        "transport": transport,
+        # The broker without its credentials, or the gateway's base URL.
+        "target": options.http_url
+        if transport == "http"
+        else str(BrokerAddress.parse(options.broker)),
+        "qos": options.qos if transport != "http" else None,
+        "framing": "binary" if options.binary else "json",
+        "devices": len(plan.devices),
+        "connections": len(connections),
+        "models": list(plan.models),
+        "seed": options.seed,
+        "timeout_s": options.timeout_s,
+        **_source(options),
+        "speed": options.speed if options.trace else None,
+    }
+    if progress is not None:
+        metadata_from = options.http_url if transport != "http" else None
+        print(start_line(plan, run_info, metadata_from), file=progress, flush=True)
     links: list[AbstractAsyncContextManager[Any]] = list(connections)
     async with open_all(links, options.connect_concurrency):
         elapsed = await run_plan(
@@ -395,16 +438,4 @@ async def simulate(options: SimOptions, progress: TextIO | None = sys.stderr) ->
             request_tag=request_tag,
             progress=progress,
         )
-    run_info = {
-        "transport": transport,
-        "qos": options.qos if transport != "http" else None,
-        "framing": "binary" if options.binary else "json",
-        "devices": len(plan.devices),
-        "connections": len(connections),
-        "models": list(plan.models),
-        "seed": options.seed,
-        "timeout_s": options.timeout_s,
-        **_source(options),
-        "speed": options.speed if options.trace else None,
-    }
     return RunResult(plan, ledger, elapsed, run_info)

@@ -68,9 +68,19 @@ async def test_run_with_a_scenario_writes_summary_and_plots(
     stdout = capsys.readouterr()
     assert f"{r['lost']} lost" in stdout.out
     assert "sent" in stdout.err  # the per-second progress line
+    # What carried the requests, before the first one and in the headline: --broker alone
+    # runs MQTT 5, and the console says so (with no metadata URL, none is named).
+    head = f"MQTT 5 via mqtt://127.0.0.1:{mosquitto.port} (QoS 1, JSON; replies on each "
+    assert stdout.err.startswith(
+        f"iotgw sim run: {r['planned']:,} requests from 12 devices to toy over {head}"
+    ), stdout.err
+    assert "metadata from" not in stdout.err.splitlines()[0]
+    assert stdout.out.startswith(f"transport: {head}"), stdout.out
 
 
-async def test_run_over_http_with_metadata_from_the_server(tmp_path: Path) -> None:
+async def test_run_over_http_with_metadata_from_the_server(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     async with serving(http_app(service_s=0.002)) as url:
         code = await asyncio.to_thread(
             main,
@@ -100,6 +110,10 @@ async def test_run_over_http_with_metadata_from_the_server(tmp_path: Path) -> No
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["requests"]["ok"] == 40 and summary["offered_rps"] == 40.0
     assert not (tmp_path / "rate.png").exists()
+    assert summary["run"]["target"] == url
+    out = capsys.readouterr()
+    assert out.out.startswith(f"transport: HTTP to {url} (binary)\n"), out.out
+    assert out.err == ""  # --quiet: no start line, no progress
 
 
 async def test_record_command_writes_a_trace(mosquitto: Mosquitto, tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from device_sim.arrivals import Constant, OnOff
 from device_sim.cli import main
 from device_sim.ledger import Ledger, Outcome, Result
 from device_sim.plan import plan_from_scenario
-from device_sim.plots import errors_figure, rate_figure
+from device_sim.plots import errors_figure, latency_figure, rate_figure
 from device_sim.scenario import Phase, Scenario, single_phase
 from device_sim.summary import summarize
 from tests.device_sim.conftest import Mosquitto
@@ -63,7 +63,14 @@ def test_the_last_bin_holds_the_last_replies() -> None:
         x, y = np.asarray(offered.get_xdata()), np.asarray(offered.get_ydata())
         assert x[-1] == pytest.approx(2.05)  # drawn to the run's end
         assert y[-1] == pytest.approx(10)  # at the rate, not 0
-        assert "sensor_mlp over mqtt5, 10 req/s offered" in fig.axes[0].get_title()
+        assert "sensor_mlp over MQTT 5, 10 req/s offered" in fig.axes[0].get_title()
+        legend = fig.axes[0].get_legend()
+        assert legend is not None
+        # "status 200", so that it does not read as a count of replies
+        assert [t.get_text() for t in legend.get_texts()] == [
+            "offered",
+            "achieved (replies with status 200)",
+        ]
     finally:
         plt.close(fig)
 
@@ -101,6 +108,9 @@ def test_phases_are_labelled_with_their_process_and_rate() -> None:
     try:
         labels = [t.get_text().strip() for t in fig.axes[0].texts]
         assert labels == ["calm: constant 5/s", "burst: onoff 20/s"]
+        # Neighbouring labels at two heights, so the labels of short phases do not overlap.
+        heights = [t.get_position()[1] for t in fig.axes[0].texts]
+        assert heights[0] != heights[1]
     finally:
         plt.close(fig)
 
@@ -125,3 +135,19 @@ async def test_summary_of_an_arrival_run_names_its_source(
         {"rate": 20.0},
         20.0,
     )
+
+
+def test_the_legend_sits_outside_the_points() -> None:
+    """Inside the axes the legend covered the last seconds' latency points."""
+    fig = latency_figure(answered(single_phase(Constant(10), 2.0), 0.01))
+    try:
+        fig.canvas.draw()
+        ax = fig.axes[0]
+        renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+        legend = ax.get_legend()
+        assert legend is not None
+        legend_box = legend.get_window_extent(renderer)
+        assert legend_box.x0 >= ax.get_window_extent(renderer).x1
+        assert legend_box.x1 <= fig.bbox.x1  # and within the picture
+    finally:
+        plt.close(fig)

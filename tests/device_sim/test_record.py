@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import re
 import time
 from collections import Counter
 from pathlib import Path
 
+import aiomqtt
 import pytest
 
 from device_sim.arrivals import Constant
@@ -81,3 +84,30 @@ async def test_record_stops_at_its_duration(mosquitto: Mosquitto, tmp_path: Path
     assert count == 0
     assert time.monotonic() - started < 5
     assert trace.read_text().splitlines() == ["t,device,model,payload"]
+
+
+async def test_record_says_it_started_and_counts_as_it_goes(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """A recording of a minute must not be a minute of silence."""
+    trace = tmp_path / "rec.csv"
+    options = RecordOptions(BrokerAddress.parse(mosquitto.url), trace, duration_s=1.1)
+    stream = io.StringIO()
+    ready = asyncio.Event()
+    recording = asyncio.create_task(record(options, ready, progress=stream, progress_every_s=0.25))
+    await asyncio.wait_for(ready.wait(), 10)
+    async with aiomqtt.Client(mosquitto.host, mosquitto.port) as client:
+        for i in range(3):
+            await client.publish(f"iotgw/infer/toy/req/dev{i}", b'{"id": "x"}', qos=1)
+    assert await asyncio.wait_for(recording, 10) == 3
+    start, *ticks = stream.getvalue().splitlines()
+    assert start == (
+        f"iotgw sim record: recording the requests on iotgw/infer/+/req/+ at "
+        f"mqtt://127.0.0.1:{mosquitto.port} (MQTT 5) into {trace}, for 1.1 s or 100,000 "
+        "requests, whichever comes first"
+    )
+    assert len(ticks) >= 3, ticks  # every 0.25 s of the 1.1 s (a loaded machine may miss one)
+    assert all(
+        re.fullmatch(r"iotgw sim record: \[ +\d+s\] \d+ requests recorded .*", t) for t in ticks
+    )
+    assert ticks[-1].split("] ")[1].startswith("3 requests recorded"), ticks
