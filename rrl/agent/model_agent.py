@@ -389,13 +389,12 @@ def lowest_priority() -> None:
     """Run this process only on CPU nobody else wants: ``SCHED_IDLE`` (and nice), on all its
     threads; threads started later inherit it.
 
-    A gate is asked as a burst begins, which is when a small machine has no CPU to spare. At
-    nice 10 alone the simulations still took up to a core for a few tenths of a second at
-    bursts' onsets on 2 cores, and the devices' p95 rose tenfold meanwhile; an idle-policy task
-    gives way at once to any other that wakes. Nice applies per thread on Linux, and the
-    spawned process's imports (it imports the parent's main module) start a thread before
-    this runs. Where the platform has no such policy, or refuses it, the nice value is what is
-    left."""
+    A gate is asked as a burst begins, which is when a small machine has no CPU to spare; nice
+    alone still let the simulations take a core then (rrl/README.md, "The prediction" has the
+    measurement), while an idle-policy task gives way at once to any other that wakes. Nice
+    applies per thread on Linux, and the spawned process's imports (it imports the parent's
+    main module) start a thread before this runs. Where the platform has no such policy, or
+    refuses it, the nice value is what is left."""
     tasks = Path("/proc/self/task")
     tids = [int(t.name) for t in tasks.iterdir()] if tasks.is_dir() else [0]
     for tid in tids:

@@ -255,11 +255,7 @@ def expert_default(cores: int, max_batch_size: int) -> Knobs:
 
     One instance per two cores, up to 4, the rest as intra-op threads: the gateway's event loop
     (decoding, batching, every reply) is one more busy thread, and a second instance on a small
-    box takes its core. Measured on 2 cores: on sensor_mlp (about 10 us of inference against
-    0.3 ms of loop work per request) two eager instances had a 1.4-1.7x higher p95 than the one
-    instance of its configured knobs in every seed of ``iotgw bench tuner``; vision_cnn's
-    batch of 1 takes 1.7 ms on one instance of 2 threads and 3.0 ms on each of two instances of
-    1, so one instance serves about as many requests per second at half the latency."""
+    box takes its core (the measurements behind it: rrl/README.md, "The online agent")."""
     if cores < 1 or max_batch_size < 1:
         raise ValueError("cores and max_batch_size must be at least 1")
     concurrency = max(1, min(cores // 2, 4))
