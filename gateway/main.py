@@ -13,7 +13,6 @@ import signal
 import socket
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -27,13 +26,14 @@ from gateway.ingest.hub import IngestHub
 from gateway.ingest.supervisor import IngestSupervisor
 from gateway.lifecycle import InFlight, Readiness, StartupError, models_check
 from gateway.metrics import GatewayMetrics
+from gateway.model_loading import resolve_model_repo
 from gateway.mqtt import BrokerAddress, MqttAdapter
 from gateway.ports import check_ports
 from gateway.service import InferenceService
 from gateway.settings import GatewaySettings
 from gateway.startup_log import announce_ready, endpoints, ready_line, serving, until_loaded
 from gateway.tuning import TuningService
-from models.repository import RepositoryError, checkpoint_repository, scan_repository
+from models.repository import RepositoryError, scan_repository
 
 if TYPE_CHECKING:
     from gateway.grpc.server import GrpcServer
@@ -45,44 +45,6 @@ log = logging.getLogger("gateway")
 _HTTP_CLOSE_S = 2.0
 # How long the tuner's start waits for the MQTT subscription (``Gateway._load``).
 _TUNER_AFTER_MQTT_S = 10.0
-
-
-def resolve_model_repo(settings: GatewaySettings) -> Path:
-    given = settings.serving.model_repo
-    if given is not None and given.is_file():
-        return _checkpoint_repo(given, settings.serving.cache_dir)
-    if given is not None:
-        return given
-    try:
-        from models.demo import ensure_demo_repository, is_complete
-    except ImportError as exc:  # a base install: the demo is built with iotgw[demo]
-        raise RepositoryError(
-            f"no --model-repo given and the bundled demo cannot be built here ({exc}): "
-            "install the iotgw[demo] extra (pip install '.[demo]' in the iotgw source folder), "
-            "or serve your models with --model-repo"
-        ) from exc
-    root = settings.serving.cache_dir / "demo-repo-v1"
-    if not is_complete(root):  # seconds of exports with nothing else to say meanwhile
-        log.info("no --model-repo given: building the bundled demo repository (first use)")
-    root = ensure_demo_repository(root)
-    log.info("no --model-repo given: serving the bundled demo repository at %s", root)
-    return root
-
-
-def _checkpoint_repo(checkpoint: Path, cache_dir: Path) -> Path:
-    """``--model-repo`` naming one checkpoint file: the one-model repository that serves it."""
-    try:
-        root = checkpoint_repository(checkpoint, cache_dir)
-    except RepositoryError as exc:
-        raise StartupError(str(exc)) from exc
-    (model,) = [p.name for p in root.iterdir()]
-    log.info(
-        "serving the checkpoint %s as model %r, version 1, on onnxruntime (repository %s)",
-        checkpoint,
-        model,
-        root,
-    )
-    return root
 
 
 class Gateway:

@@ -1,4 +1,6 @@
-"""Loading one model of the repository, or reloading it, while the gateway serves.
+"""Where the models come from (``resolve_model_repo``: the ``--model-repo`` folder, one
+checkpoint file served as a one-model repository, or the bundled demo), and loading one model
+of the repository, or reloading it, while the gateway serves.
 
 A reload reads the model's folder again and compares each version with what serves: a version
 whose files are unchanged keeps its host (its knobs, queue and statistics); a changed or new one
@@ -16,9 +18,17 @@ from concurrent.futures import Executor
 from pathlib import Path
 
 from gateway.errors import BadRequest, NotFound
+from gateway.lifecycle import StartupError
 from gateway.model_host import Fingerprint, ModelHost, ModelState, folder_fingerprint
 from gateway.service import InferenceService, VersionStatus
-from models.repository import BrokenVersion, ModelVersion, RepositoryError, scan_repository
+from gateway.settings import GatewaySettings
+from models.repository import (
+    BrokenVersion,
+    ModelVersion,
+    RepositoryError,
+    checkpoint_repository,
+    scan_repository,
+)
 
 log = logging.getLogger("gateway.service")
 
@@ -107,3 +117,41 @@ def _scan_model(root: Path, model: str) -> list[tuple[ModelVersion | BrokenVersi
     except RepositoryError:
         return []
     return [(v, folder_fingerprint(v.directory)) for v in found]
+
+
+def resolve_model_repo(settings: GatewaySettings) -> Path:
+    given = settings.serving.model_repo
+    if given is not None and given.is_file():
+        return _checkpoint_repo(given, settings.serving.cache_dir)
+    if given is not None:
+        return given
+    try:
+        from models.demo import ensure_demo_repository, is_complete
+    except ImportError as exc:  # a base install: the demo is built with iotgw[demo]
+        raise RepositoryError(
+            f"no --model-repo given and the bundled demo cannot be built here ({exc}): "
+            "install the iotgw[demo] extra (pip install '.[demo]' in the iotgw source folder), "
+            "or serve your models with --model-repo"
+        ) from exc
+    root = settings.serving.cache_dir / "demo-repo-v1"
+    if not is_complete(root):  # seconds of exports with nothing else to say meanwhile
+        log.info("no --model-repo given: building the bundled demo repository (first use)")
+    root = ensure_demo_repository(root)
+    log.info("no --model-repo given: serving the bundled demo repository at %s", root)
+    return root
+
+
+def _checkpoint_repo(checkpoint: Path, cache_dir: Path) -> Path:
+    """``--model-repo`` naming one checkpoint file: the one-model repository that serves it."""
+    try:
+        root = checkpoint_repository(checkpoint, cache_dir)
+    except RepositoryError as exc:
+        raise StartupError(str(exc)) from exc
+    (model,) = [p.name for p in root.iterdir()]
+    log.info(
+        "serving the checkpoint %s as model %r, version 1, on onnxruntime (repository %s)",
+        checkpoint,
+        model,
+        root,
+    )
+    return root
