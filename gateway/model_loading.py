@@ -31,6 +31,7 @@ from models.repository import (
 )
 
 log = logging.getLogger("gateway.service")
+startup_log = logging.getLogger("gateway")  # what the start-up says, with its other lines
 
 
 async def load_model(
@@ -120,6 +121,8 @@ def _scan_model(root: Path, model: str) -> list[tuple[ModelVersion | BrokenVersi
 
 
 def resolve_model_repo(settings: GatewaySettings) -> Path:
+    """The repository to serve: ``--model-repo`` (a folder, or one checkpoint file), else the
+    bundled demo, built on first use."""
     given = settings.serving.model_repo
     if given is not None and given.is_file():
         return _checkpoint_repo(given, settings.serving.cache_dir)
@@ -135,9 +138,9 @@ def resolve_model_repo(settings: GatewaySettings) -> Path:
         ) from exc
     root = settings.serving.cache_dir / "demo-repo-v1"
     if not is_complete(root):  # seconds of exports with nothing else to say meanwhile
-        log.info("no --model-repo given: building the bundled demo repository (first use)")
+        startup_log.info("no --model-repo given: building the bundled demo repository (first use)")
     root = ensure_demo_repository(root)
-    log.info("no --model-repo given: serving the bundled demo repository at %s", root)
+    startup_log.info("no --model-repo given: serving the bundled demo repository at %s", root)
     return root
 
 
@@ -148,7 +151,7 @@ def _checkpoint_repo(checkpoint: Path, cache_dir: Path) -> Path:
     except RepositoryError as exc:
         raise StartupError(str(exc)) from exc
     (model,) = [p.name for p in root.iterdir()]
-    log.info(
+    startup_log.info(
         "serving the checkpoint %s as model %r, version 1, on onnxruntime (repository %s)",
         checkpoint,
         model,
