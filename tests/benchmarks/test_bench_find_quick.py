@@ -27,11 +27,25 @@ def test_quick_find_writes_every_figure_with_its_floor(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     doc = json.loads((tmp_path / "tuner_find.quick.json").read_text(encoding="utf-8"))
     summary = doc["summary"]
-    for key in ("worst_throughput_vs_best_static", "worst_p99_vs_best_static"):
-        assert summary[key] is not None and summary[key] > 0, summary
-    assert summary["throughput_noise_floor"] >= 1.0 and summary["p99_noise_floor"] >= 1.0
-    assert {"throughput_target", "p99_target", "settle_target"} <= set(summary)
     static = next(r for r in doc["runs"] if r["kind"] == "static")
+    for key, floor, target, load in (
+        ("worst_throughput_vs_best_static", "throughput_noise_floor", "throughput_target", "c8"),
+        ("worst_p99_vs_best_static", "p99_noise_floor", "p99_target", "open0.5"),
+    ):
+        if summary[key] is not None:
+            assert summary[key] > 0 and summary[floor] >= 1.0, summary
+            continue
+        # No figure only when no static served both its runs without a refusal (a busy
+        # machine's seconds-long points): said so, never read as a target met.
+        assert static["best"][load]["value"] is None, static["best"]
+        refused: dict[str, bool] = {}
+        for r in static["loads"][load]:
+            knobs = json.dumps(r["knobs"], sort_keys=True)
+            bad = bool(r.get("failed") or r.get("errors") or r.get("lost"))
+            refused[knobs] = refused.get(knobs, False) or bad
+        assert refused and all(refused.values()), static["loads"][load]
+        assert summary[target] == "missed: no figure", summary
+    assert {"throughput_target", "p99_target", "settle_target"} <= set(summary)
     assert static["finalists"] and static["screened"] and static["capacity_rps"] > 0
     agents = [r for r in doc["runs"] if r["kind"] == "agent"]
     assert {(r["load"], r["start"]) for r in agents} == {
