@@ -49,6 +49,9 @@ class WrkResult:
     p90_ms: float
     p99_ms: float
     max_ms: float
+    lost: int = 0
+    """Of ``failed``, the socket errors: requests that got no answer at all (the rest were
+    answered, with a refusal and its reason)."""
 
     @property
     def rate_per_s(self) -> float:
@@ -61,6 +64,7 @@ class WrkResult:
             "seconds": round(self.seconds, 3),
             "requests": self.requests,
             "failed": self.failed,
+            "lost": self.lost,
             "rate_per_s": round(self.rate_per_s, 1),
             "p50_ms": round(self.p50_ms, 3),
             "p90_ms": round(self.p90_ms, 3),
@@ -118,7 +122,8 @@ def parse_wrk(stdout: str, connections: int, stderr: str = "") -> WrkResult:
     if line is None:
         raise RuntimeError(f"wrk printed no figures:\n{stdout[-2000:]}\n{stderr[-2000:]}")
     doc = json.loads(line.removeprefix("IOTGW_WRK "))
-    failed = sum(int(doc[k]) for k in ("non_2xx", "connect", "read", "write", "timeout"))
+    lost = sum(int(doc[k]) for k in ("connect", "read", "write", "timeout"))
+    failed = int(doc["non_2xx"]) + lost
     return WrkResult(
         connections=connections,
         seconds=doc["duration_us"] / 1e6,
@@ -128,4 +133,5 @@ def parse_wrk(stdout: str, connections: int, stderr: str = "") -> WrkResult:
         p90_ms=doc["p90_us"] / 1000.0,
         p99_ms=doc["p99_us"] / 1000.0,
         max_ms=doc["max_us"] / 1000.0,
+        lost=lost,
     )

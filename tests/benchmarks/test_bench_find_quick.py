@@ -54,6 +54,8 @@ def test_quick_find_writes_every_figure_with_its_floor(tmp_path: Path) -> None:
     for r in agents:
         assert r["final_knobs"] and r["decisions"], r
         if r["load"] == "c8":
-            assert r["measured"]["failed"] == 0 and r["measured"]["requests"] > 0
+            # Every request answered: a refusal under a poor start's overload is an answer (a
+            # 503 with its reason), a socket error or timeout is a loss.
+            assert r["measured"]["lost"] == 0 and r["measured"]["requests"] > 0
         else:
             assert r["measured"]["lost"] == 0 and r["measured"]["ok"] > 0

@@ -103,6 +103,7 @@ def test_wrk_figures_are_read_from_its_done_hook_and_failures_counted() -> None:
     )
     r = parse_wrk(out, 32)
     assert r.requests == 7000 and r.failed == 43 and r.rate_per_s == 695.7
+    assert r.lost == 3  # the read error and the timeouts; the 40 non-2xx were answered
     assert (r.p50_ms, r.p99_ms) == (4.1, 53.0)
 
 
