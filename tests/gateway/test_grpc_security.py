@@ -21,6 +21,7 @@ from tritonclient.grpc import service_pb2
 from gateway.lifecycle import StartupError
 from gateway.main import Gateway
 from gateway.settings import GatewaySettings
+from tests.gateway.certificates import server_certificate
 from tests.gateway.helpers import make_repo, running_gateway
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -37,15 +38,8 @@ def repo(demo_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[trustme.CA, Path, Path]:
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    folder = tmp_path_factory.mktemp("grpc-tls")
-    cert_file, key_file = folder / "server.pem", folder / "server.key"
-    cert.cert_chain_pems[0].write_to_path(str(cert_file))
-    for pem in cert.cert_chain_pems[1:]:
-        pem.write_to_path(str(cert_file), append=True)
-    cert.private_key_pem.write_to_path(str(key_file))
-    return ca, cert_file, key_file
+    """A throwaway CA and a server certificate for 127.0.0.1, as PEM files."""
+    return server_certificate(tmp_path_factory.mktemp("grpc-tls"))
 
 
 def _call(

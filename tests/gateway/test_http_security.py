@@ -23,6 +23,7 @@ from gateway.main import Gateway
 from gateway.settings import GatewaySettings
 from gateway.settings_security import is_loopback_host
 from tests.brokers import free_port
+from tests.gateway.certificates import server_certificate
 from tests.gateway.helpers import (
     base_url,
     infer_binary,
@@ -96,15 +97,7 @@ async def closed_by_server(reader: asyncio.StreamReader) -> bytes:
 @pytest.fixture(scope="module")
 def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[trustme.CA, Path, Path]:
     """A throwaway CA and a server certificate for 127.0.0.1, as PEM files."""
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    folder = tmp_path_factory.mktemp("tls")
-    cert_file, key_file = folder / "server.pem", folder / "server.key"
-    cert.cert_chain_pems[0].write_to_path(str(cert_file))
-    for pem in cert.cert_chain_pems[1:]:
-        pem.write_to_path(str(cert_file), append=True)
-    cert.private_key_pem.write_to_path(str(key_file))
-    return ca, cert_file, key_file
+    return server_certificate(tmp_path_factory.mktemp("tls"))
 
 
 @on_session_loop
