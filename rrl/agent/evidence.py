@@ -11,11 +11,6 @@
   and never zero; the arrival rate follows the service rate. An open-loop (Poisson) load of the
   same mean sees that number come and go. Fed one reading per tick, ``closed`` says which, and
   ``population`` how many requests a closed loop keeps in.
-- **Closed-loop prediction** (``closed_loop_latency_ms``): with N requests always in and zero
-  think time, each of c instances serves batches of min(max batch, N / c) rows back to back, so
-  the throughput is X = c * b / s(b) and, by Little's law, every request waits R = N / X. An
-  open-loop model fed the arrival rate (which is X itself) predicts a lightly loaded server
-  instead: a closed loop is predicted by this rule.
 - **The measured neighbourhood** (``neighbours``): the configurations one notch from the
   incumbent on each axis, the same cores split the other way (instances and threads swapped),
   plus the corners that matter on a small box (the largest batch with
@@ -26,10 +21,9 @@
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from models.knobs import Knobs
@@ -161,22 +155,6 @@ class LoadKind:
 
     def reset(self) -> None:
         self._seen.clear()
-
-
-def closed_loop_latency_ms(
-    config: Knobs, population: int, batch_seconds: Callable[[Knobs, int], float | None]
-) -> float | None:
-    """Every request's time in a closed loop of ``population`` requests under ``config``
-    (``batch_seconds(config, rows)``: one batch's service time there), or None when unknown."""
-    if population < 1:
-        return None
-    instances = min(config.concurrency, population)
-    rows = min(config.max_batch_size, math.ceil(population / instances))
-    seconds = batch_seconds(config, rows)
-    if seconds is None or seconds <= 0:
-        return None
-    throughput = instances * rows / seconds
-    return 1000.0 * population / throughput
 
 
 AXES = ("max_batch_size", "batch_timeout_ms", "concurrency", "intra_op_threads")

@@ -17,11 +17,12 @@ here.
   measures the incumbent's neighbours (one notch on each axis, and the corners: the largest
   batch with every core in one instance's threads, or in single-thread instances) before it
   rests; it rests only once each lost a measured trial in this state. Which neighbour next:
-  in a closed loop (requests inside nearly constant, never zero), the closed-loop rule
-  (Little's law over the batches it forms); once the model's predictions of the incumbent
-  missed beyond their stated uncertainty in two of three windows, the tuner's region estimates
-  (from measurements; the model no longer vetoes); otherwise the model's optimistic
-  prediction, which still vetoes a neighbour it predicts to violate the SLO.
+  in a closed loop (requests inside nearly constant, never zero), a simulation of the loop
+  (``QueueModel.closed_loop_ms``), which also puts the grid's best predicted first; once the
+  model's predictions of the incumbent missed beyond their stated uncertainty in two of three
+  windows, the tuner's region estimates (from measurements; the model no longer vetoes);
+  otherwise the model's optimistic prediction, which still vetoes a neighbour it predicts to
+  violate the SLO.
 - **Fair comparison and revert** (``rrl.agent.trial``): candidate and incumbent in interleaved (no
   rebuild) or paired (rebuild) windows, each normalised to a common arrival rate by the model;
   a candidate worse after its first window (or beyond the safety limit) is reverted at once.
@@ -56,7 +57,6 @@ from rrl.agent.evidence import (
     LoadKind,
     ModelTrust,
     beyond,
-    closed_loop_latency_ms,
     neighbours,
 )
 from rrl.agent.gate import Verdict, decide, needs_rebuild, screen
@@ -243,11 +243,12 @@ class Policy:
 
     def _measured_candidate(self, arrivals: Arrivals, verdict: Verdict) -> tuple[Knobs | None, str]:
         """The next configuration to measure near the incumbent when the gate let nothing
-        through: the agent rests only once every neighbour (``rrl.agent.evidence.neighbours``) lost
-        a measured trial in this state, not on a prediction. In a closed loop (which the queueing
-        model does not model) the closed-loop rule ranks them; once the model's predictions of
-        the incumbent missed (``rrl.agent.evidence.ModelTrust``), the tuner's own estimates (region
-        estimates from measurements) do; with a model whose predictions held, its optimistic
+        through: the agent rests only once every neighbour (``rrl.agent.evidence.neighbours``)
+        lost a measured trial in this state, not on a prediction. In a closed loop (which the
+        queueing model does not model) the closed-loop simulation ranks them, the grid's best
+        first; once the model's predictions of the incumbent missed
+        (``rrl.agent.evidence.ModelTrust``), the tuner's own estimates (region estimates from
+        measurements) do; with a model whose predictions held, its optimistic
         prediction does, and it still vetoes a neighbour it predicts to violate the SLO or to
         lose to the incumbent even by its optimistic bound (the bound that has held for the
         incumbent). (None, why not) when there is none: none left to measure, the search's budget
@@ -266,6 +267,8 @@ class Policy:
         # What lies beyond a candidate that led comes first: ties in the ranking go to it.
         further = [c for c in self._further.get(key, []) if c != self.incumbent]
         near = neighbours(self.space, self.incumbent, self.cores)
+        if closed:
+            near = [*self._closed_loop_leads(key), *near]
         pool = [
             c
             for c in dict.fromkeys([*further, *near])
@@ -291,18 +294,50 @@ class Policy:
         return best, f"measured search: {why}; {len(pool)} neighbour(s) untried here"
 
     def _closed_loop_pick(self, pool: list[Knobs]) -> tuple[Knobs, str]:
-        """The neighbour the closed-loop rule predicts fastest per request, and why."""
+        """The configuration the closed-loop simulation predicts fastest per request, and why."""
         assert self.incumbent is not None
-        population, rule = self.load_kind.population, self.queue_model.batch_seconds
-        best = min(pool, key=lambda c: _or_inf(closed_loop_latency_ms(c, population, rule)))
-        ms = closed_loop_latency_ms(best, population, rule)
-        mine = closed_loop_latency_ms(self.incumbent, population, rule)
+        population, model = self.load_kind.population, self.queue_model
+        best = min(pool, key=lambda c: _or_inf(model.closed_loop_ms(c, population)))
+        ms = model.closed_loop_ms(best, population)
+        mine = model.closed_loop_ms(self.incumbent, population)
         predicted = "unknown" if ms is None else f"{ms:.1f}ms"
         against = "" if mine is None else f" against the incumbent's {mine:.1f}ms"
         return best, (
             f"closed loop of {population} requests (the open-loop model does not apply): "
-            f"{best} predicted {predicted} per request by the closed-loop rule{against}"
+            f"{best} predicted {predicted} per request by the closed-loop simulation{against}"
         )
+
+    def _closed_loop_leads(self, key: StateKey) -> list[Knobs]:
+        """In a closed loop, the grid's configurations (within the cores and the budget) that
+        the closed-loop simulation predicts faster than the incumbent by more than a trial's
+        margin, best first, ``closed_loop_leads`` of them: a better split of the cores often
+        needs a batch size or timeout to go with it, two or three notches away, where each
+        single notch on the way measures worse."""
+        assert self.incumbent is not None
+        population, model, budget = self.load_kind.population, self.queue_model, self.budget
+        mine = model.closed_loop_ms(self.incumbent, population)
+        if mine is None:
+            return []
+        # A batch larger than the loop's population forms as the smallest one that holds it
+        # (and batch 1 never waits): simulating those again says nothing new.
+        holds = min((b for b in self.space.batch_sizes if b >= population), default=math.inf)
+        scored = []
+        for c in self.space:
+            if (
+                c.max_batch_size > holds
+                or (c.max_batch_size == 1 and c.batch_timeout_ms > 0)
+                or c.concurrency * c.intra_op_threads > self.cores
+                or c.inter_op_threads != self.incumbent.inter_op_threads
+                or c == self.incumbent
+                or self.memory.was_rejected(key, c)
+                or (budget is not None and not budget.fits(self.model, c))
+            ):
+                continue
+            ms = model.closed_loop_ms(c, population)
+            if ms is not None and ms < mine * (1.0 - self._trial_margin()):
+                scored.append((ms, c))
+        scored.sort(key=lambda h: (h[0], h[1]))
+        return [c for _, c in scored[: self.settings.closed_loop_leads]]
 
     def _safe_pick(
         self, pool: list[Knobs], arrivals: Arrivals, verdict: Verdict

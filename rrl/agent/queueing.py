@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from models.knobs import Knobs
-from rrl.offline.replay import ServiceTimes, ThreadSetting, simulate
+from rrl.offline.replay import ServiceTimes, ThreadSetting, closed_loop_throughput, simulate
 from rrl.tuners.measurement import Measurement
 from rrl.tuners.objective import Objective
 
@@ -160,6 +160,7 @@ class QueueModel:
         self._samples: dict[ThreadSetting, dict[int, deque[float]]] = {}
         self._residuals: deque[float] = deque(maxlen=self.settings.residuals_kept)
         self._cache: dict[CacheKey, Simulated | None] = {}
+        self._closed_cache: dict[tuple[Knobs, int], float | None] = {}
         self._medians: dict[ThreadSetting, dict[int, float]] = {}
         """Per setting and batch size, the median service time the cache was simulated with."""
         self.per_request_s = self.settings.per_request_s
@@ -196,7 +197,12 @@ class QueueModel:
         )
         if moved:
             self._medians[setting] = now
-            self._cache.clear()
+            self._forget()
+
+    def _forget(self) -> None:
+        """The service times or the loop's cost moved: every cached prediction goes."""
+        self._cache.clear()
+        self._closed_cache.clear()
 
     def observe_front_end(self, per_request_s: float) -> None:
         """The event loop's CPU per request, as the gateway measured it lately. The cached
@@ -205,7 +211,7 @@ class QueueModel:
         then = self.per_request_s
         if abs(per_request_s - then) > self.settings.service_change * max(then, 1e-5):
             self.per_request_s = per_request_s
-            self._cache.clear()
+            self._forget()
 
     def measured_settings(self) -> list[ThreadSetting]:
         return sorted(s for s, by in self._samples.items() if by)
@@ -278,7 +284,7 @@ class QueueModel:
             fresh = dict(zip(missing, simulated, strict=True))
             self.simulations += sum(k[2] for k, v in fresh.items() if v is not None)
             if len(self._cache) + len(fresh) > self.settings.cache_size:
-                self._cache.clear()
+                self._forget()
             self._cache.update(fresh)
             known.update(fresh)
         return [self._compose(k, known[k]) for k in keys]
@@ -294,7 +300,8 @@ class QueueModel:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["executor"] = None  # the copy sent to the model's process simulates in place
-        state["_cache"] = {}  # the cache stays with the agent
+        state["_cache"] = {}  # the caches stay with the agent
+        state["_closed_cache"] = {}
         return state
 
     def predict(
@@ -442,6 +449,30 @@ class QueueModel:
         if rows > sizes[-1]:  # beyond every measured size: linear in rows from the largest
             seconds *= rows / sizes[-1]
         return seconds + times.per_batch_s + rows * times.per_request_s
+
+    def closed_loop_ms(self, config: Knobs, population: int) -> float | None:
+        """Each request's time in a closed loop of ``population`` clients under ``config``
+        (N / X by Little's law, X from ``rrl.offline.replay.closed_loop_throughput``: the
+        event loop decodes the answered clients' requests one by one while the instances
+        batch them, so a batch timeout's balance over the instances is in the figure); None
+        before anything was measured."""
+        if population < 1 or self.batch_seconds(config, 1) is None:
+            return None
+        key = (config, population)
+        if key not in self._closed_cache:
+            self._closed_cache[key] = self._closed_loop_ms(config, population)
+        return self._closed_cache[key]
+
+    def _closed_loop_ms(self, config: Knobs, population: int) -> float | None:
+        def batch_s(rows: int) -> float | None:
+            seconds = self.batch_seconds(config, rows)
+            # The loop's cost per request is paid serially below, not inside the batch.
+            return None if seconds is None else seconds - rows * self.per_request_s
+
+        throughput = closed_loop_throughput(population, config, batch_s, self.per_request_s)
+        if throughput is None or throughput <= 0:
+            return None
+        return 1000.0 * population / throughput
 
     def _scale(self, source: ThreadSetting, target: ThreadSetting) -> float:
         """How much slower one batch runs under ``target`` than under ``source``: the cores'

@@ -74,6 +74,9 @@ class AgentSettings:
     """Measured-search trials per workload state at most: each runs a window of a candidate
     that may be worse (and a rebuild), so the search has a budget; spent, the agent rests on
     the best it measured."""
+    closed_loop_leads: int = 3
+    """In a closed loop, the grid's configurations the closed-loop simulation predicts best
+    that the measured search adds to the incumbent's neighbours."""
     gate_every_s: float = 2.0
     """How often the gate is asked while nothing changes (a new workload state resets it; an
     incumbent violating the SLO asks at once)."""

@@ -30,7 +30,8 @@ import bisect
 import heapq
 import math
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -259,3 +260,89 @@ def request_grid(
         for t in timeouts_ms
         if b > 1 or t == 0
     ]
+
+
+def closed_loop_throughput(
+    population: int,
+    config: Knobs,
+    batch_s: Callable[[int], float | None],
+    per_request_s: float,
+    *,
+    batches: int = 400,
+) -> float | None:
+    """Requests answered per second by a closed loop of ``population`` clients that send again
+    the moment they are answered, under ``config`` (``batch_s(rows)``: one batch's service
+    time; None when unknown). Each request is decoded by the one event loop, one after
+    another, ``per_request_s`` each, before it queues; a free instance then leaves at once with
+    what is queued (up to the max batch) under eager batching, or waits until the batch is full
+    or the oldest queued request has waited the batch timeout.
+
+    What the count of rows per instance cannot say, this does: answers come back a batch at a
+    time and are decoded one by one, so under eager batching a free instance leaves with the
+    first one or two and the others queue behind a busy one; a timeout that lets a batch fill
+    spreads the loop over the instances. Deterministic (median service times); the rate over
+    the last three quarters of ``batches`` batches, after the loop has settled."""
+    if population < 1 or config.concurrency < 1:
+        return None
+    cache: dict[int, float] = {}
+
+    def service(rows: int) -> float | None:
+        if rows not in cache:
+            seconds = batch_s(rows)
+            if seconds is None or seconds <= 0:
+                return None
+            cache[rows] = seconds
+        return cache[rows]
+
+    max_batch, timeout_s = config.max_batch_size, config.batch_timeout_ms / 1000.0
+    # When each answered client's next request reaches the loop: answers come in time order,
+    # so the line stays sorted.
+    sending: deque[float] = deque([0.0] * population)
+    loop_free = 0.0
+    queued: deque[float] = deque()  # when each waiting request entered the queue
+    free = [0.0] * config.concurrency  # when each instance is next free (a heap)
+    running: list[tuple[float, int]] = []  # (done at, rows) of the batches in flight (a heap)
+    answered: list[tuple[float, int]] = []  # (done at, rows), in the order they finish
+    now = 0.0
+    while len(answered) < batches:
+        decoded = max(loop_free, sending[0]) + per_request_s if sending else math.inf
+        finish = running[0][0] if running else math.inf
+        start = _closed_loop_start(queued, max(free[0], now), max_batch, timeout_s)
+        t = min(finish, decoded, start)
+        if t == math.inf:
+            return None
+        now = t
+        if finish == t:
+            _, rows = heapq.heappop(running)
+            sending.extend([t] * rows)
+            answered.append((t, rows))
+        elif decoded == t:
+            sending.popleft()
+            loop_free = t
+            queued.append(t)
+        else:
+            rows = min(len(queued), max_batch)
+            for _ in range(rows):
+                queued.popleft()
+            seconds = service(rows)
+            if seconds is None:
+                return None
+            heapq.heapreplace(free, t + seconds)
+            heapq.heappush(running, (t + seconds, rows))
+    settled = answered[len(answered) // 4 :]
+    span = settled[-1][0] - settled[0][0]
+    return sum(rows for _, rows in settled[1:]) / span if span > 0 else None
+
+
+def _closed_loop_start(
+    queued: Sequence[float], free_at: float, max_batch: int, timeout_s: float
+) -> float:
+    """When the next batch of a closed loop's queue leaves (``inf``: nothing queued), with an
+    instance free from ``free_at`` (not before the present: a batch that filled while the
+    instance waited leaves when it filled)."""
+    if not queued:
+        return math.inf
+    start = max(free_at, queued[0])
+    if timeout_s > 0 and len(queued) < max_batch:
+        start = max(start, queued[0] + timeout_s)
+    return start

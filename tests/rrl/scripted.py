@@ -215,7 +215,8 @@ class ScriptedGateway(ModelControl):
         if not self._queue:
             return math.inf
         k = self._knobs
-        start = max(min(self._free), self._queue[0].queued)
+        # Not before the present: a batch that filled while its instance waited leaves then.
+        start = max(min(self._free), self._queue[0].queued, self._now)
         if k.batch_timeout_ms > 0 and len(self._queue) < k.max_batch_size:
             start = max(start, self._queue[0].queued + k.batch_timeout_ms / 1000.0)
         return start
@@ -229,6 +230,7 @@ class ScriptedGateway(ModelControl):
             t = min(arrival, finish, enter, start)
             if t > until:
                 return
+            self._now = t
             if enter == t:
                 _, request = self._entering.popleft()
                 if len(self._queue) >= self.max_queue:  # answered at once with a refusal

@@ -16,7 +16,6 @@ from rrl.agent.evidence import (
     LoadKind,
     ModelTrust,
     beyond,
-    closed_loop_latency_ms,
     neighbours,
 )
 from rrl.agent.policy import Policy
@@ -73,20 +72,6 @@ def test_a_closed_loop_keeps_its_population_and_an_open_loop_does_not() -> None:
     for reading in [32] * 7:  # too few readings to say
         young.observe(reading)
     assert not young.closed
-
-
-def test_a_closed_loop_is_predicted_by_littles_law_over_the_batches_it_forms() -> None:
-    # One batch: 1 ms plus 0.5 ms a row (per instance, the threads' measured times).
-    def batch_seconds(config: Knobs, rows: int) -> float:
-        return 0.001 + 0.0005 * rows
-
-    # 32 requests always in: batch 32 on one instance serves all 32 in 17 ms.
-    assert closed_loop_latency_ms(Knobs(32, 0.0, 1, 1, 1), 32, batch_seconds) == 17.0
-    # Batch 2 on 2 instances: 4 requests per 2 ms, so each of the 32 waits 16 ms.
-    assert closed_loop_latency_ms(Knobs(2, 0.0, 2, 1, 1), 32, batch_seconds) == 16.0
-    # Batch 8 on one instance: 8 per 5 ms, 32 wait 20 ms.
-    assert closed_loop_latency_ms(Knobs(8, 0.0, 1, 1, 1), 32, batch_seconds) == 20.0
-    assert closed_loop_latency_ms(Knobs(8, 0.0, 1, 1, 1), 0, batch_seconds) is None
 
 
 def test_the_neighbourhood_reaches_threads_with_the_largest_batch_within_the_cores() -> None:

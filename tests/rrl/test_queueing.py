@@ -76,3 +76,19 @@ def test_a_tiny_models_service_time_wobble_keeps_the_cache_and_a_real_move_drops
     model.observe_service((1, 1), {size: [1.2e-4] * 10 for size in TINY})
     _p95(model, config, 1000.0)
     assert model.simulations == 2 * simulated
+
+
+def test_a_closed_loop_is_predicted_on_the_loop_that_decodes_it_and_follows_its_cost() -> None:
+    """32 clients on sensor_mlp's batches: the loop's 0.3 ms per request (plus its 0.5 ms per
+    batch) caps them near 3,000/s whatever the instances, so each waits about 32 / 3,000 s; a
+    loop ten times cheaper is predicted about ten times faster, not from the cache."""
+    model = _model()
+    config = Knobs(32, 0.0, 2, 1, 1)
+    slow = model.closed_loop_ms(config, 32)
+    assert slow is not None and 32 / 3400 * 1e3 < slow < 32 / 2500 * 1e3
+    model.observe_front_end(LOOP_S / 10)
+    fast = model.closed_loop_ms(config, 32)
+    assert fast is not None and fast < slow / 4
+    assert model.closed_loop_ms(config, 0) is None
+    unmeasured = QueueModel(make_objective("latency", slo_ms=100.0, cores=2), cores=2)
+    assert unmeasured.closed_loop_ms(config, 32) is None

@@ -14,7 +14,14 @@ import numpy as np
 import pytest
 
 from models.knobs import Knobs
-from rrl.offline.replay import ServiceTimes, figures, request_grid, score, simulate
+from rrl.offline.replay import (
+    ServiceTimes,
+    closed_loop_throughput,
+    figures,
+    request_grid,
+    score,
+    simulate,
+)
 from rrl.tuners.space import expert_default
 
 MS = 1e-3
@@ -88,6 +95,37 @@ def test_on_one_serial_loop_more_instances_serve_no_more_batches_of_one() -> Non
     # At a trickle the loop is free: a request pays its costs once, as before.
     lat = simulate(trickle(), Knobs(32, 0.0, 1, 1, 1), times, slo_s=SLO_S, serial=True)
     assert lat == pytest.approx([1.75 * MS] * 50)
+
+
+def test_a_closed_loop_without_decoding_serves_its_batches_back_to_back() -> None:
+    # 1 ms a batch plus 0.5 ms a row; 32 clients always in.
+    def batch_s(rows: int) -> float:
+        return 0.001 + 0.0005 * rows
+
+    # Batch 32 on one instance: all 32 every 17 ms, so 32 / 17 ms.
+    one = closed_loop_throughput(32, Knobs(32, 0.0, 1, 1, 1), batch_s, 0.0)
+    assert one == pytest.approx(32 / 0.017)
+    # Batch 2 on 2 instances: 4 answers every 2 ms (the first batches' span aside).
+    two = closed_loop_throughput(32, Knobs(2, 0.0, 2, 1, 1), batch_s, 0.0)
+    assert two == pytest.approx(2000.0, rel=0.01)
+    assert closed_loop_throughput(0, Knobs(2, 0.0, 2, 1, 1), batch_s, 0.0) is None
+    assert closed_loop_throughput(32, Knobs(2, 0.0, 2, 1, 1), lambda rows: None, 0.0) is None
+
+
+def test_a_timeout_that_lets_a_decoded_loop_fill_its_batch_serves_it_faster() -> None:
+    """Four clients, 10 ms a batch of any size, 1 ms to decode each request, two instances.
+    A timeout of 4 ms: the four answers come back together, are decoded by 4 ms after, and
+    leave as one batch of four: four answers every 14 ms. Eager: the first decoded request
+    leaves alone on one instance, the second on the other, and the loop runs split in two
+    halves that keep one instance waiting on the other's decoding."""
+    eager = closed_loop_throughput(4, Knobs(4, 0.0, 2, 1, 1), lambda rows: 0.010, 0.001)
+    waits = closed_loop_throughput(4, Knobs(4, 4.0, 2, 1, 1), lambda rows: 0.010, 0.001)
+    assert waits == pytest.approx(4 / 0.014)
+    assert eager is not None and waits is not None and eager < 0.9 * waits
+    # A timeout that cannot fill the batch (8 > the 4 clients) waits it out every time: the
+    # first decoded 1 ms after the answers, then 4 ms, then 10: 15 ms a round.
+    too_big = closed_loop_throughput(4, Knobs(8, 4.0, 2, 1, 1), lambda rows: 0.010, 0.001)
+    assert too_big == pytest.approx(4 / 0.015)
 
 
 def test_score_reports_each_phase_and_the_grid_skips_timeouts_at_batch_one() -> None:
