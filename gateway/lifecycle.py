@@ -30,6 +30,13 @@ class Readiness:
     def __init__(self) -> None:
         self._checks: list[Check] = []
         self._shutting_down = False
+        self._on_ready: list[Callable[[], None]] = []
+
+    def when_ready(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once, the first time the gateway is found ready, by whoever asks
+        first (``/v2/health/ready`` or a poll): so the ready line is in the log before any
+        client has read a 200."""
+        self._on_ready.append(callback)
 
     def require(self, check: Check) -> None:
         self._checks.append(check)
@@ -47,6 +54,10 @@ class Readiness:
                 waiting.extend(reason)
         if self._shutting_down:
             waiting.insert(0, "gateway: shutting down")
+        if not waiting and self._on_ready:
+            callbacks, self._on_ready = self._on_ready, []
+            for callback in callbacks:
+                callback()
         return waiting
 
     @property

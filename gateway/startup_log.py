@@ -127,10 +127,10 @@ async def announce_ready(
     it waits for. Returns after the ready line (cancel it at shutdown)."""
     started = time.monotonic()
     warned = False
+    readiness.when_ready(lambda: log.info("%s", line))
     while True:
-        waiting = readiness.waiting_for()
+        waiting = readiness.waiting_for()  # the first answer with nothing waiting logs the line
         if not waiting:
-            log.info("%s", line)
             return
         if not warned and (_permanent(waiting) or time.monotonic() - started >= patience_s):
             warned = True

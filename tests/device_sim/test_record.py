@@ -11,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 import aiomqtt
+import numpy as np
 import pytest
 
 from device_sim.arrivals import Constant
@@ -58,8 +59,11 @@ async def test_record_captures_n_requests_and_the_trace_replays_them(
     assert Counter(recorded) == Counter(sent.plan.devices[d] for d in sent.plan.device)
     assert [e.t for e in entries] == sorted(e.t for e in entries)
     assert {e.model for e in entries} == {"toy"}
-    # Send times 1/30 s apart, recorded within scheduling noise of that.
-    assert entries[-1].t == pytest.approx(29 / 30, abs=0.2)
+    # The trace keeps the timing of the sends as they happened (a busy machine's late sends
+    # too): its span is the span of the send times the simulator recorded, up to the broker's
+    # delivery jitter.
+    sent_at = sent.ledger.sent_at[np.isfinite(sent.ledger.sent_at)]
+    assert entries[-1].t == pytest.approx(float(sent_at.max() - sent_at.min()), abs=0.25)
     # Payloads are saved once per distinct content (16 distinct bodies in the pool).
     files = list(payload_dir(trace).iterdir())
     assert len(files) == len({e.payload for e in entries}) <= 16

@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gateway.lifecycle import Readiness
 from models.repository import CONFIG_FILE, read_config
 from tests.gateway.helpers import base_url, make_repo, running_gateway
 
@@ -68,3 +69,23 @@ async def test_unloading_a_model_does_not_hold_readiness_back(
         async with aiohttp.ClientSession() as http, http.post(unload) as resp:
             assert resp.status == 200
         assert await _get(f"{url}/v2/health/ready") == (200, {"ready": True})
+
+
+def test_the_first_ready_answer_runs_the_ready_callbacks_once_whoever_asks() -> None:
+    """The ready line is logged by the first answer with nothing waiting, a health probe's
+    included: a client that read 200 finds the line in the log already."""
+    waiting = ["models: loading"]
+    readiness = Readiness()
+    readiness.require(lambda: list(waiting))
+    called: list[str] = []
+    readiness.when_ready(lambda: called.append("ready line"))
+    assert not readiness.ready and called == []
+    waiting.clear()
+    assert readiness.ready  # a probe: the callback runs before it is answered
+    assert called == ["ready line"]
+    assert readiness.waiting_for() == [] and called == ["ready line"]  # once
+    late = Readiness()
+    late.require(lambda: None)
+    late.shutting_down()
+    late.when_ready(lambda: called.append("never"))
+    assert not late.ready and called == ["ready line"]
