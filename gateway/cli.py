@@ -75,6 +75,7 @@ def _bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             "chaos",
             "find",
             "fuzz",
+            "gpu",
             "grpc",
             "http",
             "ingest",

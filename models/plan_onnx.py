@@ -1,5 +1,8 @@
 """The serving plan of a zoo checkpoint on ONNX Runtime: each quantized layer timed alone, at
-batch 1 on one intra-op thread, every way it can run (``models.serving_plan``).
+batch 1 on one intra-op thread, every way it can run (``models.serving_plan``), on the execution
+providers the model's own sessions ask for (CUDA first on a GPU build): a way's cost on the CPU
+says nothing of its cost on the GPU (``MatMulNBits`` has CUDA kernels for some widths only, and
+a node without one runs on the CPU between copies).
 
 Ways: ``packed`` (``MatMulNBits``; a convolution as im2col feeding it) where the codes fit it
 (2, 4 or 8 bits, a power-of-two block of at least 16), ``graph`` (``DequantizeLinear`` + the
@@ -21,6 +24,7 @@ import numpy as np
 import onnxruntime as ort
 
 from models.backends.ort_options import session_options
+from models.backends.ort_providers import choose_providers
 from models.export_onnx import layer_model
 from models.plan_zoo import PlanRuntime, QuantLayer, code_bytes, plan_zoo, scale_bytes
 from models.quant_onnx import matmul_nbits_fits
@@ -43,9 +47,15 @@ def ways(q: QuantLayer) -> dict[Way, int]:
 
 
 def build(
-    q: QuantLayer, p: LayerParams, way: Way, x: np.ndarray, *, accuracy_level: int
+    q: QuantLayer,
+    p: LayerParams,
+    way: Way,
+    x: np.ndarray,
+    *,
+    accuracy_level: int,
+    providers: Sequence[str],
 ) -> Callable[[], object]:
-    """A call running the layer alone, ``way``, in a session of its own."""
+    """A call running the layer alone, ``way``, in a session of its own on ``providers``."""
     model = layer_model(q.layer, p, (q.in_shape, q.out_shape), way, accuracy_level)
     if isinstance(q.layer, Conv2D) and way != "packed":
         x = np.ascontiguousarray(x.transpose(0, 3, 1, 2))  # NCHW
@@ -55,7 +65,7 @@ def build(
         session = ort.InferenceSession(
             str(path),
             sess_options=session_options(Threads(1, 1), checkpoint=True),
-            providers=["CPUExecutionProvider"],
+            providers=list(providers),
         )
     return lambda: session.run(None, {"x": x})
 
@@ -68,11 +78,16 @@ def onnx_plan(
     accuracy_level: int,
     cache: CostCache,
 ) -> ServingPlan:
+    # The providers a serving session requests, and so part of every cost's key: a cache
+    # measured before onnxruntime-gpu was installed (or on another GPU-less machine with the
+    # same CPU) never answers for CUDA. (A session whose CUDA fails to initialise falls back to
+    # the CPU, as the serving sessions then do too.)
+    providers = choose_providers()
     runtime = PlanRuntime(
         RUNTIME,
         ort.__version__,
         ways,
-        functools.partial(build, accuracy_level=accuracy_level),
-        {"accuracy_level": accuracy_level},
+        functools.partial(build, accuracy_level=accuracy_level, providers=providers),
+        {"accuracy_level": accuracy_level, "providers": providers},
     )
     return plan_zoo(runtime, spec, params, budget=budget, cache=cache)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
+from models.backends.devices import tf_expected
 from models.backends.tf_config import session_config
 from models.plan_zoo import PlanRuntime, QuantLayer, code_bytes, plan_zoo, scale_bytes
 from models.quant_tf import CHUNK_ELEMENTS, NIBBLE_BITS, build_graph
@@ -61,5 +62,9 @@ def build(q: QuantLayer, p: LayerParams, way: Way, x: np.ndarray) -> Callable[[]
 def tf_plan(
     spec: ModelSpec, params: Sequence[LayerParams], *, budget: float, cache: CostCache
 ) -> ServingPlan:
-    runtime = PlanRuntime(RUNTIME, tf.__version__, ways, build)
+    # Its sessions place ops as the serving sessions do (the GPU when TensorFlow sees one), so
+    # the device is part of every cost's key: CPU figures never answer for the GPU.
+    gpus = tf.config.list_physical_devices("GPU")
+    device = tf_expected(gpus, built_with_cuda=tf.test.is_built_with_cuda()).device
+    runtime = PlanRuntime(RUNTIME, tf.__version__, ways, build, {"device": device})
     return plan_zoo(runtime, spec, params, budget=budget, cache=cache)

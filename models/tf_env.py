@@ -22,6 +22,11 @@ IMPORTED_TOO_EARLY = (
 # intra_op_parallelism_threads. TensorFlow reads it when it is first imported, so it must be set
 # before that import (setdefault: an operator's explicit choice wins).
 os.environ.setdefault("TF_OVERRIDE_GLOBAL_THREADPOOL", "1")
+# On a GPU, TensorFlow reserves nearly all of the device's memory the first time anything runs
+# there, unless a session asked it to grow (models.backends.tf_config does, but an eager call,
+# such as exporting a SavedModel, comes first in some processes): ONNX Runtime's CUDA sessions in
+# the same process, and other gateway processes on the same GPU, would then find none left.
+os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
 # TensorFlow's C++ side logs several INFO/WARNING lines per session (CPU features, XLA, ...).
 # An operator's own TF_CPP_MIN_LOG_LEVEL is kept, whatever the gateway's log level.
 _OPERATOR_LEVEL = os.environ.get("TF_CPP_MIN_LOG_LEVEL")

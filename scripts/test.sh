@@ -5,8 +5,15 @@
 #
 #   ./scripts/test.sh            everything (what CI runs, through .ci/run)
 #   ./scripts/test.sh --fast     the same checks, but the tests marked slow are left out
+#   ./scripts/test.sh --gpu      the GPU lane (scripts/gpu_lane.sh, its own virtual environment):
+#                                on an NVIDIA GPU machine only, README "GPU"
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+if [ "${1:-}" = "--gpu" ]; then
+  shift
+  exec scripts/gpu_lane.sh "$@"
+fi
 
 selection=()
 if [ "${1:-}" = "--fast" ]; then

@@ -26,3 +26,21 @@ def demo_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return ensure_demo_repository(
         tmp_path_factory.mktemp("demo") / "demo-repo-v1", FLOAT_DEMO_MODELS
     )
+
+
+GPU_TESTS = Path(__file__).parent / "gpu"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The GPU tests (marker ``gpu``, tests/gpu) run only when asked for: with a ``-m``
+    expression that names them (``./scripts/test.sh --gpu`` runs ``-m gpu``) or a path inside
+    tests/gpu. The CPU suite, ``--fast`` included (whose ``-m "not slow"`` would select them),
+    leaves them out instead of listing a skip per test."""
+    if "gpu" in (config.option.markexpr or "") or any(
+        Path(arg.split("::")[0]).resolve().is_relative_to(GPU_TESTS) for arg in config.args
+    ):
+        return
+    gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if gpu:
+        config.hook.pytest_deselected(items=gpu)
+        items[:] = [item for item in items if item.get_closest_marker("gpu") is None]

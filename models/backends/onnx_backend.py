@@ -25,10 +25,10 @@ from models.backends.devices import (
     Placement,
     onnx_actual,
     onnx_expected,
-    onnx_providers,
 )
 from models.backends.loaded_runtime import LoadedRuntime
 from models.backends.ort_options import session_options
+from models.backends.ort_providers import choose_providers
 from models.repository import ModelVersion
 from models.runtime import InferenceFailed, ModelLoadError, ModelMetadata, TensorSpec, Threads
 from models.serving_plan import ServingPlan
@@ -57,14 +57,6 @@ _DTYPES = {
 }
 
 
-def choose_providers() -> list[str]:
-    """CUDA first when this onnxruntime build has it, CPU always as the fallback."""
-    providers = onnx_providers(ort.get_available_providers())
-    if CUDA_PROVIDER in providers:
-        _preload_cuda_libraries()
-    return providers
-
-
 def expected_placement() -> Placement:
     """Where a session opened now would run, and why (``iotgw doctor``)."""
     return onnx_expected(ort.get_available_providers(), gpu_package=gpu_package_installed())
@@ -77,21 +69,6 @@ def gpu_package_installed() -> bool:
     except importlib.metadata.PackageNotFoundError:
         return False
     return True
-
-
-@functools.cache
-def _preload_cuda_libraries() -> None:
-    """Load the CUDA and cuDNN libraries of the nvidia-*-cu12 wheels (what iotgw[gpu] installs)
-    before the first CUDA session: the CUDA provider finds them only through the system loader
-    otherwise, i.e. only where CUDA is installed system-wide. onnxruntime-gpu >= 1.21 has
-    ``preload_dlls``; where it fails, the system's libraries are still tried by the session."""
-    preload = getattr(ort, "preload_dlls", None)
-    if preload is None:
-        return
-    try:
-        preload()
-    except Exception as exc:  # the session will say what is missing, if anything
-        log.warning("onnxruntime.preload_dlls failed: %s", exc)
 
 
 class OnnxRuntime(LoadedRuntime):

@@ -4,13 +4,12 @@ fallback when a GPU cannot initialise.
 The GPU branches are tested on any machine by faking what a GPU machine reports
 (``onnxruntime.get_available_providers``, TensorFlow's GPU list): a real GPU cannot be had in CI.
 A real ONNX Runtime session asked for CUDA on a CPU build is exactly the "CUDA failed to
-initialise" case (ONNX Runtime drops the provider and runs on CPU). The tests at the end run on a
-real GPU and skip without one.
+initialise" case (ONNX Runtime drops the provider and runs on CPU). The same on a real GPU, with
+the GPU builds: tests/gpu (``./scripts/test.sh --gpu``).
 """
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -116,43 +115,3 @@ def test_tensorflow_runtime_takes_the_gpu_tensorflow_reports(
     finally:
         runtime.close()
         monkeypatch.setattr(tf_backend, "_placement", None)  # the real answer for later tests
-
-
-# -- on a real GPU --------------------------------------------------------------------------------
-
-no_gpu = pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="no NVIDIA GPU (nvidia-smi)")
-no_cuda_ort = pytest.mark.skipif(
-    CUDA_PROVIDER not in ort.get_available_providers(), reason="onnxruntime has no CUDA provider"
-)
-
-
-@no_gpu
-@no_cuda_ort
-def test_onnx_model_runs_on_the_gpu(demo_repo: Path) -> None:
-    version = _version(demo_repo, "vision_cnn")
-    runtime = load_runtime(version, Threads(1, 1))
-    cpu = ort.InferenceSession(str(version.model_path), providers=[CPU_PROVIDER])
-    try:
-        assert runtime.device == "cuda:0", getattr(runtime, "placement", None)
-        x = np.random.default_rng(0).random((4, *runtime.metadata.inputs[0].shape[1:]), np.float32)
-        name = runtime.metadata.inputs[0].name
-        got = runtime.infer({name: x})
-        want = cpu.run(None, {name: x})
-        np.testing.assert_allclose(next(iter(got.values())), want[0], rtol=1e-3, atol=1e-4)
-    finally:
-        runtime.close()
-
-
-@no_gpu
-def test_tensorflow_model_runs_on_the_gpu(demo_repo: Path) -> None:
-    from models.backends import tf_backend
-
-    if not tf_backend.tf.config.list_physical_devices("GPU"):
-        pytest.skip("TensorFlow sees no GPU (tensorflow-cpu, or CUDA libraries missing)")
-    runtime = load_runtime(_version(demo_repo, "sensor_mlp_tf"), Threads(1, 1))
-    try:
-        assert runtime.device == "cuda:0"
-        out = runtime.infer({"features": np.ones((8, 32), np.float32)})
-        assert out["probabilities"].shape == (8, 8)
-    finally:
-        runtime.close()

@@ -283,3 +283,69 @@ def test_inspect_shows_the_plan(
     plan = doc["serving_plan"]
     assert plan["budget"] == 0 and len(plan["tensors"]) == 9
     assert {t["way"] for t in plan["tensors"]} <= {"packed", "graph"}
+
+
+# -- the device the plan is measured on -----------------------------------------------------------
+
+# The small model of these tests, one way per layer measured: a plan in a second or two.
+DEVICE_SPEC = ModelSpec(
+    name="plan_device",
+    inputs=(Input("features", (32,)),),
+    layers=(Dense(16, "relu"), Dense(4)),
+    seed=5,
+)
+
+
+def _measured_keys(folder: Path) -> set[str]:
+    return set(json.loads((folder / "plan-costs.json").read_text()))
+
+
+# ONNX Runtime warns that the CPU build has no CUDA provider: the request is the point here.
+@pytest.mark.filterwarnings("ignore:Specified provider 'CUDAExecutionProvider'")
+def test_onnx_plan_is_measured_on_the_providers_the_model_serves_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache of CPU figures never answers for a GPU build of onnxruntime: the plan is measured
+    again with CUDA requested, as the serving sessions request it, and keyed by it."""
+    import onnxruntime as ort
+
+    from models.backends.devices import CPU_PROVIDER, CUDA_PROVIDER
+    from models.plan_onnx import onnx_plan
+
+    params = _params(DEVICE_SPEC, 4, 16)
+    cpu = CostCache(tmp_path)
+    onnx_plan(DEVICE_SPEC, params, budget=1.0, accuracy_level=4, cache=cpu)
+    assert cpu.measured > 0
+    cpu_keys = _measured_keys(tmp_path)
+    assert all(f'"providers": ["{CPU_PROVIDER}"]' in key for key in cpu_keys)
+
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [CUDA_PROVIDER, CPU_PROVIDER])
+    gpu = CostCache(tmp_path)
+    onnx_plan(DEVICE_SPEC, params, budget=1.0, accuracy_level=4, cache=gpu)
+    assert gpu.measured == cpu.measured  # every figure measured again, none read from the CPU's
+    gpu_keys = _measured_keys(tmp_path) - cpu_keys
+    assert len(gpu_keys) == len(cpu_keys)
+    assert all(f'"providers": ["{CUDA_PROVIDER}", "{CPU_PROVIDER}"]' in key for key in gpu_keys)
+
+
+def test_tensorflow_plan_is_keyed_by_the_device_it_runs_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from models import tf_env  # noqa: F401  isort: skip
+    import tensorflow as tf
+
+    from models.plan_tf import tf_plan
+
+    params = _params(DEVICE_SPEC, 4, 16)
+    cpu = CostCache(tmp_path)
+    tf_plan(DEVICE_SPEC, params, budget=1.0, cache=cpu)
+    cpu_keys = _measured_keys(tmp_path)
+    assert cpu_keys and all('"device": "cpu"' in key for key in cpu_keys)
+
+    # A TensorFlow that lists a GPU (soft placement runs the ops on this machine's CPU).
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: ["GPU:0"])
+    gpu = CostCache(tmp_path)
+    tf_plan(DEVICE_SPEC, params, budget=1.0, cache=gpu)
+    assert gpu.measured == cpu.measured
+    gpu_keys = _measured_keys(tmp_path) - cpu_keys
+    assert gpu_keys and all('"device": "cuda:0"' in key for key in gpu_keys)
