@@ -36,6 +36,7 @@ async def test_record_captures_n_requests_and_the_trace_replays_them(
     async with MqttResponder(mosquitto.port, service_s=0.002):
         recording = asyncio.create_task(record(options, ready))
         await asyncio.wait_for(ready.wait(), 10)
+        started = time.perf_counter()
         sent = await simulate(
             SimOptions(
                 broker=mosquitto.url,
@@ -48,6 +49,7 @@ async def test_record_captures_n_requests_and_the_trace_replays_them(
             progress=None,
         )
         assert await asyncio.wait_for(recording, 10) == 30
+        recorded_within_s = time.perf_counter() - started
 
     entries = read_trace(trace)
     assert len(entries) == 30
@@ -58,8 +60,10 @@ async def test_record_captures_n_requests_and_the_trace_replays_them(
     assert Counter(recorded) == Counter(sent.plan.devices[d] for d in sent.plan.device)
     assert [e.t for e in entries] == sorted(e.t for e in entries)
     assert {e.model for e in entries} == {"toy"}
-    # Send times 1/30 s apart, recorded within scheduling noise of that.
-    assert entries[-1].t == pytest.approx(29 / 30, abs=0.2)
+    # Seconds from the first request: more than 0, and no more than the recording lasted
+    # (milliseconds or clock times would be far more). How close to the 29/30 s the devices
+    # spent sending depends on how busy the machine was (1.7 s has been seen), so not that.
+    assert 0 < entries[-1].t <= recorded_within_s
     # Payloads are saved once per distinct content (16 distinct bodies in the pool).
     files = list(payload_dir(trace).iterdir())
     assert len(files) == len({e.payload for e in entries}) <= 16
