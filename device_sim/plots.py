@@ -21,6 +21,8 @@ _TRANSPORT_NAMES = {"mqtt5": "MQTT 5", "mqtt311": "MQTT 3.1.1", "http": "HTTP"}
 # Phase labels sit at the top of the chart, every other one lower: the labels of short phases
 # would otherwise run into each other.
 _PHASE_LABEL_Y = (0.99, 0.91)
+# The data keep to the lower part of a chart with phase labels; the labels take the top.
+_DATA_HEIGHT = 0.82
 
 
 def run_caption(summary: dict[str, Any]) -> str:
@@ -32,7 +34,9 @@ def run_caption(summary: dict[str, Any]) -> str:
     if run.get("transport"):
         parts.append(f"over {_TRANSPORT_NAMES.get(run['transport'], run['transport'])}")
     caption = " ".join(parts)
-    rate = f"{summary['offered_rps']:g} req/s offered"
+    offered = summary["offered_rps"]
+    # 69.8, not 69.833; 1,250 rather than 1.25e+03
+    rate = f"{offered:.3g} req/s offered" if offered < 1000 else f"{offered:,.0f} req/s offered"
     return f"{caption}, {rate}" if caption else rate
 
 
@@ -48,6 +52,9 @@ def _phase_marks(ax: Any, summary: dict[str, Any]) -> None:
     phases = summary["phases"]
     if len(phases) < 2:
         return
+    # Room above the data for the labels: without it they sat on the highest points.
+    bottom, top = ax.get_ylim()
+    ax.set_ylim(bottom, bottom + (top - bottom) / _DATA_HEIGHT)
     for k, phase in enumerate(phases):
         if phase["start_s"] > 0:
             ax.axvline(phase["start_s"], color="grey", linestyle=":", linewidth=1)

@@ -111,6 +111,13 @@ def test_phases_are_labelled_with_their_process_and_rate() -> None:
         # Neighbouring labels at two heights, so the labels of short phases do not overlap.
         heights = [t.get_position()[1] for t in fig.axes[0].texts]
         assert heights[0] != heights[1]
+        # and above the data: no label sits on the highest points
+        ax = fig.axes[0]
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+        highest = max(float(np.nanmax(line.get_ydata())) for line in ax.get_lines())
+        highest_px = ax.transData.transform((0, highest))[1]
+        assert all(t.get_window_extent(renderer).y0 > highest_px for t in ax.texts)
     finally:
         plt.close(fig)
 
