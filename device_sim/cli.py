@@ -13,7 +13,6 @@ import logging
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import aiomqtt
@@ -21,7 +20,8 @@ import aiomqtt
 from device_sim.arrivals import make_process
 from device_sim.endpoints import BrokerAddress, require_loopback
 from device_sim.recorder import RecordOptions, payload_dir, record
-from device_sim.runner import SimOptions, simulate, transport_line
+from device_sim.report import headline
+from device_sim.runner import SimOptions, simulate
 from device_sim.scenario import Scenario, load_scenario, single_phase
 from device_sim.summary import summarize
 from device_sim.tensors import DataFile
@@ -207,28 +207,6 @@ def sim_options(args: argparse.Namespace) -> SimOptions:
     )
 
 
-def _headline(summary: dict[str, Any]) -> str:
-    r = summary["requests"]
-    lat = summary["latency_ms"]
-    latency = f"p50 {lat['p50']} ms, p95 {lat['p95']} ms, p99 {lat['p99']} ms" if lat else "none"
-    lines = [
-        f"transport: {transport_line(summary['run'])}",
-        f"offered {summary['offered_rps']} req/s, achieved {summary['achieved_rps']} req/s",
-        f"requests: {r['planned']} planned, {r['sent']} sent, {r['ok']} ok, "
-        f"{r['errors']} errors, {r['lost']} lost, {r['not_sent']} not sent",
-        f"latency: {latency}",
-    ]
-    if summary["errors"]:
-        kinds = ", ".join(
-            f"{k} ({v['status']}): {v['count']}" for k, v in summary["errors"].items()
-        )
-        lines.append(f"errors by kind: {kinds}")
-    if summary["slo"]:
-        s = summary["slo"]
-        lines.append(f"SLO {s['slo_ms']} ms: {s['late']} late, {s['violations']} violations")
-    return "\n".join(lines)
-
-
 def _run(args: argparse.Namespace) -> int:
     options = sim_options(args)
     try:
@@ -243,7 +221,7 @@ def _run(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     summary_path = args.out / "summary.json"
     summary_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    print(_headline(summary))
+    print(headline(summary))
     print(f"summary: {summary_path}")
     if not args.no_plots:
         from device_sim.plots import write_plots  # matplotlib costs ~0.5 s to import: only here

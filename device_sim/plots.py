@@ -21,6 +21,8 @@ _TRANSPORT_NAMES = {"mqtt5": "MQTT 5", "mqtt311": "MQTT 3.1.1", "http": "HTTP"}
 # Phase labels sit at the top of the chart, every other one lower: the labels of short phases
 # would otherwise run into each other.
 _PHASE_LABEL_Y = (0.99, 0.91)
+# The data keep to the lower part of a chart with phase labels; the labels take the top.
+_DATA_HEIGHT = 0.82
 
 
 def run_caption(summary: dict[str, Any]) -> str:
@@ -32,7 +34,9 @@ def run_caption(summary: dict[str, Any]) -> str:
     if run.get("transport"):
         parts.append(f"over {_TRANSPORT_NAMES.get(run['transport'], run['transport'])}")
     caption = " ".join(parts)
-    rate = f"{summary['offered_rps']:g} req/s offered"
+    offered = summary["offered_rps"]
+    # 69.8, not 69.833; 1,250 rather than 1.25e+03
+    rate = f"{offered:.3g} req/s offered" if offered < 1000 else f"{offered:,.0f} req/s offered"
     return f"{caption}, {rate}" if caption else rate
 
 
@@ -48,6 +52,9 @@ def _phase_marks(ax: Any, summary: dict[str, Any]) -> None:
     phases = summary["phases"]
     if len(phases) < 2:
         return
+    # Room above the data for the labels: without it they sat on the highest points.
+    bottom, top = ax.get_ylim()
+    ax.set_ylim(bottom, bottom + (top - bottom) / _DATA_HEIGHT)
     for k, phase in enumerate(phases):
         if phase["start_s"] > 0:
             ax.axvline(phase["start_s"], color="grey", linestyle=":", linewidth=1)
@@ -74,13 +81,38 @@ def _finish(fig: Figure, ax: Any, summary: dict[str, Any], what: str, xlabel: st
     return fig
 
 
+def _per_model(summary: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """(model, timeline) for each model of a run of several, else nothing: a run of one
+    model draws the whole run's lines as they are."""
+    models = summary.get("models") or []
+    if len(models) < 2:
+        return []
+    return [(m["name"], m["timeline"]) for m in models]
+
+
+def _values(rows: list[dict[str, Any]], key: str) -> list[float]:
+    return [r[key] if r[key] is not None else float("nan") for r in rows]
+
+
 def latency_figure(summary: dict[str, Any]) -> Figure:
     rows = summary["timeline"]
     t = [r["t"] for r in rows]
     fig, ax = plt.subplots(figsize=(9, 4))
-    for key, label in (("p50_ms", "p50"), ("p95_ms", "p95"), ("p99_ms", "p99")):
-        values = [r[key] if r[key] is not None else float("nan") for r in rows]
-        ax.plot(t, values, marker=".", label=label)
+    per_model = _per_model(summary)
+    if per_model:
+        # One colour per model, p50 solid and p99 dashed (p95 left out: six lines for two
+        # models already take a moment to read; summary.json has it).
+        for k, (model, model_rows) in enumerate(per_model):
+            colour = f"C{k % 10}"
+            ax.plot(
+                t, _values(model_rows, "p50_ms"), marker=".", color=colour, label=f"{model} p50"
+            )
+            ax.plot(
+                t, _values(model_rows, "p99_ms"), linestyle="--", color=colour, label=f"{model} p99"
+            )
+    else:
+        for key, label in (("p50_ms", "p50"), ("p95_ms", "p95"), ("p99_ms", "p99")):
+            ax.plot(t, _values(rows, key), marker=".", label=label)
     if summary["slo"] is not None:
         ax.axhline(summary["slo"]["slo_ms"], color="red", linestyle="--", label="SLO")
     ax.set_ylabel("latency (ms)")
@@ -93,6 +125,10 @@ def latency_figure(summary: dict[str, Any]) -> Figure:
     )
 
 
+def _steps(ax: Any, edges: list[float], values: list[float], **style: Any) -> None:
+    ax.step(edges, [*values, values[-1]], where="post", **style)
+
+
 def rate_figure(summary: dict[str, Any]) -> Figure:
     rows = summary["timeline"]
     # Each bin drawn over its own span: the last one (which runs on to the last reply) ends
@@ -102,13 +138,31 @@ def rate_figure(summary: dict[str, Any]) -> Figure:
     ]
     fig, ax = plt.subplots(figsize=(9, 4))
     # Offered wide and pale underneath: where the server keeps up, both lines stay visible.
-    series: tuple[tuple[str, str, dict[str, Any]], ...] = (
-        ("offered_rps", "offered", {"linewidth": 4, "alpha": 0.4}),
-        ("achieved_rps", "achieved (replies with status 200)", {"linewidth": 1.5}),
-    )
-    for key, label, style in series:
-        values = [r[key] for r in rows]
-        ax.step(edges, [*values, values[-1]], where="post", label=label, **style)
+    offered_style = {"linewidth": 4, "alpha": 0.4}
+    per_model = _per_model(summary)
+    if per_model:
+        for k, (model, model_rows) in enumerate(per_model):
+            colour = f"C{k % 10}"
+            offered = [r["offered_rps"] for r in model_rows]
+            achieved = [r["achieved_rps"] for r in model_rows]
+            _steps(ax, edges, offered, color=colour, label=f"{model} offered", **offered_style)
+            _steps(
+                ax,
+                edges,
+                achieved,
+                color=colour,
+                linewidth=1.5,
+                label=f"{model} achieved (status 200)",
+            )
+    else:
+        _steps(ax, edges, [r["offered_rps"] for r in rows], label="offered", **offered_style)
+        _steps(
+            ax,
+            edges,
+            [r["achieved_rps"] for r in rows],
+            linewidth=1.5,
+            label="achieved (replies with status 200)",
+        )
     ax.set_ylabel("requests/s")
     ax.set_ylim(bottom=0)
     return _finish(fig, ax, summary, "Offered vs achieved rate", "time since start (s)")

@@ -105,28 +105,32 @@ def timeline_bin_s(plan: Plan, ledger: Ledger) -> float:
     return 1.0 if span >= 10 else 0.1
 
 
-def timeline(plan: Plan, ledger: Ledger, bin_s: float) -> list[dict[str, Any]]:
+def timeline(
+    plan: Plan, ledger: Ledger, bin_s: float, select: np.ndarray | None = None
+) -> list[dict[str, Any]]:
     """Figures per bin of ``bin_s`` seconds over the offered window (rates per second):
     offered by planned time, achieved and errors by reply time, latency and losses by send
     time. The last bin runs on to the last reply, so replies to the last requests are counted
     where they belong instead of in an almost empty extra bin (a false drop to 0); each row's
-    ``span_s`` is its length, and its rates are per second of it."""
+    ``span_s`` is its length, and its rates are per second of it. ``select`` (a mask over the
+    plan) counts only those requests, on the whole run's bins: one model's share."""
     n_bins = max(1, math.ceil(plan.duration_s / bin_s - 1e-9))
     finite_done = ledger.done_at[np.isfinite(ledger.done_at)]
     end = max(plan.duration_s, float(finite_done.max()) if finite_done.size else 0.0)
+    chosen = np.ones(len(plan), dtype=bool) if select is None else select
 
     def bins(t: np.ndarray) -> np.ndarray:
         # + 1e-9: a constant process puts arrivals exactly on bin edges (0.3 / 0.1 < 3.0).
         return np.clip((t / bin_s + 1e-9).astype(np.int64), 0, n_bins - 1)
 
-    ok = ledger.outcome == Outcome.OK
-    sent = np.isfinite(ledger.sent_at)
-    offered = np.bincount(bins(plan.times), minlength=n_bins)
+    ok = chosen & (ledger.outcome == Outcome.OK)
+    sent = chosen & np.isfinite(ledger.sent_at)
+    offered = np.bincount(bins(plan.times[chosen]), minlength=n_bins)
     sent_bins = bins(np.where(sent, ledger.sent_at, 0))
     sent_count = np.bincount(sent_bins[sent], minlength=n_bins)
     achieved = np.bincount(bins(ledger.done_at[ok]), minlength=n_bins)
-    lost = np.bincount(sent_bins[ledger.outcome == Outcome.LOST], minlength=n_bins)
-    err = ledger.outcome == Outcome.ERROR
+    lost = np.bincount(sent_bins[chosen & (ledger.outcome == Outcome.LOST)], minlength=n_bins)
+    err = chosen & (ledger.outcome == Outcome.ERROR)
     err_bins = bins(np.where(err, ledger.done_at, 0))
     latency = ledger.done_at - ledger.sent_at
 
@@ -175,7 +179,8 @@ def summarize(
     plan: Plan, ledger: Ledger, *, slo_ms: float | None, elapsed_s: float, run: dict[str, Any]
 ) -> dict[str, Any]:
     """The summary document: ``run`` (how it was configured), the whole-run figures, one entry
-    per phase, the per-second timeline and the reply anomalies."""
+    per phase, the per-second timeline, one entry per model (its figures and timeline) and the
+    reply anomalies."""
     slo_s = slo_ms / 1000 if slo_ms is not None else None
     everything = np.ones(len(plan), dtype=bool)
     summary: dict[str, Any] = {
@@ -210,4 +215,14 @@ def summarize(
     bin_s = timeline_bin_s(plan, ledger)
     summary["timeline_bin_s"] = bin_s
     summary["timeline"] = timeline(plan, ledger, bin_s)
+    # Each model's share on the same bins: the plots draw one line per model, since a fast
+    # and a slow model averaged into one line describe neither.
+    summary["models"] = [
+        {
+            "name": name,
+            **window_figures(ledger, plan.model == i, 0.0, plan.duration_s, slo_s),
+            "timeline": timeline(plan, ledger, bin_s, plan.model == i),
+        }
+        for i, name in enumerate(plan.models)
+    ]
     return summary

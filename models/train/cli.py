@@ -26,6 +26,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--results-dir", type=Path, help="with --report: where results go (benchmarks/results)"
     )
+    p.add_argument(
+        "--from-results",
+        type=Path,
+        metavar="TRAIN.json",
+        help="with --report: train nothing, draw the Markdown and charts next to this results "
+        "file again from its figures (seconds; the full report trains for about 30 min)",
+    )
     p.add_argument("--out", type=Path, help="write the trained checkpoint (.safetensors) here")
     p.add_argument(
         "--serve-dir",
@@ -134,6 +141,19 @@ def _save(args: argparse.Namespace, trainer: Trainer) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     # Deferred: TensorFlow takes seconds to import; --help should not.
+    if args.from_results is not None and not args.report:
+        print("iotgw train: --from-results goes with --report", file=sys.stderr)
+        return 2
+    if args.report and args.from_results is not None:
+        from models.train.report_pages import write_pages
+
+        try:
+            page = write_pages(args.from_results)
+        except (OSError, ValueError) as exc:
+            print(f"iotgw train --report: {exc}", file=sys.stderr)
+            return 2
+        print(f"wrote {page} and its charts, from {args.from_results}")
+        return 0
     if args.report:
         from models.train.report import run_report
 

@@ -111,6 +111,13 @@ def test_phases_are_labelled_with_their_process_and_rate() -> None:
         # Neighbouring labels at two heights, so the labels of short phases do not overlap.
         heights = [t.get_position()[1] for t in fig.axes[0].texts]
         assert heights[0] != heights[1]
+        # and above the data: no label sits on the highest points
+        ax = fig.axes[0]
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+        highest = max(float(np.nanmax(line.get_ydata())) for line in ax.get_lines())
+        highest_px = ax.transData.transform((0, highest))[1]
+        assert all(t.get_window_extent(renderer).y0 > highest_px for t in ax.texts)
     finally:
         plt.close(fig)
 
@@ -149,5 +156,92 @@ def test_the_legend_sits_outside_the_points() -> None:
         legend_box = legend.get_window_extent(renderer)
         assert legend_box.x0 >= ax.get_window_extent(renderer).x1
         assert legend_box.x1 <= fig.bbox.x1  # and within the picture
+    finally:
+        plt.close(fig)
+
+
+def two_models_answered(fast_s: float, slow_s: float) -> dict[str, Any]:
+    """20 req/s for 2 s shared at random by ``fast`` and ``slow``, each request answered its
+    model's latency after it was planned."""
+    plan = plan_from_scenario(
+        single_phase(Constant(20), 2.0),
+        np.random.default_rng(0),
+        ["d"],
+        ["fast", "slow"],
+        max_requests=10**6,
+        max_duration_s=1e9,
+    )
+    ledger = Ledger(len(plan), origin=0.0)
+    for i, (t, model) in enumerate(zip(plan.times.tolist(), plan.model.tolist(), strict=True)):
+        latency_s = fast_s if plan.models[model] == "fast" else slow_s
+        ledger.record(i, Result(Outcome.OK, t, t + latency_s, 200))
+    run = {"models": list(plan.models), "transport": "mqtt5"}
+    return summarize(plan, ledger, slo_ms=None, elapsed_s=plan.duration_s, run=run)
+
+
+def test_each_model_has_its_own_lines() -> None:
+    """Two models in one line described neither: a 10 ms and a 200 ms model averaged."""
+    summary = two_models_answered(0.010, 0.200)
+    by_name = {m["name"]: m for m in summary["models"]}
+    assert set(by_name) == {"fast", "slow"}
+    counts = [m["requests"]["planned"] for m in by_name.values()]
+    assert all(counts) and sum(counts) == summary["requests"]["planned"] == 40
+    assert by_name["fast"]["latency_ms"]["p99"] == pytest.approx(10)
+    assert by_name["slow"]["latency_ms"]["p50"] == pytest.approx(200)
+    # On the whole run's bins, the models' shares add up to the whole.
+    for k, row in enumerate(summary["timeline"]):
+        shares = [m["timeline"][k] for m in by_name.values()]
+        assert [s["t"] for s in shares] == [row["t"]] * 2
+        assert sum(s["offered"] for s in shares) == row["offered"]
+        assert sum(s["ok"] for s in shares) == row["ok"]
+
+    fig = latency_figure(summary)
+    try:
+        ax = fig.axes[0]
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        assert list(lines) == ["fast p50", "fast p99", "slow p50", "slow p99"]
+        legend = ax.get_legend()
+        assert legend is not None
+        assert [t.get_text() for t in legend.get_texts()] == list(lines)
+        for name, latency_ms in (("fast", 10), ("slow", 200)):
+            for percentile in ("p50", "p99"):
+                y = np.asarray(lines[f"{name} {percentile}"].get_ydata(), dtype=float)
+                assert np.isfinite(y).any()
+                assert y[np.isfinite(y)] == pytest.approx(latency_ms)
+            # a model's two lines share its colour, and the models' colours differ
+            assert lines[f"{name} p50"].get_color() == lines[f"{name} p99"].get_color()
+        assert lines["fast p50"].get_color() != lines["slow p50"].get_color()
+    finally:
+        plt.close(fig)
+
+    fig = rate_figure(summary)
+    try:
+        ax = fig.axes[0]
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        assert list(lines) == [
+            "fast offered",
+            "fast achieved (status 200)",
+            "slow offered",
+            "slow achieved (status 200)",
+        ]
+        for name in ("fast", "slow"):
+            drawn = np.asarray(lines[f"{name} offered"].get_ydata(), dtype=float)[:-1]
+            assert drawn == pytest.approx([r["offered_rps"] for r in by_name[name]["timeline"]])
+        total = np.sum(
+            [
+                np.asarray(lines[f"{name} offered"].get_ydata(), dtype=float)
+                for name in ("fast", "slow")
+            ],
+            axis=0,
+        )
+        assert total[:-1] == pytest.approx([r["offered_rps"] for r in summary["timeline"]])
+    finally:
+        plt.close(fig)
+
+
+def test_one_model_keeps_the_whole_runs_lines() -> None:
+    fig = latency_figure(answered(single_phase(Constant(10), 2.0), 0.01))
+    try:
+        assert [line.get_label() for line in fig.axes[0].get_lines()] == ["p50", "p95", "p99"]
     finally:
         plt.close(fig)

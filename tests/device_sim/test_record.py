@@ -63,7 +63,7 @@ async def test_record_captures_n_requests_and_the_trace_replays_them(
     # too): its span is the span of the send times the simulator recorded, up to the broker's
     # delivery jitter.
     sent_at = sent.ledger.sent_at[np.isfinite(sent.ledger.sent_at)]
-    assert entries[-1].t == pytest.approx(float(sent_at.max() - sent_at.min()), abs=0.25)
+    assert entries[-1].t == pytest.approx(float(sent_at.max() - sent_at.min()), abs=0.5)
     # Payloads are saved once per distinct content (16 distinct bodies in the pool).
     files = list(payload_dir(trace).iterdir())
     assert len(files) == len({e.payload for e in entries}) <= 16
