@@ -34,6 +34,7 @@ a candidate only when its predicted gain clears it.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -434,9 +435,14 @@ class QueueModel:
         return times, rel, rel == 0.0
 
     def batch_seconds(self, config: Knobs, rows: int) -> float | None:
-        """One batch of ``rows`` single-row requests under ``config``'s threads: the median
-        measured (derived from the nearest measured setting when that one was not), plus the
-        gateway's costs per batch and per request; None before anything was measured."""
+        """One batch of ``rows`` single-row requests under ``config``'s threads (derived from
+        the nearest measured setting when that one was not), plus the gateway's costs per batch
+        and per request; None before anything was measured. Between measured batch sizes the
+        medians are joined by straight lines; beyond the largest, linear in rows from it; below
+        the smallest, the line through the two smallest, but never below rows in proportion to
+        the smallest's time (with one size measured, that proportion): a gateway that has only
+        run full batches has not measured its smaller ones, and the search that measures them
+        ranks by what they might gain, not by the full batch's time."""
         found = self._service_for(config, 1.0)
         if found is None:
             return None
@@ -445,9 +451,19 @@ class QueueModel:
         sizes = times.batch_sizes(setting)
         if not sizes:
             return None
-        seconds = times.median_s(setting, rows)
-        if rows > sizes[-1]:  # beyond every measured size: linear in rows from the largest
-            seconds *= rows / sizes[-1]
+        medians = [times.median_s(setting, size) for size in sizes]
+        if rows >= sizes[-1]:
+            seconds = medians[-1] * rows / sizes[-1]
+        elif rows <= sizes[0]:
+            seconds = medians[0] * rows / sizes[0]
+            if len(sizes) > 1:
+                slope = (medians[1] - medians[0]) / (sizes[1] - sizes[0])
+                seconds = max(seconds, medians[0] - slope * (sizes[0] - rows))
+        else:
+            above = bisect.bisect_left(sizes, rows)
+            lo, hi = sizes[above - 1], sizes[above]
+            share = (rows - lo) / (hi - lo)
+            seconds = medians[above - 1] + share * (medians[above] - medians[above - 1])
         return seconds + times.per_batch_s + rows * times.per_request_s
 
     def closed_loop_ms(self, config: Knobs, population: int) -> float | None:

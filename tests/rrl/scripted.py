@@ -83,9 +83,15 @@ class ScriptedGateway(ModelControl):
         *,
         slo_ms: float = 100.0,
         max_queue: int = 512,
+        jitter: float = 0.0,
     ) -> None:
         self.clock, self._knobs, self.service_s, self.load = clock, knobs, service_s, load
         self.slo_ms, self.max_queue = slo_ms, max_queue
+        self.jitter = jitter
+        """Each batch's time is its scripted time times a seeded log-normal factor of this
+        spread (0: exactly the scripted time): a closed loop on exact times can lock into one
+        pattern of batches for good, which measured service times never hold."""
+        self._jitter_rng = np.random.default_rng(12345)
         self.refused: list[float] = []  # when a full queue refused a request
         self.slowdown = 1.0
         """Every batch takes this many times its scripted time (other work on the cores)."""
@@ -266,6 +272,8 @@ class ScriptedGateway(ModelControl):
         rows = min(len(self._queue), k.max_batch_size)
         batch = [self._queue.popleft() for _ in range(rows)]
         seconds = self.service_s(k, rows) * self.slowdown
+        if self.jitter > 0:
+            seconds *= float(self._jitter_rng.lognormal(0.0, self.jitter))
         instance = self._free.index(min(self._free))
         self._free[instance] = t + seconds
         for r in batch:

@@ -92,3 +92,27 @@ def test_a_closed_loop_is_predicted_on_the_loop_that_decodes_it_and_follows_its_
     assert model.closed_loop_ms(config, 0) is None
     unmeasured = QueueModel(make_objective("latency", slo_ms=100.0, cores=2), cores=2)
     assert unmeasured.closed_loop_ms(config, 32) is None
+
+
+def test_batch_times_between_and_below_the_measured_sizes_follow_straight_lines() -> None:
+    """A gateway that has run only full batches of 32 has not measured batch 16: its time is
+    taken in proportion (what it might gain), not as the full batch's. With 8 and 32 measured,
+    the sizes between lie on the line joining them, and the ones below on its extension, never
+    below the proportion of the smallest's time."""
+    model = QueueModel(make_objective("latency", slo_ms=100.0, cores=2), cores=2)
+    per_batch = model.settings.per_batch_s
+    model.observe_service((1, 1), {32: [0.032] * 5})
+    config = Knobs(32, 0.0, 1, 1, 1)
+
+    def ms(rows: int) -> float:
+        seconds = model.batch_seconds(config, rows)
+        assert seconds is not None
+        return 1000.0 * (seconds - per_batch)
+
+    assert ms(16) == pytest.approx(16.0) and ms(64) == pytest.approx(64.0)
+    model.observe_service((1, 1), {8: [0.012] * 5})  # 12 ms at 8, 32 ms at 32: 20 / 24 a row
+    assert ms(16) == pytest.approx(12.0 + 8 * (20.0 / 24))
+    assert ms(20) == pytest.approx(12.0 + 12 * (20.0 / 24))
+    assert ms(4) == pytest.approx(12.0 - 4 * (20.0 / 24))
+    assert ms(1) == pytest.approx(12.0 - 7 * (20.0 / 24))
+    assert ms(1) >= 12.0 / 8
