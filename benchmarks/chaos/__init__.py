@@ -18,7 +18,9 @@ settle period after the load (``settle_s``, ended early once every id has its re
 - e (``--soak`` only): a 30-minute run with the gateway's RSS read every 10 s;
 - f: network partitions (``benchmarks.chaos.partition``): broker, replicas and devices on
   network namespaces of their own, one replica's link cut for longer than the broker's
-  keep-alive timeout and restored, then the broker's link cut briefly (needs root).
+  keep-alive timeout and restored, then the broker's link cut briefly (needs root); the full
+  run repeats it with a short keep-alive and session expiry, so the cut member's session ends
+  during the cut.
 
 ``--cases d`` (any letters of a-d and f) runs those cases only and writes
 ``chaos_<cases>.json``.
@@ -36,7 +38,12 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.chaos.devices import run_devices
-from benchmarks.chaos.partition import FULL_PARTITION, QUICK_PARTITION, partition
+from benchmarks.chaos.partition import (
+    FULL_PARTITION,
+    FULL_SHORT_SESSION,
+    QUICK_PARTITION,
+    partition,
+)
 from benchmarks.chaos.report import account, print_table, summarize
 from benchmarks.chaos.scenarios import (
     FULL,
@@ -90,8 +97,9 @@ def run(
                     case = overload(flood, overload_repo, folder, embedded=embedded)
                     cases.append(_announce(case))
             if "f" in cases_run:
-                plan_f = QUICK_PARTITION if quick else FULL_PARTITION
-                cases.append(_announce(partition(load, repo, folder, plan_f)))
+                plans = (QUICK_PARTITION,) if quick else (FULL_PARTITION, FULL_SHORT_SESSION)
+                for plan_f in plans:
+                    cases.append(_announce(partition(load, repo, folder, plan_f)))
             if soak_run:
                 cases.append(_announce(soak(load, repo, folder)))
     machine["load_average_at_end"] = load_average()

@@ -31,10 +31,13 @@ BROKER_TIMEOUT_FACTOR = 1.5
 # Failover counts only if the other replicas then answered every request for at least this
 # long before the link came back (the held share's last request is a few ms before it).
 _FAILOVER_HOLDS_S = 1.0
+# A reply this soon after its request was not held, even if it came just after the restore.
+_PROMPT_S = 1.0
 
 
 @dataclass(frozen=True)
 class PartitionPlan:
+    name: str  # the case's name in the results
     rate: float  # requests per second, all device processes together
     replicas: int
     keepalive_s: int | None  # the replicas' MQTT keep-alive; None: as the gateway configures it
@@ -60,10 +63,15 @@ class PartitionPlan:
         return self.lead_s + self.cut_s() + self.gap_s + self.broker_cut_s + self.tail_s
 
 
-# The gateway's configured keep-alive (30 s): the cut lasts 60 s.
-FULL_PARTITION = PartitionPlan(200, 3, None, None, 10, 15, 12, 3, 15, 60)
+# The gateway's configured keep-alive (30 s) and session expiry (an hour): the cut lasts 60 s.
+FULL_PARTITION = PartitionPlan("f_partition", 200, 3, None, None, 10, 15, 12, 3, 15, 60)
+# What a replica's share does when its session ends during the cut instead: a 10 s keep-alive
+# and a 5 s session expiry (Mosquitto drops the member at 15 s, its session ends 5 s later).
+FULL_SHORT_SESSION = PartitionPlan(
+    "f_partition_short_session", 200, 3, 10, 5, 10, 15, 12, 3, 15, 60
+)
 # --quick: a 5 s keep-alive (the least the gateway takes) so the cut lasts 12 s.
-QUICK_PARTITION = PartitionPlan(60, 2, 5, None, 4, 4.5, 4, 2, 4, 20)
+QUICK_PARTITION = PartitionPlan("f_partition", 60, 2, 5, None, 4, 4.5, 4, 2, 4, 20)
 
 
 def partition(load: Load, repo: Path, folder: Path, plan: PartitionPlan) -> Case:
@@ -72,12 +80,13 @@ def partition(load: Load, repo: Path, folder: Path, plan: PartitionPlan) -> Case
         "IOTGW_MQTT__KEEPALIVE_S": str(plan.keepalive()),
         "IOTGW_MQTT__SESSION_EXPIRY_S": str(plan.session_expiry()),
     }
+    folder = folder / plan.name
     with Network() as net:
         broker_host = net.add_host("broker")
         devices = net.add_host("devices")
         hosts = [net.add_host(f"replica{i}") for i in range(plan.replicas)]
         gateways: list[Gateway] = []
-        broker = Mosquitto(folder / "f", host=broker_host)
+        broker = Mosquitto(folder, host=broker_host)
         try:
             for i, host in enumerate(hosts):
                 gateway = Gateway(
@@ -95,8 +104,8 @@ def partition(load: Load, repo: Path, folder: Path, plan: PartitionPlan) -> Case
                 return read
 
             def cut() -> None:
+                net.cut(cut_host)  # first: the event's time is the cut's
                 read_served("before_cut")()
-                net.cut(cut_host)
 
             def restore() -> None:
                 net.restore(cut_host)
@@ -128,6 +137,8 @@ def partition(load: Load, repo: Path, folder: Path, plan: PartitionPlan) -> Case
             ledgers, events = load.run(jobs, actions)
             read_served("end")()
             broker_log = broker.log_text()
+            logs = [g.process.log_text() if g.process else "" for g in gateways]
+            reconnects = [log.count("MQTT: connection to") for log in logs]
         finally:
             for gateway in gateways:
                 gateway.stop()
@@ -142,9 +153,11 @@ def partition(load: Load, repo: Path, folder: Path, plan: PartitionPlan) -> Case
         "broker": "mosquitto " + _mosquitto_version(broker_log),
         "broker_dropped": _broker_drops(broker_log, epoch_offset),
         "gateway_requests": _per_stretch(served),
+        # Connections each replica lost (its log's warnings): the cut one's, and any other.
+        "gateway_connections_lost": reconnects,
         "plan": asdict(plan),
     }
-    return Case("f_partition", ledgers, events, config)
+    return Case(plan.name, ledgers, events, config)
 
 
 def _requests(gateway: Gateway, model: str) -> dict[str, int]:
@@ -176,14 +189,26 @@ def _per_stretch(served: dict[str, list[dict[str, int]]]) -> dict[str, list[dict
     return out
 
 
-_TIMEOUT = re.compile(r"^(\d+): Client (\S+) has exceeded timeout, disconnecting\.", re.MULTILINE)
+# What Mosquitto logs when it closes a connection for its keep-alive, and when a session it
+# kept for an offline client expires.
+_DROPS = re.compile(
+    r"^(\d+): (?:Client (\S+) has (exceeded timeout), disconnecting|"
+    r"(Expiring) client (\S+) due to timeout)\.",
+    re.MULTILINE,
+)
 
 
 def _broker_drops(log: str, epoch_offset: float) -> list[dict[str, Any]]:
-    """Each connection Mosquitto closed for its keep-alive: who, and when (``time.monotonic()``
-    of this process, to the second: Mosquitto logs whole seconds)."""
+    """Each connection Mosquitto closed for its keep-alive and each session it expired: who,
+    what, and when (``time.monotonic()`` of this process, to the second: Mosquitto logs whole
+    seconds)."""
     return [
-        {"client": m.group(2), "at": int(m.group(1)) - epoch_offset} for m in _TIMEOUT.finditer(log)
+        {
+            "client": m.group(2) or m.group(5),
+            "what": "connection closed (keep-alive)" if m.group(3) else "session expired",
+            "at": int(m.group(1)) - epoch_offset,
+        }
+        for m in _DROPS.finditer(log)
     ]
 
 
@@ -198,15 +223,17 @@ def failover(
     """From the devices' ledger: when, after the cut, every request was again answered while
     the cut replica could answer none (before the restore).
 
-    A request sent during the cut and not answered before the restore was held for the cut
-    replica (its share of the shared subscription). The failover instant is the send time of
-    the first request after the last such one; it counts only if the others then answered
-    everything for ``_FAILOVER_HOLDS_S`` before the link came back, else there was none
-    (``partition_failover_s`` None: the broker held the cut member's share until it came
-    back). ``held_wait_max_s``: the longest a held request waited for its reply."""
+    A request sent during the cut and answered neither before the restore nor within
+    ``_PROMPT_S`` (or not at all) was held for the cut replica (its share of the shared
+    subscription). The failover instant is the send time of the first request after the last
+    such one; it counts only if the others then answered everything for ``_FAILOVER_HOLDS_S``
+    before the link came back, else there was none (``partition_failover_s`` None: the broker
+    held the cut member's share until it came back). ``held_wait_max_s``: the longest a held
+    request waited for its reply."""
     window = (sent_at >= cut_at) & (sent_at < restore_at)
-    answered_during_cut = np.nan_to_num(replied_at, nan=np.inf) < restore_at
-    held = window & ~answered_during_cut
+    replied = np.nan_to_num(replied_at, nan=np.inf)
+    prompt = (replied < restore_at) | (replied - sent_at <= _PROMPT_S)
+    held = window & ~prompt
     failover_at: float | None = cut_at
     if held.any():
         last_held = float(sent_at[held].max())

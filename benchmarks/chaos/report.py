@@ -59,7 +59,7 @@ def account(case: Case, slo_ms: float) -> dict[str, Any]:
             out["offered_over_capacity"] = round(out["offered_per_s"] / capacity, 2)
     if case.name == "c_replicas":
         out["answered_after_replica_restart"] = _waited_for_restart(case, sent_at, replied)
-    if case.name == "f_partition":
+    if case.name.startswith("f_"):
         at = {e["event"]: e["at"] for e in case.events}
         cut, restore = at.get("replica 0 link cut"), at.get("replica 0 link restored")
         if cut is not None and restore is not None:
@@ -117,11 +117,12 @@ def summarize(cases: list[dict[str, Any]]) -> dict[str, Any]:
         summary[f"offered_over_capacity_{name[2:]}"] = c.get("offered_over_capacity")
     summary["embedded_broker"] = overload.get("d_overload_embedded", {}).get("broker")
     for c in cases:
-        if c["case"] == "f_partition":
-            summary["lost_qos1_partition"] = c["lost"]
-            summary["partition_failover_s"] = c.get("partition_failover_s")
-            summary["held_for_cut_replica"] = c.get("held_for_cut_replica")
-            summary["duplicates_partition"] = c["duplicates"]
+        if c["case"].startswith("f_partition"):
+            tail = c["case"][len("f_partition") :]  # "" or "_short_session"
+            summary[f"lost_qos1_partition{tail}"] = c["lost"]
+            summary[f"partition_failover_s{tail}"] = c.get("partition_failover_s")
+            summary[f"held_for_cut_replica{tail}"] = c.get("held_for_cut_replica")
+            summary[f"duplicates_partition{tail}"] = c["duplicates"]
     return summary
 
 

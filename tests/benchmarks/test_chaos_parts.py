@@ -61,15 +61,15 @@ def test_failover_is_when_the_cut_replicas_share_stops_waiting() -> None:
     # Requests every 0.1 s from t=0 to 10; the cut lasts from 2 to 8.
     sent = np.arange(0.0, 10.0, 0.1)
     prompt = sent + 0.005
-    # A broker that held every third request for the cut member until it came back (8.5).
+    # A broker that held every third request for the cut member until it came back (9.5).
     held = prompt.copy()
     third = (sent >= 2) & (sent < 8) & (np.arange(sent.size) % 3 == 0)
-    held[third] = 8.5
+    held[third] = 9.5
     figures = failover(sent, held, cut_at=2.0, restore_at=8.0)
     assert figures["partition_failover_s"] is None
     assert figures["held_for_cut_replica"] == int(third.sum()) == 20
     assert figures["held_answered_after_restore"] == 20
-    assert figures["held_wait_max_s"] == pytest.approx(8.5 - 2.1, abs=0.01)
+    assert figures["held_wait_max_s"] == pytest.approx(9.5 - 2.1, abs=0.01)
     # A broker that moved the share to the others 3 s into the cut (one request never answered).
     moved = prompt.copy()
     moved[(sent >= 2) & (sent < 5) & (np.arange(sent.size) % 3 == 0)] = np.nan
@@ -77,5 +77,9 @@ def test_failover_is_when_the_cut_replicas_share_stops_waiting() -> None:
     assert figures["partition_failover_s"] == pytest.approx(3.0, abs=0.11)
     assert figures["held_answered_after_restore"] == 0
     assert figures["held_wait_max_s"] is None
+    # A request sent just before the restore and answered just after it was not held.
+    late = moved.copy()
+    late[np.argmin(np.abs(sent - 7.9))] = 8.003
+    assert failover(sent, late, cut_at=2.0, restore_at=8.0)["held_for_cut_replica"] == 10
     # Nothing held at all: failover at the cut itself.
     assert failover(sent, prompt, cut_at=2.0, restore_at=8.0)["partition_failover_s"] == 0.0
