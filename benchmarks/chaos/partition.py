@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.chaos.gateway_side import gateway_side
-from benchmarks.chaos.netns import Network
+from benchmarks.chaos.netns import Host, Network
 from benchmarks.chaos.scenarios import Action, Case, Load
 from benchmarks.chaos.stack import Gateway, Mosquitto
 from gateway.settings import MqttSettings
@@ -103,28 +103,8 @@ def partition(load: Load, repo: Path, folder: Path, plan: PartitionPlan) -> Case
 
                 return read
 
-            def cut() -> None:
-                net.cut(cut_host)  # first: the event's time is the cut's
-                read_served("before_cut")()
-
-            def restore() -> None:
-                net.restore(cut_host)
-                read_served("during_cut")()
-
-            t_cut = plan.lead_s
-            t_restore = t_cut + plan.cut_s()
-            t_broker = t_restore + plan.gap_s
+            actions = _timeline(plan, net, cut_host, broker_host, read_served)
             duration = plan.duration_s()
-            actions: list[Action] = [
-                (t_cut / duration, "replica 0 link cut", cut),
-                (t_restore / duration, "replica 0 link restored", restore),
-                (t_broker / duration, "broker link cut", lambda: net.cut(broker_host)),
-                (
-                    (t_broker + plan.broker_cut_s) / duration,
-                    "broker link restored",
-                    lambda: net.restore(broker_host),
-                ),
-            ]
             jobs = load.jobs(
                 broker.port,
                 duration_s=duration,
@@ -143,7 +123,52 @@ def partition(load: Load, repo: Path, folder: Path, plan: PartitionPlan) -> Case
             for gateway in gateways:
                 gateway.stop()
             broker.stop()
-    config = {
+    config = _config(plan, broker_log, epoch_offset, served, reconnects)
+    return Case(plan.name, ledgers, events, config)
+
+
+def _timeline(
+    plan: PartitionPlan,
+    net: Network,
+    cut_host: Host,
+    broker_host: Host,
+    read_served: Callable[[str], Callable[[], None]],
+) -> list[Action]:
+    """The cut and restore of replica 0's link (each followed by a reading of what every
+    replica served), then the broker's short cut, at their fractions of the load window."""
+
+    def cut() -> None:
+        net.cut(cut_host)  # first: the event's time is the cut's
+        read_served("before_cut")()
+
+    def restore() -> None:
+        net.restore(cut_host)
+        read_served("during_cut")()
+
+    t_cut = plan.lead_s
+    t_restore = t_cut + plan.cut_s()
+    t_broker = t_restore + plan.gap_s
+    duration = plan.duration_s()
+    return [
+        (t_cut / duration, "replica 0 link cut", cut),
+        (t_restore / duration, "replica 0 link restored", restore),
+        (t_broker / duration, "broker link cut", lambda: net.cut(broker_host)),
+        (
+            (t_broker + plan.broker_cut_s) / duration,
+            "broker link restored",
+            lambda: net.restore(broker_host),
+        ),
+    ]
+
+
+def _config(
+    plan: PartitionPlan,
+    broker_log: str,
+    epoch_offset: float,
+    served: dict[str, list[dict[str, int]]],
+    reconnects: list[int],
+) -> dict[str, Any]:
+    return {
         "rate": plan.rate,
         "replicas": plan.replicas,
         "gateway_keepalive_s": plan.keepalive(),
@@ -157,7 +182,6 @@ def partition(load: Load, repo: Path, folder: Path, plan: PartitionPlan) -> Case
         "gateway_connections_lost": reconnects,
         "plan": asdict(plan),
     }
-    return Case(plan.name, ledgers, events, config)
 
 
 def _requests(gateway: Gateway, model: str) -> dict[str, int]:
