@@ -94,7 +94,7 @@ def _bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "$IOTGW_RESULTS_DIR or ./iotgw-results)",
     )
     p.add_argument("--soak", action="store_true", help="chaos: add the 30-minute soak run")
-    p.add_argument("--cases", help="chaos: which of the cases a-d to run (e.g. 'd'; default all)")
+    p.add_argument("--cases", help="chaos: the cases to run, letters of a-d and f (default all)")
     p.add_argument("--overload-model", help="chaos: the demo model case d overloads")
 
 

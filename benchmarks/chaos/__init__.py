@@ -15,9 +15,15 @@ settle period after the load (``settle_s``, ended early once every id has its re
 - d: capacity measured by a closed-loop ramp, then three times it for ``overload_s``, on
   Mosquitto and on ``iotgw serve``'s embedded default broker (requests carry the model's SLO
   as their deadline, so the excess must be answered with 503s);
-- e (``--soak`` only): a 30-minute run with the gateway's RSS read every 10 s.
+- e (``--soak`` only): a 30-minute run with the gateway's RSS read every 10 s;
+- f: network partitions (``benchmarks.chaos.partition``): broker, replicas and devices on
+  network namespaces of their own, one replica's link cut for longer than the broker's
+  keep-alive timeout and restored, then the broker's link cut briefly (needs root); the full
+  run repeats it with a short keep-alive and session expiry, so the cut member's session ends
+  during the cut.
 
-``--cases d`` (any letters of a-d) runs those cases only and writes ``chaos_<cases>.json``.
+``--cases d`` (any letters of a-d and f) runs those cases only and writes
+``chaos_<cases>.json``.
 Case d also records what the gateway itself saw (``gateway_side``: requests by outcome, its own
 latency, queue and batch times from ``/metrics``) and the offered rate over the measured
 capacity, so an admitted request's time can be placed inside or outside the gateway.
@@ -32,6 +38,12 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.chaos.devices import run_devices
+from benchmarks.chaos.partition import (
+    FULL_PARTITION,
+    FULL_SHORT_SESSION,
+    QUICK_PARTITION,
+    partition,
+)
 from benchmarks.chaos.report import account, print_table, summarize
 from benchmarks.chaos.scenarios import (
     FULL,
@@ -54,7 +66,7 @@ from models.repository import read_config
 DEVICE_PROCESSES = 2
 
 
-CASES = "abcd"
+CASES = "abcdf"
 
 
 def run(
@@ -84,6 +96,10 @@ def run(
                 for embedded in (False, True):
                     case = overload(flood, overload_repo, folder, embedded=embedded)
                     cases.append(_announce(case))
+            if "f" in cases_run:
+                plans = (QUICK_PARTITION,) if quick else (FULL_PARTITION, FULL_SHORT_SESSION)
+                for plan_f in plans:
+                    cases.append(_announce(partition(load, repo, folder, plan_f)))
             if soak_run:
                 cases.append(_announce(soak(load, repo, folder)))
     machine["load_average_at_end"] = load_average()
@@ -114,7 +130,7 @@ def run(
 
 
 def parse_cases(text: str) -> str:
-    """``--cases``: letters of a-d, in order, each once."""
+    """``--cases``: letters of a-d and f, in order, each once."""
     cases = "".join(sorted(set(text)))
     if not cases or set(cases) - set(CASES):
         raise ValueError(f"--cases takes letters of {CASES!r}, got {text!r}")
@@ -160,7 +176,7 @@ def cli(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--cases",
         default=CASES,
-        help="which of the cases a-d to run (e.g. 'd'); a subset writes chaos_<cases>.json",
+        help="which of the cases a-d and f to run (e.g. 'd'); a subset writes chaos_<cases>.json",
     )
     p.add_argument(
         "--overload-model",

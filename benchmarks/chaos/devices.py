@@ -28,6 +28,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from benchmarks.chaos.netns import entered
 from benchmarks.mqtt_clients import CORRELATION_DATA, RESPONSE_TOPIC, Packed, mqtt_string
 from benchmarks.mqtt_clients import receive_with as read_replies_with_the_gateway_parser
 from device_sim.mqtt_devices import reply_topic, request_topic
@@ -53,6 +54,8 @@ class DeviceJob:
     rate: float = 0.0  # open loop: requests per second from this process (over its devices)
     in_flight: int = 0  # closed loop (rate 0): requests outstanding per device
     slo_s: float = 0.1  # the request's deadline, sent as deadline_unix_ms
+    broker_host: str = "127.0.0.1"
+    netns: str | None = None  # case f: the network namespace the devices run in
 
 
 @dataclass(slots=True)
@@ -119,7 +122,9 @@ class Device:
             props = Properties(PacketTypes.CONNECT)
             props.SessionExpiryInterval = SESSION_EXPIRY_S
         kwargs: dict[str, Any] = {"clean_start": False} if self.job.protocol == "5" else {}
-        self.client.connect("127.0.0.1", self.job.port, keepalive=30, properties=props, **kwargs)
+        self.client.connect(
+            self.job.broker_host, self.job.port, keepalive=30, properties=props, **kwargs
+        )
         self.client.loop_start()
         if not self._subscribed.wait(_CONNECT_TIMEOUT_S):
             raise TimeoutError(f"{self.device_id}: not subscribed within {_CONNECT_TIMEOUT_S} s")
@@ -229,7 +234,14 @@ def _closed_loop(devices: list[Device], job: DeviceJob) -> None:
 
 def run_devices(job: DeviceJob) -> dict[str, Any]:
     """Connect every device, run the load, wait up to ``settle_s`` for the last replies (ending
-    as soon as every request has one), and return the merged ledger."""
+    as soon as every request has one), and return the merged ledger. With ``job.netns`` the
+    devices' sockets and network threads live in that namespace; the process returns to its
+    own afterwards (it serves the next case's job)."""
+    with entered(job.netns):
+        return _run_devices(job)
+
+
+def _run_devices(job: DeviceJob) -> dict[str, Any]:
     devices = [Device(job, d) for d in job.devices]
     try:
         for device in devices:

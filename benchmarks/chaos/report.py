@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.chaos.partition import failover
 from benchmarks.chaos.scenarios import Case
 from benchmarks.common import format_table, percentiles
 
@@ -58,6 +59,14 @@ def account(case: Case, slo_ms: float) -> dict[str, Any]:
             out["offered_over_capacity"] = round(out["offered_per_s"] / capacity, 2)
     if case.name == "c_replicas":
         out["answered_after_replica_restart"] = _waited_for_restart(case, sent_at, replied)
+    if case.name.startswith("f_"):
+        at = {e["event"]: e["at"] for e in case.events}
+        cut, restore = at.get("replica 0 link cut"), at.get("replica 0 link restored")
+        if cut is not None and restore is not None:
+            out.update(failover(sent_at, replied, cut, restore))
+        out["broker_dropped"] = [
+            {**d, "at": round(d["at"] - start)} for d in case.config["broker_dropped"]
+        ]
     if case.name == "e_soak":
         out["rss_growth_last_20min"] = rss_growth(case.config["rss"])
     return out
@@ -107,6 +116,13 @@ def summarize(cases: list[dict[str, Any]]) -> dict[str, Any]:
         summary[f"errors_503_{name[2:]}"] = c["errors_503"]
         summary[f"offered_over_capacity_{name[2:]}"] = c.get("offered_over_capacity")
     summary["embedded_broker"] = overload.get("d_overload_embedded", {}).get("broker")
+    for c in cases:
+        if c["case"].startswith("f_partition"):
+            tail = c["case"][len("f_partition") :]  # "" or "_short_session"
+            summary[f"lost_qos1_partition{tail}"] = c["lost"]
+            summary[f"partition_failover_s{tail}"] = c.get("partition_failover_s")
+            summary[f"held_for_cut_replica{tail}"] = c.get("held_for_cut_replica")
+            summary[f"duplicates_partition{tail}"] = c["duplicates"]
     return summary
 
 

@@ -91,6 +91,8 @@ class Load:
         in_flight: int = 0,
         protocol: Literal["5", "3.1.1"] = "5",
         settle_s: float | None = None,
+        broker_host: str = "127.0.0.1",
+        netns: str | None = None,
     ) -> list[DeviceJob]:
         n = self.clients.count
         start_at = time.monotonic() + 2.0 + self.plan.devices_per_process * 0.1  # connect first
@@ -108,6 +110,8 @@ class Load:
                 rate=rate / n,
                 in_flight=in_flight,
                 slo_s=self.slo_s,
+                broker_host=broker_host,
+                netns=netns,
             )
             for p in range(n)
         ]

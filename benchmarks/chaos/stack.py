@@ -14,8 +14,10 @@ import signal
 import socket
 import time
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 
+from benchmarks.chaos.netns import Host, run_inside
 from benchmarks.common import ServerProcess, free_port, python_argv
 
 MODEL = "sensor_mlp"
@@ -38,11 +40,11 @@ def demo_repository(folder: Path, name: str = MODEL) -> Path:
     return ensure_demo_repository(folder / f"repo-{name}", chosen)
 
 
-def _wait_listening(port: int, process: ServerProcess, timeout_s: float) -> None:
+def _wait_listening(address: str, port: int, process: ServerProcess, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            socket.create_connection((address, port), timeout=0.2).close()
             return
         except OSError:
             if process.proc.poll() is not None:
@@ -54,16 +56,20 @@ def _wait_listening(port: int, process: ServerProcess, timeout_s: float) -> None
 
 class Mosquitto:
     """Mosquitto with ``persistence true`` (its store in ``folder``): ``restart`` stops it with
-    SIGTERM (it writes its store on the way out) and starts it again on the same port."""
+    SIGTERM (it writes its store on the way out) and starts it again on the same port. On 127.0.0.1,
+    or inside ``host``'s network namespace (case f) on its address."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, host: Host | None = None) -> None:
         self.folder = folder
-        self.port = free_port()
+        self.host = host
+        self.address = "127.0.0.1" if host is None else host.address
+        # A namespace of the run's own has every port free: MQTT's.
+        self.port = free_port() if host is None else 1883
         store = folder / "mosquitto-store"
         store.mkdir(parents=True, exist_ok=True)
         self.config = folder / "mosquitto.conf"
         self.config.write_text(
-            f"listener {self.port} 127.0.0.1\n"
+            f"listener {self.port} {self.address}\n"
             "allow_anonymous true\n"
             # Without it a QoS 1 request/reply stalls 40-90 ms on Nagle's algorithm.
             "set_tcp_nodelay true\n"
@@ -82,13 +88,23 @@ class Mosquitto:
 
     @property
     def url(self) -> str:
-        return f"mqtt://127.0.0.1:{self.port}"
+        return f"mqtt://{self.address}:{self.port}"
 
     def _start(self) -> ServerProcess:
         log = self.folder / f"mosquitto-{next(_starts)}.log"
-        process = ServerProcess([self.binary, "-c", str(self.config)], log_path=log)
-        _wait_listening(self.port, process, 15)
+        argv = [self.binary, "-c", str(self.config)]
+        if self.host is None:
+            process = ServerProcess(argv, log_path=log)
+            _wait_listening(self.address, self.port, process, 15)
+            return process
+        host = self.host
+        process = ServerProcess(host.exec_argv(argv), log_path=log)
+        run_inside(host.namespace, lambda: _wait_listening(host.address, self.port, process, 15))
         return process
+
+    def log_text(self) -> str:
+        """What this broker logged since its last start."""
+        return self.process.log_text()
 
     def restart(self) -> float:
         """SIGTERM, wait for the exit, start again; returns the seconds it was down."""
@@ -108,7 +124,8 @@ class Mosquitto:
 
 
 class Gateway:
-    """One ``iotgw serve`` process with a fixed client id; ``start`` again after a kill."""
+    """One ``iotgw serve`` process with a fixed client id; ``start`` again after a kill. Inside
+    ``host``'s network namespace when given (case f), with ``env`` added to its environment."""
 
     def __init__(
         self,
@@ -118,12 +135,16 @@ class Gateway:
         client_id: str,
         broker: str | None,
         extra: tuple[str, ...] = (),
+        host: Host | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.repo = repo
         self.folder = folder
         self.client_id = client_id
         self.broker = broker
         self.extra = extra
+        self.host = host
+        self.env = None if env is None else {**os.environ, **env}
         self.process: ServerProcess | None = None
         self.http_port = 0
 
@@ -149,7 +170,9 @@ class Gateway:
             *self.extra,
         )
         log = self.folder / f"{self.client_id}-{next(_starts)}.log"
-        self.process = ServerProcess(argv, log_path=log)
+        if self.host is not None:
+            argv = self.host.exec_argv(argv)
+        self.process = ServerProcess(argv, log_path=log, env=self.env)
         self.process.wait_for_log(_READY, timeout_s)
         return self.process.log_text()
 
@@ -168,8 +191,12 @@ class Gateway:
     def metrics(self) -> str:
         """The gateway's Prometheus exposition (``/metrics``)."""
         url = f"http://127.0.0.1:{self.http_port}/metrics"
-        with urllib.request.urlopen(url, timeout=30) as reply:
-            return str(reply.read().decode())
+
+        def read() -> str:
+            with urllib.request.urlopen(url, timeout=30) as reply:
+                return str(reply.read().decode())
+
+        return read() if self.host is None else run_inside(self.host.namespace, read)
 
     def stop(self) -> None:
         if self.process is not None:

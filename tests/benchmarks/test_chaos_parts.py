@@ -1,12 +1,15 @@
 """Parts of ``iotgw bench chaos`` that need no processes: what the overload case reads from the
-gateway's own ``/metrics`` (a real ``GatewayMetrics`` rendered), and the choice of cases."""
+gateway's own ``/metrics`` (a real ``GatewayMetrics`` rendered), the choice of cases, and how
+the partition case reads failover from the devices' ledger."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from benchmarks.chaos import cli
 from benchmarks.chaos.gateway_side import gateway_side, since
+from benchmarks.chaos.partition import failover
 from gateway.metrics import GatewayMetrics
 
 MODEL = "sensor_mlp"
@@ -51,4 +54,32 @@ def test_iotgw_bench_takes_the_chaos_options_for_chaos_only(
     assert main(["bench", "http", "--cases", "d"]) == 2
     assert "chaos options" in capsys.readouterr().out
     assert main(["bench", "chaos", "--cases", "dx"]) == 2
-    assert "letters of 'abcd'" in capsys.readouterr().out
+    assert "letters of 'abcdf'" in capsys.readouterr().out
+
+
+def test_failover_is_when_the_cut_replicas_share_stops_waiting() -> None:
+    # Requests every 0.1 s from t=0 to 10; the cut lasts from 2 to 8.
+    sent = np.arange(0.0, 10.0, 0.1)
+    prompt = sent + 0.005
+    # A broker that held every third request for the cut member until it came back (9.5).
+    held = prompt.copy()
+    third = (sent >= 2) & (sent < 8) & (np.arange(sent.size) % 3 == 0)
+    held[third] = 9.5
+    figures = failover(sent, held, cut_at=2.0, restore_at=8.0)
+    assert figures["partition_failover_s"] is None
+    assert figures["held_for_cut_replica"] == int(third.sum()) == 20
+    assert figures["held_answered_after_restore"] == 20
+    assert figures["held_wait_max_s"] == pytest.approx(9.5 - 2.1, abs=0.01)
+    # A broker that moved the share to the others 3 s into the cut (one request never answered).
+    moved = prompt.copy()
+    moved[(sent >= 2) & (sent < 5) & (np.arange(sent.size) % 3 == 0)] = np.nan
+    figures = failover(sent, moved, cut_at=2.0, restore_at=8.0)
+    assert figures["partition_failover_s"] == pytest.approx(3.0, abs=0.11)
+    assert figures["held_answered_after_restore"] == 0
+    assert figures["held_wait_max_s"] is None
+    # A request sent just before the restore and answered just after it was not held.
+    late = moved.copy()
+    late[np.argmin(np.abs(sent - 7.9))] = 8.003
+    assert failover(sent, late, cut_at=2.0, restore_at=8.0)["held_for_cut_replica"] == 10
+    # Nothing held at all: failover at the cut itself.
+    assert failover(sent, prompt, cut_at=2.0, restore_at=8.0)["partition_failover_s"] == 0.0
