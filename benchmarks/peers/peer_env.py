@@ -87,7 +87,7 @@ def _env_root(cache_dir: Path | None, peer: str) -> Path:
     return (cache_dir or default_cache_dir()) / f"{peer}-ort-{_ort_version()}-{py}"
 
 
-def requirements() -> tuple[str, ...]:
+def mlserver_requirements() -> tuple[str, ...]:
     """MLServer pinned, and this process's ONNX Runtime."""
     return (f"mlserver=={MLSERVER_VERSION}", f"onnxruntime=={_ort_version()}", UVLOOP_PIN)
 
@@ -102,7 +102,7 @@ def mlserver_env(cache_dir: Path | None = None) -> PeerEnv:
     """Where MLServer's environment for this interpreter and ONNX Runtime lives (nothing is
     built)."""
     root = _env_root(cache_dir, f"mlserver-{MLSERVER_VERSION}")
-    return PeerEnv(root, requirements(), "MLServer")
+    return PeerEnv(root, mlserver_requirements(), "MLServer")
 
 
 def triton_env(cache_dir: Path | None = None) -> PeerEnv:
