@@ -1,24 +1,37 @@
-"""Peers benchmark: the gateway against MLServer on the same machine (``iotgw bench peers``).
+"""Peers benchmark: the gateway against MLServer and Triton on the same machine
+(``iotgw bench peers``).
 
-MLServer 1.7.1 is installed into its own virtual environment under the cache
-(``mlserver_env``: built once, then reused without network; rebuilt offline from its wheelhouse
-when needed) and serves the same ONNX files as the gateway through an ONNX Runtime runtime
-written here (``mlserver_runtime``: the gateway's session options and threads). Both servers
-batch adaptively with the gateway's ``--no-tuner`` arm's setting: up to 32 per batch, 2 ms to
-fill one.
+Each peer is installed into its own virtual environment under the cache (``peer_env``: built
+once, then reused without network; rebuilt offline from its wheelhouse when needed): MLServer
+1.7.1 serves the ONNX files through an ONNX Runtime runtime written here
+(``mlserver_runtime``); Triton is PyTriton 0.7.0's bundled ``tritonserver`` (C++ HTTP front
+end and dynamic batcher, Python backend) with one ONNX Runtime session per instance as the
+bound callable (``triton_server``; its own NumPy 1.x). Every server gets the best static
+configuration (``plan.STATIC_KNOBS``: maximum batch, batch timeout / queue delay, instances,
+intra- and inter-op threads).
 
-For ``vision_cnn`` and ``sensor_mlp``, at 1 and 8 rows per request and 1, 8, 32 and 128
-concurrent clients, the same closed-loop load generator (``benchmarks.loadgen``) drives, in
-turn and round after round: MLServer and the gateway on the same OIP JSON body, and the gateway
-on the binary tensor extension (which MLServer lacks) beside them. The ratios (gateway over
-MLServer, within each round, median over 5 rounds) are the summary:
-``vs_mlserver_throughput_ratio_c32`` (target >= 1.5), ``vs_mlserver_p99_ratio_c32`` (<= 1.0)
-and ``vs_mlserver_p50_ratio_c1`` (<= 0.8), per model, at one row per request; the binary
-extension's and the eight-row figures beside them.
+The arms: MLServer and Triton, the default ``iotgw serve`` (agent on: the arm that counts) and
+``iotgw serve --no-tuner`` with the best static configuration, on the same OIP JSON body
+(Triton's tensors carry the ONNX names, so one body serves all), and the static gateway on the
+binary tensor extension beside them. Three loads, arms interleaved round after round:
 
-``--quick`` (CI) measures 1 and 32 clients once, briefly; when MLServer cannot be installed
-there (no registry and nothing cached) it runs the gateway's arms alone and says why in the
-results (``summary.mlserver_skipped``). A full run without MLServer fails instead.
+1. The project's closed-loop client (``benchmarks.loadgen``) at 1 and 8 rows per request and 1,
+   8, 32 and 128 clients: the MLServer summary, ``vs_mlserver_throughput_ratio_c32`` (target
+   >= 1.5), ``vs_mlserver_p99_ratio_c32`` (<= 1.0), ``vs_mlserver_p50_ratio_c1`` (<= 0.8).
+2. wrk (``wrk_points``) at 1, 8, 32 and 128 connections, one row per request: the Triton
+   summary, ``vs_triton_throughput_ratio_c8``, ``_c32``, ``_c128`` (>= 1.2),
+   ``vs_triton_p99_ratio_c32`` (<= 1.0), ``vs_triton_p50_ratio_c1`` (<= 0.5).
+3. Poisson arrivals (``capacity``, through ``iotgw sim``): each arm's capacity at the model's
+   SLO, ``vs_triton_capacity_ratio`` (>= 1.25).
+
+Each Triton figure stands beside its noise floor and its verdict (``triton_report``,
+``benchmarks.judging.judge``); the static arm's (``static_``) and the project's client's
+(``loadgen_``) beside it.
+
+``--quick`` (CI) measures 1 and 32 clients once, briefly, and two steps of each capacity
+search; when a peer cannot be installed there (no registry and nothing cached) it runs without
+that arm and says why in the results (``summary.mlserver_skipped``, ``summary.triton_skipped``).
+A full run without both peers fails instead.
 
 Run with ``iotgw bench peers [--quick] [--out DIR]`` or ``python -m benchmarks.peers``. Results:
 ``benchmarks/results/peers.json`` (``peers.quick.json`` in quick mode, or under ``--out``).

@@ -1,12 +1,14 @@
 """One point of the peers benchmark (a model, rows per request, a number of clients): every arm
 driven by the same closed-loop load generator (``benchmarks.loadgen``, its raw HTTP/1.1 client
-in this process), the arms interleaved round by round, and the gateway's ratios to MLServer
-taken within each round."""
+in this process), the arms interleaved round by round, and the gateway's ratios to each peer
+(MLServer, Triton) taken within each round, with the noise floor of each figure."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
+import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -19,7 +21,7 @@ import numpy as np
 from benchmarks.common import Repeated, ServerProcess, percentiles
 from benchmarks.http.workload import Model
 from benchmarks.loadgen import LoadJob, run_load
-from benchmarks.peers.plan import MLSERVER, Plan, windows
+from benchmarks.peers.plan import PEERS, Plan, windows
 from benchmarks.peers.workload import Request, binary_request, json_request
 
 
@@ -117,7 +119,7 @@ def measure_point(
 ) -> dict[str, Any]:
     """Every arm ``plan.repeats`` times, interleaved; each run is handed to ``record``.
     ``cycle_s``: about how long a client waits for a reply (``plan.windows``). Returns the
-    point: per arm the figures over rounds, and the gateway arms' ratios to MLServer."""
+    point: per arm the figures over rounds, and the gateway arms' ratios to each peer."""
     point = {"model": model.name, "rows_per_request": rows, "concurrency": concurrency}
     requests = {arm.name: arm.request(model, rows) for arm in arms}
     by_arm: dict[str, list[dict[str, Any]]] = {arm.name: [] for arm in arms}
@@ -130,7 +132,7 @@ def measure_point(
         "figure": "peer_point",
         **point,
         "arms": {name: _arm_figures(runs) for name, runs in by_arm.items()},
-        "vs_mlserver": _ratios(by_arm),
+        **peer_ratios(by_arm, "rows_per_s"),
     }
 
 
@@ -146,26 +148,43 @@ def _arm_figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
     keys = ("rows_per_s", "requests_per_s", "p50_ms", "p95_ms", "p99_ms")
     return {
         **{k: _repeated(runs, k) for k in (*keys, "server_cpu_ms_per_request")},
+        "floors": {k: repeat_floor(runs, k) for k in keys},
         "answered": sum(r["answered"] for r in runs),
         "lost": sum(r["lost"] for r in runs),
         "errors": dict(errors),
     }
 
 
-def _ratios(by_arm: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Per gateway arm, the median over rounds of its figure over MLServer's in the same round:
-    throughput (rows/s), p50 and p99."""
-    peer = by_arm.get(MLSERVER)
-    if not peer:
-        return {}
+def pair_floor(values: Sequence[float | None]) -> float | None:
+    """What the same thing reads measured twice: the larger over the smaller of two
+    consecutive values, median over the pairs (None: no two values)."""
+    pairs = [
+        max(a, b) / min(a, b)
+        for a, b in itertools.pairwise(values)
+        if a is not None and b is not None and min(a, b) > 0
+    ]
+    return round(statistics.median(pairs), 4) if pairs else None
+
+
+def repeat_floor(runs: Sequence[dict[str, Any]], key: str) -> float | None:
+    """An arm's figure ``key`` in consecutive rounds: its ``pair_floor``."""
+    return pair_floor([r[key] for r in runs])
+
+
+def peer_ratios(by_arm: dict[str, list[dict[str, Any]]], throughput: str) -> dict[str, Any]:
+    """``vs_<peer>`` for each peer measured: per gateway arm, the median over rounds of its
+    figure over the peer's in the same round (``throughput``, p50 and p99)."""
     out: dict[str, Any] = {}
-    for name, runs in by_arm.items():
-        if name == MLSERVER:
-            continue
-        out[name] = {
-            "throughput_ratio": _round_ratios(runs, peer, "rows_per_s"),
-            "p50_ratio": _round_ratios(runs, peer, "p50_ms"),
-            "p99_ratio": _round_ratios(runs, peer, "p99_ms"),
+    for peer in PEERS:
+        runs_of_peer = by_arm.get(peer)
+        out[f"vs_{peer.removesuffix('_json')}"] = {
+            name: {
+                "throughput_ratio": _round_ratios(runs, runs_of_peer, throughput),
+                "p50_ratio": _round_ratios(runs, runs_of_peer, "p50_ms"),
+                "p99_ratio": _round_ratios(runs, runs_of_peer, "p99_ms"),
+            }
+            for name, runs in by_arm.items()
+            if runs_of_peer and name not in PEERS
         }
     return out
 

@@ -1,6 +1,6 @@
 """An ONNX Runtime inference runtime for MLServer, the peer the gateway is measured against.
 
-This module runs inside MLServer's own virtual environment (``benchmarks.peers.mlserver_env``),
+This module runs inside MLServer's own virtual environment (``benchmarks.peers.peer_env``),
 copied next to each model's ``model-settings.json``: it imports only MLServer, NumPy and ONNX
 Runtime, nothing of this project. MLServer ships no ONNX runtime of its own, so this is the
 ~40-line runtime its documentation asks for (``load`` and ``predict``), written the way its

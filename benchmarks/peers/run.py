@@ -1,6 +1,6 @@
-"""The peers benchmark from start to end: MLServer's environment, both servers up and checked,
-every point measured with the arms interleaved, the results written and printed, everything
-stopped whatever happens."""
+"""The peers benchmark from start to end: the peers' environments, every server up and checked,
+every point measured with the arms interleaved (the project's client, then wrk, then the open
+loop's capacity), the results written and printed, everything stopped whatever happens."""
 
 from __future__ import annotations
 
@@ -13,27 +13,37 @@ from typing import Any
 from benchmarks.common import BenchRun, ServerProcess
 from benchmarks.http.workload import Model, build_repository, load_models
 from benchmarks.peers import report
-from benchmarks.peers.measure import Arm, measure_point
-from benchmarks.peers.mlserver_env import (
+from benchmarks.peers.capacity import arm_capacity
+from benchmarks.peers.measure import Arm, measure_point, rotated
+from benchmarks.peers.peer_env import (
     MLSERVER_VERSION,
-    MLServerEnv,
-    MLServerUnavailable,
+    PYTRITON_VERSION,
+    PeerEnv,
+    PeerUnavailable,
     ensure_mlserver,
+    ensure_triton,
 )
 from benchmarks.peers.plan import (
-    BATCH_TIMEOUT_MS,
     FULL,
     GATEWAY,
     GATEWAY_BINARY,
-    MAX_BATCH_SIZE,
+    GATEWAY_STATIC,
+    JSON_ARMS,
     MLSERVER,
     MODELS,
     NAME,
     QUICK,
+    TRITON,
     Plan,
 )
-from benchmarks.peers.servers import start_gateway_batching, start_mlserver
+from benchmarks.peers.servers import (
+    start_gateway_agent,
+    start_gateway_static,
+    start_mlserver,
+    start_triton,
+)
 from benchmarks.peers.workload import reply_difference
+from benchmarks.peers.wrk_points import wrk_point
 
 
 class Peers:
@@ -44,8 +54,10 @@ class Peers:
         self.log = log
         self.runs: list[dict[str, Any]] = []
         self.points: list[dict[str, Any]] = []
+        self.wrk_points: list[dict[str, Any]] = []
+        self.capacity: list[dict[str, Any]] = []
         self.config: dict[str, Any] = {"plan": asdict(plan), **report.METHOD}
-        self.mlserver: dict[str, Any] = {}
+        self.peers: dict[str, dict[str, Any]] = {MLSERVER: {}, TRITON: {}}
         self.servers: list[ServerProcess] = []
 
     def close(self) -> None:
@@ -53,45 +65,64 @@ class Peers:
             server.stop()
 
 
-def _mlserver_env(peers: Peers) -> MLServerEnv | None:
-    """MLServer's environment; None (and the reason recorded) when it cannot be installed and
+def _peer_env(
+    peers: Peers, arm: str, version: str, ensure: Callable[..., PeerEnv]
+) -> PeerEnv | None:
+    """A peer's environment; None (and the reason recorded) when it cannot be installed and
     the plan allows running without it."""
     try:
-        env = ensure_mlserver(log=peers.log)
-    except MLServerUnavailable as exc:
-        if not peers.plan.mlserver_optional:
+        env = ensure(log=peers.log)
+    except PeerUnavailable as exc:
+        if not peers.plan.peers_optional:
             raise
-        peers.log(f"MLServer arm skipped: {exc}")
-        peers.mlserver["skipped"] = str(exc)
+        peers.log(f"{arm} arm skipped: {exc}")
+        peers.peers[arm]["skipped"] = str(exc)
         return None
-    peers.mlserver.update(
-        {"version": MLSERVER_VERSION, "requirements": list(env.requirements), "venv": str(env.venv)}
-    )
+    info = {"version": version, "requirements": list(env.requirements), "venv": str(env.venv)}
+    peers.peers[arm].update(info)
     return env
 
 
 def _start_servers(peers: Peers, workdir: Path, models: dict[str, Model]) -> list[Arm]:
-    """Both servers up; the arms, MLServer's first."""
+    """Every server up; the arms, the peers' first."""
     plan, log = peers.plan, peers.log
-    env = _mlserver_env(peers)
-    log("starting the gateway")
-    repo = workdir / "repo"
-    gateway, gw_base, knobs = start_gateway_batching(repo, workdir, models, plan.startup_timeout_s)
-    peers.servers.append(gateway)
-    peers.config["gateway"] = {"argv": gateway.argv, "knobs": knobs}
-    arms = [Arm(GATEWAY, gw_base, gateway, False), Arm(GATEWAY_BINARY, gw_base, gateway, True)]
-    if env is not None:
-        log(f"starting MLServer {MLSERVER_VERSION} ({env.venv})")
-        server, base, settings = start_mlserver(
-            env, workdir / "mlserver", models, knobs, plan.startup_timeout_s
+    mlserver_env = _peer_env(peers, MLSERVER, MLSERVER_VERSION, ensure_mlserver)
+    triton_env = _peer_env(peers, TRITON, PYTRITON_VERSION, ensure_triton)
+    repo, timeout_s = workdir / "repo", plan.startup_timeout_s
+    log("starting the gateway (--no-tuner, the best static configuration)")
+    static, static_base, knobs = start_gateway_static(repo, workdir, models, timeout_s)
+    peers.servers.append(static)
+    log("starting the gateway (the default iotgw serve, agent on)")
+    agent, agent_base = start_gateway_agent(repo, workdir, timeout_s)
+    peers.servers.append(agent)
+    peers.config["gateway"] = {"argv": agent.argv, "agent": True}
+    peers.config["gateway_static"] = {"argv": static.argv, "knobs": knobs}
+    arms = [
+        Arm(GATEWAY, agent_base, agent, False),
+        Arm(GATEWAY_STATIC, static_base, static, False),
+        Arm(GATEWAY_BINARY, static_base, static, True),
+    ]
+    if triton_env is not None:
+        log(f"starting Triton (PyTriton {PYTRITON_VERSION}, {triton_env.venv})")
+        server, base, config = start_triton(
+            triton_env, workdir / "triton", models, knobs, timeout_s
         )
         peers.servers.append(server)
-        peers.mlserver.update({"argv": server.argv, "settings": settings})
+        peers.peers[TRITON].update({"argv": server.argv, "config": config})
+        arms.insert(0, Arm(TRITON, base, server, False))
+    if mlserver_env is not None:
+        log(f"starting MLServer {MLSERVER_VERSION} ({mlserver_env.venv})")
+        server, base, settings = start_mlserver(
+            mlserver_env, workdir / "mlserver", models, knobs, timeout_s
+        )
+        peers.servers.append(server)
+        peers.peers[MLSERVER].update({"argv": server.argv, "settings": settings})
         arms.insert(0, Arm(MLSERVER, base, server, False))
     peers.config["batching"] = {
-        "max_batch_size": MAX_BATCH_SIZE,
-        "batch_timeout_ms": BATCH_TIMEOUT_MS,
-        "note": "the gateway's maximum counts rows, MLServer's counts requests",
+        "static_knobs": knobs,
+        "note": "the gateway's maximum batch counts rows, MLServer's and Triton's count "
+        "requests (the same at one row per request); Triton's queue delay is the gateway's "
+        "batch timeout, its instances the gateway's concurrency",
     }
     return arms
 
@@ -109,8 +140,9 @@ def _check(peers: Peers, arms: list[Arm], models: dict[str, Model]) -> None:
 
 
 def _measure(peers: Peers, arms: list[Arm], models: dict[str, Model]) -> None:
-    """Every point, clients in increasing numbers: each point's windows follow from how long
-    the slowest arm's clients waited at the point before (``plan.windows``)."""
+    """Every point of the project's client, clients in increasing numbers: each point's
+    windows follow from how long the slowest arm's clients waited at the point before
+    (``plan.windows``)."""
     plan = peers.plan
     for name in MODELS:
         for rows in plan.rows_per_request:
@@ -119,22 +151,39 @@ def _measure(peers: Peers, arms: list[Arm], models: dict[str, Model]) -> None:
                 cycle_s = None if not slowest else c * rows / slowest
                 p = measure_point(plan, arms, models[name], rows, c, cycle_s, peers.runs.append)
                 peers.points.append(p)
-                peers.log(_point_line(p))
+                peers.log(report.point_line(p, "rows_per_s"))
                 rates = [f["rows_per_s"]["median"] for f in p["arms"].values() if f["rows_per_s"]]
                 slowest = min(rates) if rates else None
 
 
-def _point_line(p: dict[str, Any]) -> str:
-    def med(doc: dict[str, Any] | None) -> str:
-        return "-" if doc is None else f"{doc['median']:.4g}"
+def _measure_wrk(peers: Peers, arms: list[Arm], models: dict[str, Model]) -> None:
+    """The closed loops through wrk, one row per request, every JSON arm."""
+    json_arms = [a for a in arms if a.name in JSON_ARMS]
+    for name in MODELS:
+        for c in peers.plan.wrk_concurrency:
+            p = wrk_point(peers.plan, json_arms, models[name], c, peers.runs.append)
+            peers.wrk_points.append(p)
+            peers.log(report.point_line(p, "requests_per_s"))
 
-    parts = [
-        f"{arm} {med(fig['rows_per_s'])} rows/s p99 {med(fig['p99_ms'])} ms lost {fig['lost']}"
-        for arm, fig in p["arms"].items()
-    ]
-    ratio = p["vs_mlserver"].get(GATEWAY, {}).get("throughput_ratio")
-    head = f"{p['model']} rows={p['rows_per_request']} c={p['concurrency']}"
-    return f"{head}: {'; '.join(parts)}; x{med(ratio)}"
+
+def _measure_capacity(
+    peers: Peers, arms: list[Arm], models: dict[str, Model], workdir: Path
+) -> None:
+    """Every JSON arm's capacity at the model's SLO, ``plan.capacity_repeats`` times,
+    interleaved; each search starts from half the arm's rate through wrk at 32 connections
+    (the most the plan measured, when it has no 32)."""
+    json_arms = [a for a in arms if a.name in JSON_ARMS]
+    for name in MODELS:
+        for repeat in range(peers.plan.capacity_repeats):
+            for arm in rotated(json_arms, repeat):
+                closed_rps = report.wrk_rate(peers.wrk_points, name, arm.name)
+                out = workdir / "open" / f"{name}-{arm.name}-{repeat}"
+                found = arm_capacity(
+                    peers.plan, arm.base, models[name], closed_rps, out, seed=repeat
+                )
+                row = {"figure": "peer_capacity", "model": name, "arm": arm.name, **found}
+                peers.capacity.append({**row, "round": repeat})
+                peers.log(f"{name} {arm.name} capacity {found['capacity_rps']} req/s")
 
 
 def run(plan: Plan, out_dir: Path | None) -> Path:
@@ -145,12 +194,21 @@ def run(plan: Plan, out_dir: Path | None) -> Path:
         arms = _start_servers(peers, workdir, models)
         _check(peers, arms, models)
         _measure(peers, arms, models)
-    summary = report.summarize(plan, peers.points, peers.runs, peers.mlserver)
-    packages = {**record.machine.get("packages", {}), "mlserver": peers.mlserver.get("version")}
+        _measure_wrk(peers, arms, models)
+        _measure_capacity(peers, arms, models, workdir)
+    summary = report.summarize(
+        plan, peers.points, peers.wrk_points, peers.capacity, peers.runs, peers.peers
+    )
+    packages = {
+        **record.machine.get("packages", {}),
+        "mlserver": peers.peers[MLSERVER].get("version"),
+        "nvidia-pytriton": peers.peers[TRITON].get("version"),
+    }
     record.machine["packages"] = packages
-    peers.config.update({"mlserver": peers.mlserver, "wall_s": record.wall_s()})
-    report.print_tables(peers.points, summary)
-    runs = [*peers.points, *peers.runs]
+    peers.config.update({"mlserver": peers.peers[MLSERVER], "triton": peers.peers[TRITON]})
+    peers.config["wall_s"] = record.wall_s()
+    report.print_tables(peers.points, peers.wrk_points, summary)
+    runs = [*peers.points, *peers.wrk_points, *peers.capacity, *peers.runs]
     return record.write(summary=summary, runs=runs, config=peers.config)
 
 

@@ -1,6 +1,7 @@
-"""The two servers of the peers benchmark, each in its own process on loopback: MLServer (its
-own environment, the runtime of ``mlserver_runtime``) and ``iotgw serve --no-tuner``, both with
-adaptive batching at ``plan.MAX_BATCH_SIZE`` / ``plan.BATCH_TIMEOUT_MS``."""
+"""The servers of the peers benchmark, each in its own processes on loopback: MLServer (its own
+environment, the runtime of ``mlserver_runtime``), Triton (its own environment, the callables of
+``triton_server``), ``iotgw serve --no-tuner`` with the best static configuration
+(``plan.STATIC_KNOBS``, which both peers get too) and the default ``iotgw serve`` (agent on)."""
 
 from __future__ import annotations
 
@@ -17,27 +18,32 @@ from typing import Any
 
 from benchmarks.common import ServerProcess, free_port
 from benchmarks.http.workload import Model
-from benchmarks.peers.mlserver_env import MLServerEnv
-from benchmarks.peers.plan import BATCH_TIMEOUT_MS, MAX_BATCH_SIZE
+from benchmarks.peers.peer_env import PeerEnv, interpreter_libdir
+from benchmarks.peers.plan import STATIC_KNOBS
 from benchmarks.servers import HOST, admin_request, clean_env, set_knobs, start_gateway
 
 RUNTIME_MODULE = "peers_onnx_runtime"  # the name ``mlserver_runtime.py`` is copied under
 RUNTIME_SOURCE = Path(__file__).with_name("mlserver_runtime.py")
+TRITON_SCRIPT = Path(__file__).with_name("triton_server.py")
 
 
-def start_gateway_batching(
+def start_gateway_static(
     repo: Path, workdir: Path, models: Mapping[str, Model], timeout_s: float
 ) -> tuple[ServerProcess, str, dict[str, dict[str, Any]]]:
-    """``iotgw serve --no-tuner`` with every model's batching set: the process, its base URL
-    and each model's knobs as the gateway reports them."""
-    server, base = start_gateway(repo, workdir, timeout_s)
-    batching = {"max_batch_size": MAX_BATCH_SIZE, "batch_timeout_ms": BATCH_TIMEOUT_MS}
+    """``iotgw serve --no-tuner`` with every model's best static configuration set: the
+    process, its base URL and each model's knobs as the gateway reports them."""
+    server, base = start_gateway(repo, workdir, timeout_s, log_name="gateway_static.log")
     try:
-        knobs = {name: set_knobs(base, name, batching) for name in models}
+        knobs = {name: set_knobs(base, name, STATIC_KNOBS[name].as_dict()) for name in models}
     except BaseException:
         server.stop()
         raise
     return server, base, knobs
+
+
+def start_gateway_agent(repo: Path, workdir: Path, timeout_s: float) -> tuple[ServerProcess, str]:
+    """The default ``iotgw serve`` (its agent on, every setting shipped), as a user starts it."""
+    return start_gateway(repo, workdir, timeout_s, tuner_args=(), log_name="gateway_agent.log")
 
 
 def write_mlserver_repository(
@@ -66,8 +72,8 @@ def write_mlserver_repository(
         model_settings = {
             "name": name,
             "implementation": f"{RUNTIME_MODULE}.OnnxRuntimeModel",
-            "max_batch_size": MAX_BATCH_SIZE,
-            "max_batch_time": BATCH_TIMEOUT_MS / 1000.0,
+            "max_batch_size": int(knobs[name]["max_batch_size"]),
+            "max_batch_time": float(knobs[name]["batch_timeout_ms"]) / 1000.0,
             "parameters": {
                 "uri": str(model.version.directory / model.version.config.path),
                 "version": str(model.version.version),
@@ -82,7 +88,7 @@ def write_mlserver_repository(
 
 
 def start_mlserver(
-    env: MLServerEnv,
+    env: PeerEnv,
     folder: Path,
     models: Mapping[str, Model],
     knobs: Mapping[str, Mapping[str, Any]],
@@ -97,11 +103,66 @@ def start_mlserver(
     server = MLServerProcess(argv, log_path=folder.parent / "mlserver.log", env=environ)
     base = f"http://{HOST}:{settings['http_port']}"
     try:
-        _wait_models_ready(server, base, list(models), timeout_s)
+        _wait_models_ready(server, base, list(models), timeout_s, "MLServer")
     except BaseException:
         server.stop()
         raise
     return server, base, settings
+
+
+def write_triton_config(
+    folder: Path, models: Mapping[str, Model], knobs: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any]:
+    """``triton_server``'s configuration under ``folder``, on free loopback ports: every model's
+    ONNX file with the gateway's knobs (maximum batch, queue delay, instances, threads)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {
+        "host": HOST,
+        "http_port": free_port(),
+        "grpc_port": free_port(),
+        "metrics_port": free_port(),
+        "workspace": str(folder / "workspace"),
+        "models": [
+            {
+                "name": name,
+                "path": str(model.version.directory / model.version.config.path),
+                "max_batch_size": int(knobs[name]["max_batch_size"]),
+                "max_queue_delay_us": round(float(knobs[name]["batch_timeout_ms"]) * 1000),
+                "instances": int(knobs[name]["concurrency"]),
+                "intra_op_threads": int(knobs[name]["intra_op_threads"]),
+                "inter_op_threads": int(knobs[name]["inter_op_threads"]),
+            }
+            for name, model in models.items()
+        ],
+    }
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    return config
+
+
+def start_triton(
+    env: PeerEnv,
+    folder: Path,
+    models: Mapping[str, Model],
+    knobs: Mapping[str, Mapping[str, Any]],
+    timeout_s: float,
+) -> tuple[ServerProcess, str, dict[str, Any]]:
+    """Triton through ``triton_server`` in its environment, every model ready: the process,
+    its base URL and its configuration."""
+    config = write_triton_config(folder, models, knobs)
+    environ = clean_env()
+    # The Python backend's stub loads libpython from the loader's path (peer_env).
+    libdir = interpreter_libdir()
+    old = environ.get("LD_LIBRARY_PATH")
+    environ["LD_LIBRARY_PATH"] = f"{libdir}:{old}" if old else libdir
+    argv = [str(env.python), str(TRITON_SCRIPT), str(folder / "config.json")]
+    server = InterruptedProcess(argv, log_path=folder.parent / "triton.log", env=environ)
+    base = f"http://{HOST}:{config['http_port']}"
+    try:
+        _wait_models_ready(server, base, list(models), timeout_s, "Triton")
+    except BaseException:
+        server.stop()
+        raise
+    return server, base, config
 
 
 class MLServerProcess(ServerProcess):
@@ -118,8 +179,22 @@ class MLServerProcess(ServerProcess):
         return super().stop(timeout_s)
 
 
+class InterruptedProcess(ServerProcess):
+    """Triton stops on SIGINT to PyTriton's process alone, which then stops ``tritonserver``
+    and its Python backend stubs in order (a signal to the whole group would hit them all at
+    once); ``ServerProcess.stop`` then for whatever is left."""
+
+    def stop(self, timeout_s: float = 20.0) -> int | None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout_s)
+        return super().stop(10.0)
+
+
 def _wait_models_ready(
-    server: ServerProcess, base: str, names: list[str], timeout_s: float
+    server: ServerProcess, base: str, names: list[str], timeout_s: float, label: str
 ) -> None:
     deadline = time.monotonic() + timeout_s
     waiting = list(names)
@@ -132,5 +207,5 @@ def _wait_models_ready(
                 waiting.pop(0)
                 continue
         if server.proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"MLServer did not get ready:\n{server.log_text()[-4000:]}")
+            raise RuntimeError(f"{label} did not get ready:\n{server.log_text()[-4000:]}")
         time.sleep(0.1)

@@ -1,30 +1,48 @@
-"""The parts of ``iotgw bench peers``: the cached environment (built offline from its
-wheelhouse, reused as it is, and a clear refusal when nothing is cached and no registry can be
-reached), the load generator's JSON requests against a real aiohttp server, the windows and the
-summary. No timing is asserted: benchmarks are not tests (see benchmarks.md)."""
+"""The parts of ``iotgw bench peers``: the cached environments (built offline from their
+wheelhouse, reused as they are, and a clear refusal when nothing is cached and no registry can
+be reached), the load generator's JSON requests against a real aiohttp server, the windows,
+Triton's configuration, the capacity search, the noise floors and the summaries. No timing is
+asserted: benchmarks are not tests (see benchmarks.md)."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import importlib.metadata
+import json
+import math
 import os
 import subprocess
 import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from aiohttp import web
 
 from benchmarks.loadgen import LoadJob, run_load
-from benchmarks.peers.mlserver_env import (
-    MLServerEnv,
-    MLServerUnavailable,
+from benchmarks.peers.capacity import search, step_verdict
+from benchmarks.peers.measure import pair_floor
+from benchmarks.peers.peer_env import (
+    PeerEnv,
+    PeerUnavailable,
     ensure_env,
     mlserver_env,
+    triton_env,
 )
-from benchmarks.peers.plan import FULL, GATEWAY, GATEWAY_BINARY, MLSERVER, windows
+from benchmarks.peers.plan import (
+    FULL,
+    GATEWAY,
+    GATEWAY_BINARY,
+    GATEWAY_STATIC,
+    MLSERVER,
+    TRITON,
+    windows,
+)
 from benchmarks.peers.report import model_summary
+from benchmarks.peers.servers import write_triton_config
+from benchmarks.peers.triton_report import SEARCH_RESOLUTION, triton_summary
 from gateway.codecs.oip import HEADER_LENGTH
 
 
@@ -61,12 +79,12 @@ def test_environment_built_offline_from_the_wheelhouse_then_reused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _offline(monkeypatch)
-    env = MLServerEnv(tmp_path / "env", ("peersprobe==1.0",))
+    env = PeerEnv(tmp_path / "env", ("peersprobe==1.0",), "Probe")
     _write_wheel(env.wheels)
     (env.wheels / "iotgw-peers.json").write_text('{"requirements": ["peersprobe==1.0"]}')
     said: list[str] = []
     assert ensure_env(env, said.append) == env
-    assert said == [f"building MLServer's environment {env.venv} (offline, from {env.wheels})"]
+    assert said == [f"building Probe's environment {env.venv} (offline, from {env.wheels})"]
     probe = [str(env.python), "-c", "import peersprobe; print(peersprobe.VALUE)"]
     assert subprocess.run(probe, capture_output=True, text=True, check=True).stdout == "42\n"
 
@@ -76,21 +94,31 @@ def test_environment_built_offline_from_the_wheelhouse_then_reused(
 
     (env.venv / "iotgw-peers.json").unlink()  # as a build interrupted before its end leaves it
     ensure_env(env, said.append)
-    assert said == [f"building MLServer's environment {env.venv} (offline, from {env.wheels})"]
+    assert said == [f"building Probe's environment {env.venv} (offline, from {env.wheels})"]
     assert subprocess.run(probe, capture_output=True, text=True, check=True).stdout == "42\n"
 
 
+@pytest.mark.parametrize(
+    ("where", "pinned"),
+    [(mlserver_env, "mlserver==1.7.1"), (triton_env, "nvidia-pytriton==0.7.0 numpy<2")],
+)
 def test_nothing_cached_and_no_registry_says_what_is_missing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: Any, pinned: str
 ) -> None:
     _offline(monkeypatch)
-    env = mlserver_env(tmp_path)
-    with pytest.raises(MLServerUnavailable) as caught:
+    env = where(tmp_path)
+    with pytest.raises(PeerUnavailable) as caught:
         ensure_env(env, lambda _: None)
     message = str(caught.value)
-    assert "mlserver==1.7.1" in message and str(env.root) in message
-    assert "onnxruntime==" in message
+    assert pinned in message and str(env.root) in message
+    assert f"onnxruntime=={importlib.metadata.version('onnxruntime')}" in message
     assert not env.wheels.exists() and not env.venv.exists()
+
+
+def test_each_peer_has_its_own_environment() -> None:
+    mls, tri = mlserver_env(Path("/c")), triton_env(Path("/c"))
+    assert mls.root != tri.root and (mls.label, tri.label) == ("MLServer", "Triton")
+    assert tri.root.name.startswith("pytriton-0.7.0-ort-")
 
 
 async def _json_echo(request: web.Request) -> web.Response:
@@ -180,3 +208,159 @@ def test_summary_takes_each_ratio_at_its_point_and_holds_it_to_its_target() -> N
     assert s["binary_vs_mlserver_throughput_ratio_c32"] == 3.2
     assert s["vs_mlserver_throughput_ratio_c32_rows8"] == 3.0
     assert s["vs_mlserver_p50_ratio_c1_rows8"] is None  # not measured
+
+
+def test_pair_floor_is_what_two_consecutive_repeats_differ_by() -> None:
+    assert pair_floor([100.0, 110.0, 99.0]) == round((1.1 + 110.0 / 99.0) / 2, 4)
+    assert pair_floor([100.0, None, 100.0]) is None  # no two consecutive figures
+    assert pair_floor([100.0]) is None
+    assert pair_floor([80.0, 80.0]) == 1.0
+
+
+def test_triton_gets_the_gateways_knobs(tmp_path: Path) -> None:
+    version = SimpleNamespace(directory=tmp_path / "m" / "1", config=SimpleNamespace(path="x.onnx"))
+    model = SimpleNamespace(version=version)
+    knobs = {
+        "max_batch_size": 32,
+        "batch_timeout_ms": 1.5,
+        "concurrency": 2,
+        "intra_op_threads": 3,
+        "inter_op_threads": 1,
+    }
+    config = write_triton_config(tmp_path / "t", {"m": model}, {"m": knobs})  # type: ignore[dict-item]
+    assert json.loads((tmp_path / "t" / "config.json").read_text()) == config
+    (spec,) = config["models"]
+    assert spec == {
+        "name": "m",
+        "path": str(tmp_path / "m" / "1" / "x.onnx"),
+        "max_batch_size": 32,
+        "max_queue_delay_us": 1500,
+        "instances": 2,
+        "intra_op_threads": 3,
+        "inter_op_threads": 1,
+    }
+    ports = {config["http_port"], config["grpc_port"], config["metrics_port"]}
+    assert len(ports) == 3 and config["host"] == "127.0.0.1"
+
+
+def _step(p99_ms: float | None, *, lost: int = 0, achieved: float = 1.0) -> dict[str, Any]:
+    return {
+        "lost": lost,
+        "errors": 0,
+        "p99_ms": p99_ms,
+        "offered_rps": 100.0,
+        "achieved_rps": 100.0 * achieved,
+    }
+
+
+def test_a_step_fails_over_the_slo_on_a_loss_or_when_the_client_falls_behind() -> None:
+    assert step_verdict(_step(99.0), 100.0) is None
+    assert "SLO" in str(step_verdict(_step(101.0), 100.0))
+    assert "SLO" in str(step_verdict(_step(None), 100.0))
+    assert "1 lost" in str(step_verdict(_step(5.0, lost=1), 100.0))
+    assert "client-bound" in str(step_verdict(_step(5.0, achieved=0.5), 100.0))
+
+
+def _server_with_capacity(limit: float) -> tuple[Any, list[tuple[float, bool]]]:
+    """A measure that passes up to ``limit`` req/s, and the (rate, warm-up) it was asked."""
+    asked: list[tuple[float, bool]] = []
+
+    def measure(rate: float, warm: bool) -> dict[str, Any]:
+        asked.append((rate, warm))
+        return _step(10.0 if rate <= limit else 500.0)
+
+    return measure, asked
+
+
+def test_capacity_search_climbs_then_splits_the_last_step() -> None:
+    measure, asked = _server_with_capacity(300.0)
+    found = search(measure, 200.0, 100.0, max_steps=10)
+    assert [round(r, 1) for r, _ in asked] == [
+        200.0,
+        250.0,
+        312.5,
+        round(math.sqrt(250 * 312.5), 1),
+    ]
+    assert [w for _, w in asked] == [True, False, False, False]  # a warm-up on the first only
+    assert found["capacity_rps"] == round(math.sqrt(250 * 312.5), 1)
+    assert found["bounded_above"] is True
+    assert [s["passed"] for s in found["steps"]] == [True, True, False, True]
+
+
+def test_capacity_search_goes_down_when_the_first_rate_fails() -> None:
+    measure, asked = _server_with_capacity(270.0)
+    found = search(measure, 400.0, 100.0, max_steps=10)
+    assert [round(r, 1) for r, _ in asked] == [400.0, 320.0, 256.0, round(math.sqrt(256 * 320), 1)]
+    assert found["capacity_rps"] == 256.0 and found["bounded_above"] is True
+
+
+def test_capacity_search_stops_at_its_step_budget() -> None:
+    measure, _ = _server_with_capacity(1e9)
+    found = search(measure, 100.0, 100.0, max_steps=2)
+    assert found["capacity_rps"] == 125.0 and found["bounded_above"] is False
+    measure, _ = _server_with_capacity(1.0)
+    assert search(measure, 100.0, 100.0, max_steps=2)["capacity_rps"] is None
+
+
+def _wrk_point(c: int, ratios: dict[str, float], floors: dict[str, float]) -> dict[str, Any]:
+    """A wrk point: the gateway's ratios to Triton; ``floors``: by arm, every figure's."""
+
+    def rep(x: float) -> dict[str, Any]:
+        return {"median": x, "min": x, "max": x, "runs": 2, "values": [x, x]}
+
+    def arm(floor: float) -> dict[str, Any]:
+        keys = ("requests_per_s", "p50_ms", "p99_ms")
+        return {"floors": dict.fromkeys(keys, floor)}
+
+    return {
+        "model": "sensor_mlp",
+        "connections": c,
+        "arms": {name: arm(f) for name, f in floors.items()},
+        "vs_triton": {
+            GATEWAY: {k: rep(v) for k, v in ratios.items()},
+            GATEWAY_STATIC: {k: rep(2 * v) for k, v in ratios.items()},
+        },
+    }
+
+
+def test_triton_summary_judges_each_ratio_against_its_noise_floor() -> None:
+    floors = {TRITON: 1.05, GATEWAY: 1.1, GATEWAY_STATIC: 1.0}
+    wrk = [
+        _wrk_point(1, {"throughput_ratio": 3.0, "p50_ratio": 0.3, "p99_ratio": 0.4}, floors),
+        _wrk_point(8, {"throughput_ratio": 1.25, "p50_ratio": 0.5, "p99_ratio": 0.9}, floors),
+        _wrk_point(32, {"throughput_ratio": 1.5, "p50_ratio": 0.8, "p99_ratio": 1.2}, floors),
+    ]
+    capacity = [
+        {"model": "sensor_mlp", "arm": arm, "round": r, "capacity_rps": cap}
+        for arm, caps in ((GATEWAY, (300.0, 330.0)), (TRITON, (200.0, 200.0)))
+        for r, cap in enumerate(caps)
+    ]
+    s = triton_summary([], wrk, capacity, "sensor_mlp")
+    assert (
+        s["vs_triton_throughput_ratio_c32"],
+        s["vs_triton_throughput_ratio_c32_noise_floor"],
+    ) == (
+        1.5,
+        1.1,
+    )
+    assert s["vs_triton_throughput_ratio_c32_judged"] == "met"  # 1.5 / 1.1 >= 1.2
+    assert s["vs_triton_throughput_ratio_c8_judged"].startswith("unresolved")  # 1.25 / 1.1 < 1.2
+    assert s["vs_triton_throughput_ratio_c128_judged"] == "missed: no figure"
+    assert s["vs_triton_p99_ratio_c32_judged"] == "missed"  # 1.2 / 1.1 > 1.0
+    assert s["vs_triton_p50_ratio_c1_judged"] == "met"  # 0.3 x 1.1 <= 0.5
+    assert s["vs_triton_capacity_ratio"] == round((1.5 + 1.65) / 2, 4)
+    assert s["vs_triton_capacity_ratio_noise_floor"] == round(SEARCH_RESOLUTION, 4)
+    assert s["vs_triton_capacity_ratio_judged"] == "met"
+    assert s["static_vs_triton_throughput_ratio_c32"] == 3.0
+    assert s["loadgen_vs_triton_throughput_ratio_c32"] is None  # no such point measured
+    assert s["capacity_rps"] == {GATEWAY: [300.0, 330.0], TRITON: [200.0, 200.0]}
+
+
+def test_one_capacity_search_per_arm_has_no_floor() -> None:
+    capacity = [
+        {"model": "sensor_mlp", "arm": arm, "round": 0, "capacity_rps": cap}
+        for arm, cap in ((GATEWAY, 300.0), (TRITON, 200.0))
+    ]
+    s = triton_summary([], [], capacity, "sensor_mlp")
+    assert s["vs_triton_capacity_ratio"] == 1.5
+    assert s["vs_triton_capacity_ratio_judged"] == "unresolved: no noise floor measured"

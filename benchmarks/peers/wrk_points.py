@@ -1,0 +1,77 @@
+"""The closed loops of the peers benchmark through wrk (``benchmarks.wrk``, a C load generator
+that costs the shared cores far less per request than a Python client): every JSON arm on the
+same body, one row per request, the arms interleaved round by round as in ``measure``, and the
+gateway's ratios to each peer taken within each round."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from benchmarks.http.workload import Model
+from benchmarks.peers.measure import Arm, peer_ratios, repeat_floor, rotated, tree_cpu_seconds
+from benchmarks.peers.plan import Plan
+from benchmarks.peers.workload import json_request
+from benchmarks.wrk import run_wrk
+
+KEYS = ("requests_per_s", "p50_ms", "p99_ms")
+
+
+def wrk_run(plan: Plan, arm: Arm, model: Model, body: bytes, connections: int) -> dict[str, Any]:
+    """A warm-up on fresh connections, then the timed run; the server's CPU (its process
+    tree) over the timed run."""
+    url = model.url(arm.base)
+    timeout_s = plan.client_timeout_s
+    run_wrk(url, body, connections=connections, seconds=plan.wrk_warmup_s, timeout_s=timeout_s)
+    cpu0, t0 = tree_cpu_seconds(arm.server.pid), time.perf_counter()
+    res = run_wrk(url, body, connections=connections, seconds=plan.wrk_s, timeout_s=timeout_s)
+    server_cores = (tree_cpu_seconds(arm.server.pid) - cpu0) / (time.perf_counter() - t0)
+    return {
+        **res.as_dict(),
+        "requests_per_s": res.rate_per_s,  # answered 2xx only; ``failed`` counts the others
+        "server_cpu_cores": server_cores,
+        "server_cpu_ms_per_request": 1000.0 * server_cores / res.rate_per_s
+        if res.rate_per_s
+        else None,
+    }
+
+
+def wrk_point(
+    plan: Plan,
+    arms: Sequence[Arm],
+    model: Model,
+    connections: int,
+    record: Callable[[dict[str, Any]], None],
+) -> dict[str, Any]:
+    """Every arm ``plan.repeats`` times at ``connections``, interleaved; each run handed to
+    ``record``. Returns the point: per arm the medians and floors, the ratios to each peer."""
+    body = json_request(model, 1).body
+    point = {"model": model.name, "connections": connections}
+    by_arm: dict[str, list[dict[str, Any]]] = {arm.name: [] for arm in arms}
+    for round_no in range(plan.repeats):
+        for arm in rotated(arms, round_no):
+            run = wrk_run(plan, arm, model, body, connections)
+            by_arm[arm.name].append(run)
+            record({"figure": "peer_wrk_run", **point, "arm": arm.name, "round": round_no, **run})
+    arms_out = {}
+    for name, runs in by_arm.items():
+        arms_out[name] = {
+            **{k: _median(runs, k) for k in KEYS},
+            "floors": {k: repeat_floor(runs, k) for k in KEYS},
+            "failed": sum(r["failed"] for r in runs),
+            "lost": sum(r["lost"] for r in runs),
+            "server_cpu_ms_per_request": _median(runs, "server_cpu_ms_per_request"),
+        }
+    return {
+        "figure": "peer_wrk_point",
+        **point,
+        "arms": arms_out,
+        **peer_ratios(by_arm, "requests_per_s"),
+    }
+
+
+def _median(runs: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in runs if r[key] is not None]
+    return statistics.median(values) if values else None
