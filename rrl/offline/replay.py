@@ -284,54 +284,60 @@ def closed_loop_throughput(
     the last three quarters of ``batches`` batches, after the loop has settled."""
     if population < 1 or config.concurrency < 1:
         return None
-    cache: dict[int, float] = {}
+    answered = _closed_loop_answers(population, config, batch_s, per_request_s, batches)
+    if answered is None:
+        return None
+    settled = answered[len(answered) // 4 :]
+    span = settled[-1][0] - settled[0][0]
+    return sum(rows for _, rows in settled[1:]) / span if span > 0 else None
 
-    def service(rows: int) -> float | None:
-        if rows not in cache:
-            seconds = batch_s(rows)
-            if seconds is None or seconds <= 0:
-                return None
-            cache[rows] = seconds
-        return cache[rows]
 
+def _closed_loop_answers(
+    population: int,
+    config: Knobs,
+    batch_s: Callable[[int], float | None],
+    per_request_s: float,
+    batches: int,
+) -> list[tuple[float, int]] | None:
+    """(done at, rows) of the closed loop's first ``batches`` batches, in the order they end;
+    None when a batch time is unknown."""
+    cache: dict[int, float | None] = {}
     max_batch, timeout_s = config.max_batch_size, config.batch_timeout_ms / 1000.0
     # When each answered client's next request reaches the loop: answers come in time order,
     # so the line stays sorted.
     sending: deque[float] = deque([0.0] * population)
-    loop_free = 0.0
+    loop_free = now = 0.0
     queued: deque[float] = deque()  # when each waiting request entered the queue
     free = [0.0] * config.concurrency  # when each instance is next free (a heap)
     running: list[tuple[float, int]] = []  # (done at, rows) of the batches in flight (a heap)
-    answered: list[tuple[float, int]] = []  # (done at, rows), in the order they finish
-    now = 0.0
+    answered: list[tuple[float, int]] = []
     while len(answered) < batches:
         decoded = max(loop_free, sending[0]) + per_request_s if sending else math.inf
         finish = running[0][0] if running else math.inf
         start = _closed_loop_start(queued, max(free[0], now), max_batch, timeout_s)
-        t = min(finish, decoded, start)
-        if t == math.inf:
+        now = min(finish, decoded, start)
+        if now == math.inf:
             return None
-        now = t
-        if finish == t:
+        if finish == now:
             _, rows = heapq.heappop(running)
-            sending.extend([t] * rows)
-            answered.append((t, rows))
-        elif decoded == t:
+            sending.extend([now] * rows)
+            answered.append((now, rows))
+        elif decoded == now:
             sending.popleft()
-            loop_free = t
-            queued.append(t)
+            loop_free = now
+            queued.append(now)
         else:
             rows = min(len(queued), max_batch)
             for _ in range(rows):
                 queued.popleft()
-            seconds = service(rows)
-            if seconds is None:
+            if rows not in cache:
+                cache[rows] = batch_s(rows)
+            seconds = cache[rows]
+            if seconds is None or seconds <= 0:
                 return None
-            heapq.heapreplace(free, t + seconds)
-            heapq.heappush(running, (t + seconds, rows))
-    settled = answered[len(answered) // 4 :]
-    span = settled[-1][0] - settled[0][0]
-    return sum(rows for _, rows in settled[1:]) / span if span > 0 else None
+            heapq.heapreplace(free, now + seconds)
+            heapq.heappush(running, (now + seconds, rows))
+    return answered
 
 
 def _closed_loop_start(

@@ -25,6 +25,9 @@ LONG_MODULES: dict[str, str] = {
     "calls (lookup, request checks, byte budget, control), as MLServer's DataPlane is",
     "rrl/agent/policy.py": "the online agent's decision rule: choose, learn, rest and wake, read "
     "top to bottom in one place, with the state only it changes",
+    "rrl/agent/queueing.py": "the queueing model: the service times and loop cost it is fed, the "
+    "two predictions made from them (an open loop replayed, a closed loop simulated) and the "
+    "caches both drop when what they were fed moves",
 }
 
 # "path::Qualified.name" -> why it may be longer (a declarative table, or the fix to make).
