@@ -7,13 +7,12 @@ failover figures are the benchmark's to report."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from benchmarks.chaos.netns import NamespacesUnavailable, check_available
+from tests.benchmarks.bench_process import run_bench
 
 pytestmark = pytest.mark.slow
 
@@ -30,19 +29,7 @@ def _namespaces() -> str | None:
 
 @pytest.mark.skipif(_namespaces() is not None, reason=f"no network namespaces: {_namespaces()}")
 def test_partitions_lose_no_request_and_answer_each_once(tmp_path: Path) -> None:
-    argv = [sys.executable, "-m", "gateway.cli", "bench", "chaos", "--quick", "--cases", "f"]
-    try:
-        proc = subprocess.run(
-            [*argv, "--out", str(tmp_path)],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=240,  # under pytest's own timeout, so the output below is not lost
-        )
-    except subprocess.TimeoutExpired as exc:
-        tail = (exc.stdout or b"")[-4000:], (exc.stderr or b"")[-4000:]
-        pytest.fail(f"bench chaos --cases f ran past 240 s: {tail}")
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    run_bench("gateway.cli", "bench", "chaos", "--quick", "--cases", "f", "--out", str(tmp_path))
     doc = json.loads((tmp_path / "chaos_f.quick.json").read_text())
     (case,) = doc["runs"]
     assert case["case"] == "f_partition"

@@ -5,11 +5,11 @@ figure is asserted: benchmarks are not tests (see benchmarks.md)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.benchmarks.bench_process import run_bench
 
 pytestmark = pytest.mark.slow
 
@@ -17,14 +17,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_quick_find_writes_every_figure_with_its_floor(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "bench", "find", "--quick", "--out", str(tmp_path)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    run_bench("gateway.cli", "bench", "find", "--quick", "--out", str(tmp_path))
     doc = json.loads((tmp_path / "tuner_find.quick.json").read_text(encoding="utf-8"))
     summary = doc["summary"]
     static = next(r for r in doc["runs"] if r["kind"] == "static")

@@ -7,11 +7,11 @@ on every transport."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.benchmarks.bench_process import run_bench
 
 pytestmark = pytest.mark.slow
 
@@ -19,14 +19,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_bench_fuzz_quick_meets_its_targets(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "bench", "fuzz", "--quick", "--out", str(tmp_path)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    run_bench("gateway.cli", "bench", "fuzz", "--quick", "--out", str(tmp_path))
     doc = json.loads((tmp_path / "fuzz.quick.json").read_text())
     assert doc["benchmark"] == "fuzz" and doc["quick"] is True
     transports = doc["transports"]

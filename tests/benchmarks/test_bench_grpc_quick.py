@@ -5,11 +5,11 @@ results file must carry the figures the placement decision in docs/architecture.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.benchmarks.bench_process import run_bench
 
 pytestmark = pytest.mark.slow
 
@@ -17,14 +17,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_bench_grpc_quick_serves_every_arm(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "bench", "grpc", "--quick", "--out", str(tmp_path)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    run_bench("gateway.cli", "bench", "grpc", "--quick", "--out", str(tmp_path))
     doc = json.loads((tmp_path / "grpc.quick.json").read_text())
     assert doc["benchmark"] == "grpc" and doc["quick"] is True
     assert {r["arm"] for r in doc["runs"]} == {"grpc_loop", "http_loop", "http_ingest1"}

@@ -4,11 +4,11 @@ comparison) and writes a results file of the agreed shape. No timing is asserted
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.benchmarks.bench_process import run_bench
 
 pytestmark = pytest.mark.slow
 
@@ -16,14 +16,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_bench_mqtt_quick_writes_its_results(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "bench", "mqtt", "--quick", "--out", str(tmp_path)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    proc = run_bench("gateway.cli", "bench", "mqtt", "--quick", "--out", str(tmp_path))
     doc = json.loads((tmp_path / "mqtt.quick.json").read_text())
     assert doc["benchmark"] == "mqtt" and doc["quick"] is True
     summary = doc["summary"]

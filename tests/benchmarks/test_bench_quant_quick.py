@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.benchmarks.bench_process import run_bench
 
 pytestmark = pytest.mark.slow
 
@@ -29,14 +29,7 @@ def _is_repeated(value: Any) -> bool:
 @pytest.fixture(scope="module")
 def quick_result(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
     out = tmp_path_factory.mktemp("bench")
-    proc = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "bench", "quant", "--quick", "--out", str(out)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    proc = run_bench("gateway.cli", "bench", "quant", "--quick", "--out", str(out))
     assert sorted(p.name for p in out.iterdir()) == ["quant.quick.json"]
     return json.loads((out / "quant.quick.json").read_text()), proc.stdout
 

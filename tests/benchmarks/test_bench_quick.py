@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from benchmarks.common import Repeated, format_table, percentiles, results_path
+from tests.benchmarks.bench_process import run_bench
 
 pytestmark = pytest.mark.slow
 
@@ -39,14 +38,7 @@ def _is_repeated(value: Any) -> bool:
 @pytest.fixture(scope="module")
 def quick_result(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
     out = tmp_path_factory.mktemp("bench")
-    proc = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "bench", "http", "--quick", "--out", str(out)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    proc = run_bench("gateway.cli", "bench", "http", "--quick", "--out", str(out))
     files = sorted(p.name for p in out.iterdir())
     assert files == ["http.quick.json"], files
     return json.loads((out / "http.quick.json").read_text()), proc.stdout

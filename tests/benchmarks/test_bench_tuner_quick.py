@@ -9,14 +9,13 @@ started where it should and decided."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from benchmarks.tuner.report import SUMMARY_KEYS, phase_windows
+from tests.benchmarks.bench_process import run_bench
 
 pytestmark = pytest.mark.slow
 
@@ -25,14 +24,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 def _quick(tmp_path: Path, scenario: str) -> dict[str, Any]:
     argv = ["--quick", "--scenarios", scenario, "--arms", "oracle,agent", "--out", str(tmp_path)]
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.tuner", *argv],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    run_bench("benchmarks.tuner", *argv)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tuner_e2e.quick.json"]
     doc = json.loads((tmp_path / "tuner_e2e.quick.json").read_text())
     assert (doc["benchmark"], doc["quick"]) == ("tuner_e2e", True)

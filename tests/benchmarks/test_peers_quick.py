@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +28,7 @@ from benchmarks.peers.plan import (
     TRITON,
     TRITON_TARGETS,
 )
+from tests.benchmarks.bench_process import run_bench
 
 pytestmark = pytest.mark.slow
 
@@ -68,15 +67,10 @@ def _quick(
     cache_dir: Path, uninstallable: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[dict[str, Any], str]:
     out = tmp_path_factory.mktemp("bench")
-    proc = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "bench", "peers", "--quick", "--out", str(out)],
-        cwd=REPO_ROOT,
+    proc = run_bench(
+        *("gateway.cli", "bench", "peers", "--quick", "--out", str(out)),
         env={**os.environ, "IOTGW_CACHE_DIR": str(cache_dir)},
-        capture_output=True,
-        text=True,
-        timeout=280,
     )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert sorted(p.name for p in out.iterdir()) == ["peers.quick.json"]
     return json.loads((out / "peers.quick.json").read_text()), proc.stdout
 
