@@ -59,6 +59,13 @@ def test_a_closed_loop_keeps_its_population_and_an_open_loop_does_not() -> None:
     for reading in [31, 32, 30, 32, 29, 31, 32, 30]:  # 32 clients, a few replies in transit
         closed.observe(reading)
     assert closed.closed and closed.population == 32
+    dipped = LoadKind()
+    for reading in [32, 32, 31, 18, 32, 32, 32, 32]:  # one tick the client held replies
+        dipped.observe(reading)
+    assert dipped.closed and dipped.population == 32
+    for reading in [17, 32]:  # a second dip within the eight readings: not steady
+        dipped.observe(reading)
+    assert not dipped.closed
     rng = np.random.default_rng(7)
     open_loop = LoadKind()
     for reading in rng.poisson(12.0, size=8):  # the same mean load, arriving at random
