@@ -6,17 +6,23 @@ the arrivals: ``bursty`` when the counts per tick spread more than four times as
 counts would (index of dispersion > 4). The configuration remembered for a state is its incumbent
 whenever one was measured there: what the start, an accepted trial, or a recall left running,
 with its last measured objective. A candidate that lost a trial in a state is remembered too,
-so it is not tried there again.
+so it is not tried there again. And every configuration's last windows in a state (``note``),
+so that an incumbent that turned out to violate the SLO can go back to one measured within it
+(``within``), whatever trial it lost to noise on the way.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 from models.knobs import Knobs
 from rrl.tuners.workload import WorkloadState
 
 BURSTY_DISPERSION = 4.0
+WINDOWS_NOTED = 6
+"""Windows kept per configuration and state: the median of the last few, not one lucky one."""
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -44,6 +50,7 @@ class Remembered:
 class StateMemory:
     best: dict[StateKey, Remembered] = field(default_factory=dict)
     rejected: dict[StateKey, set[Knobs]] = field(default_factory=dict)
+    measured: dict[StateKey, dict[Knobs, deque[float]]] = field(default_factory=dict)
 
     def remember(self, key: StateKey, config: Knobs, objective: float) -> None:
         known = self.best.get(key)
@@ -64,6 +71,30 @@ class StateMemory:
 
     def was_rejected(self, key: StateKey, config: Knobs) -> bool:
         return config in self.rejected.get(key, set())
+
+    def forgive(self, key: StateKey, config: Knobs) -> None:
+        self.rejected.get(key, set()).discard(config)
+
+    def note(self, key: StateKey, config: Knobs, objective: float) -> None:
+        """One measured window of ``config`` in ``key``'s state (a trial's or the incumbent's)."""
+        windows = self.measured.setdefault(key, {})
+        windows.setdefault(config, deque(maxlen=WINDOWS_NOTED)).append(objective)
+
+    def within(
+        self, key: StateKey, limit: float, besides: Knobs, least: int = 2
+    ) -> tuple[Knobs, float] | None:
+        """The configuration other than ``besides`` with the lowest median objective over its
+        last windows in ``key``'s state, among those measured ``least`` times or more with that
+        median within ``limit``, and the median; None when there is none."""
+        found = [
+            (statistics.median(values), config)
+            for config, values in self.measured.get(key, {}).items()
+            if config != besides and len(values) >= least and statistics.median(values) <= limit
+        ]
+        if not found:
+            return None
+        median, config = min(found, key=lambda h: (h[0], h[1]))
+        return config, median
 
     def as_dict(self) -> dict[str, object]:
         return {

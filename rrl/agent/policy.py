@@ -31,6 +31,9 @@ here.
 - **Pacing**: a candidate that rebuilds sessions waits until rebuilding takes at most
   ``rebuild_duty`` of the time (``min_rebuild_gap_s`` at least), unless the incumbent violates
   the SLO.
+- **No harm stays**: an incumbent measured violating the SLO in ``fallback_windows`` windows
+  running goes back to the configuration best measured within it in this state (the median of
+  its last windows, ``rrl.agent.memory``), whatever trial it lost on the way.
 - **Drain**: an interval that started with a backlog and ended with a shorter queue measured
   the backlog draining, not its configuration: not learned, and what drains it keeps running.
 - **Rest** (``rrl.agent.resting``): nothing simulated, the interval backing off, while nothing
@@ -141,6 +144,7 @@ class Policy:
         self._searched: dict[StateKey, int] = {}  # measured-search trials per state
         self._further: dict[StateKey, list[Knobs]] = {}  # beyond candidates that led (per state)
         self.load_kind = LoadKind()
+        self._violating = 0  # incumbent windows running measured violating the SLO
 
     def choose(self, queued: int = 0) -> Step:
         """The next interval's configuration and why, with ``queued`` requests waiting now
@@ -151,6 +155,8 @@ class Policy:
         if self._draining and self._is_backlog(queued):
             # Let what runs drain the backlog: a change (a rebuild above all) slows the drain.
             return Step(self.current, "drain", f"backlog of {queued} requests draining")
+        if (back := self._fall_back(arrivals)) is not None:
+            return back
         if self._recall is not None:
             self.incumbent, self._recall = self._recall, None
             self.trial = None
@@ -170,6 +176,33 @@ class Policy:
             reason = f"trial window {n}/{len(self.trial.schedule())} of {self.trial.candidate}"
             return Step(config, kind, reason, self._predict(config, arrivals))
         return self._consult_gate(arrivals)
+
+    def _fall_back(self, arrivals: Arrivals) -> Step | None:
+        """No harm stays: after ``fallback_windows`` incumbent windows running measured
+        violating the SLO, the configuration measured best within it in this state, if any,
+        becomes the incumbent again (the median of its last windows: one lucky window is not
+        enough), forgiven the trial it lost; the violating incumbent is not tried here again."""
+        assert self.incumbent is not None
+        s = self.settings
+        if self.trial is not None or self._violating < s.fallback_windows:
+            return None
+        key, incumbent = self._key(), self.incumbent
+        limit = at_slo(self.objective, incumbent, s.violating_fraction)
+        found = self.memory.within(key, limit, besides=incumbent)
+        if found is None:
+            return None
+        config, median = found
+        self.memory.reject(key, incumbent)
+        self.memory.forgive(key, config)
+        self.incumbent, self._violating, self._baseline = config, 0, None
+        self._incumbent_values.clear()
+        self._since_trial = 0
+        reason = (
+            f"{incumbent} measured violating the SLO in {s.fallback_windows} windows running; "
+            f"back to {config}, measured within it here (median J {median:.2f} of its last "
+            f"windows, the limit {limit:.2f})"
+        )
+        return Step(config, "recall", reason, self._predict(config, arrivals))
 
     def _consult_gate(self, arrivals: Arrivals) -> Step:
         assert self.incumbent is not None
@@ -479,7 +512,7 @@ class Policy:
         self.current = config
         if config != self._applied:
             self.incumbent = self._applied = config
-            self.trial = None
+            self.trial, self._violating = None, 0
 
     def applied(self, config: Knobs, rebuild: tuple[float, float] | None = None) -> None:
         """``config`` is in effect now; ``rebuild``: (start, end) of the session rebuild it
@@ -667,6 +700,8 @@ class Policy:
         config = step.config
         value = self.value_of(config, measurement)
         self._last_measured = (config, value)
+        if self.monitor.in_band(measurement.rate_per_s):  # not a window straddling a step
+            self.memory.note(self._key(), config, value)
         if self.budget is not None:
             busy = self.queue_model.busy_cores(config, measurement)
             self.budget.report(self.model, config, measurement.rate_per_s, busy)
@@ -761,7 +796,7 @@ class Policy:
         key = self._key()
         if outcome.verdict == "accept":
             self.memory.reject(key, trial.incumbent)  # it lost: not tried again in this state
-            self.incumbent = trial.candidate
+            self.incumbent, self._violating = trial.candidate, 0
             self.memory.remember(key, trial.candidate, outcome.candidate)
             self._baseline = Window(trial.candidate, value, m.rate_per_s)
             self._incumbent_values.clear()
@@ -777,6 +812,8 @@ class Policy:
 
     def _incumbent_window(self, config: Knobs, value: float, rate: float) -> None:
         self._baseline = Window(config, value, rate)
+        violating = value > at_slo(self.objective, config, self.settings.violating_fraction)
+        self._violating = self._violating + 1 if violating else 0
         self._incumbent_values.append(value)
         self._since_trial += 1
         # A window straddling a step is measured at the old load but labelled with the new
@@ -826,6 +863,7 @@ class Policy:
         self._draining = False
         self._baseline = None
         self._incumbent_values.clear()
+        self._violating = 0
         self._gated_at = -math.inf
         self._asked = None
         self.trust.reset()

@@ -58,6 +58,11 @@ class AgentSettings:
     violating_fraction: float = 0.1
     """An incumbent measured worse than 'p95 at the SLO with this fraction violating' lets a
     candidate through without waiting for the rebuild pace or the trial gap."""
+    fallback_windows: int = 3
+    """An incumbent measured violating (``violating_fraction``) in this many windows running
+    goes back to the configuration best measured within the SLO in the state, if any: a trial
+    compares a few windows, and one won on noise (or on the incumbent's backlog) must not
+    leave the devices on an overload for good."""
     explore_regret: float = 2.0
     """A candidate the tuner's own estimates (profile prior, region estimate) put beyond this many
     times the incumbent's estimate is not considered."""

@@ -332,3 +332,40 @@ def test_a_full_queue_that_refuses_is_not_a_closed_loop() -> None:
         overloaded.observe(512)
     overloaded.observe(512, refused=1)
     assert not overloaded.closed  # one refusal starts the readings over
+
+
+def test_an_incumbent_violating_three_windows_running_goes_back_to_one_measured_within() -> None:
+    policy = calibrated_policy()  # three windows of INCUMBENT within the SLO
+    worse = Knobs(32, 8.0, 1, 1, 1)
+    policy.begin(INCUMBENT)
+    policy.in_effect(worse)  # the incumbent now, as after a trial won on noise
+    assert policy.incumbent == worse
+    for p95 in (300.0, 40.0, 300.0, 300.0):  # a window within the SLO restarts the count
+        policy.learn(Step(worse, "exploit"), window(p95))
+        if p95 == 40.0:
+            assert policy._fall_back(policy.arrivals()) is None
+    assert policy._fall_back(policy.arrivals()) is None  # two running: not yet
+    policy.learn(Step(worse, "exploit"), window(300.0))
+    step = policy.choose()
+    assert (step.kind, step.config) == ("recall", INCUMBENT)
+    assert "violating the SLO in 3 windows running" in step.reason
+    assert policy.incumbent == INCUMBENT
+    key = policy._key()
+    assert policy.memory.was_rejected(key, worse)
+    assert not policy.memory.was_rejected(key, INCUMBENT)
+
+
+def test_no_configuration_measured_within_the_slo_means_no_fall_back() -> None:
+    s = AgentSettings(gate_every_s=0.0, trial_gap=0)
+    policy = Policy("m", space=SPACE, slo_ms=100.0, cores=2, settings=s)
+    policy.current = policy.incumbent = INCUMBENT
+    now = time.monotonic()
+    policy.monitor.update(now - 3.0, 0)
+    policy.monitor.update(now, 300)
+    policy.learn(Step(INCUMBENT, "exploit"), window(40.0))  # one window only: not enough
+    worse = Knobs(32, 8.0, 1, 1, 1)
+    policy.begin(INCUMBENT)
+    policy.in_effect(worse)
+    for _ in range(4):
+        policy.learn(Step(worse, "exploit"), window(300.0))
+    assert policy._fall_back(policy.arrivals()) is None
