@@ -86,15 +86,13 @@ class StateMemory:
         """The configuration other than ``besides`` with the lowest median objective over its
         last windows in ``key``'s state, among those measured ``least`` times or more with that
         median within ``limit``, and the median; None when there is none."""
-        found = [
+        medians = [
             (statistics.median(values), config)
             for config, values in self.measured.get(key, {}).items()
-            if config != besides and len(values) >= least and statistics.median(values) <= limit
+            if config != besides and len(values) >= least
         ]
-        if not found:
-            return None
-        median, config = min(found, key=lambda h: (h[0], h[1]))
-        return config, median
+        best = min((m for m in medians if m[0] <= limit), default=None)
+        return None if best is None else (best[1], best[0])
 
     def as_dict(self) -> dict[str, object]:
         return {

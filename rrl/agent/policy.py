@@ -812,8 +812,7 @@ class Policy:
 
     def _incumbent_window(self, config: Knobs, value: float, rate: float) -> None:
         self._baseline = Window(config, value, rate)
-        violating = value > at_slo(self.objective, config, self.settings.violating_fraction)
-        self._violating = self._violating + 1 if violating else 0
+        self._violating = self._violating + 1 if self._violates(config, value) else 0
         self._incumbent_values.append(value)
         self._since_trial += 1
         # A window straddling a step is measured at the old load but labelled with the new
@@ -883,11 +882,11 @@ class Policy:
 
     def _incumbent_violates(self) -> bool:
         last = self._last_measured
-        return (
-            last is not None
-            and last[0] == self.incumbent
-            and last[1] > at_slo(self.objective, last[0], self.settings.violating_fraction)
-        )
+        return last is not None and last[0] == self.incumbent and self._violates(*last)
+
+    def _violates(self, config: Knobs, value: float) -> bool:
+        """Whether a window of ``config`` valued ``value`` counts as violating the SLO."""
+        return value > at_slo(self.objective, config, self.settings.violating_fraction)
 
     def _unsafe_value(self, config: Knobs) -> float:
         return at_slo(self.objective, config, self.settings.unsafe_violation_fraction)

@@ -16,8 +16,6 @@ from tests.benchmarks.bench_process import run_bench
 
 pytestmark = pytest.mark.slow
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
 
 def _namespaces() -> str | None:
     try:

@@ -15,7 +15,6 @@ from tests.benchmarks.bench_process import run_bench
 
 pytestmark = pytest.mark.slow
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 CASES = (
     "a_gateway_sigkill",
     "b_broker_restart",

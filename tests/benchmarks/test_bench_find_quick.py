@@ -13,8 +13,6 @@ from tests.benchmarks.bench_process import run_bench
 
 pytestmark = pytest.mark.slow
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
 
 def test_quick_find_writes_every_figure_with_its_floor(tmp_path: Path) -> None:
     run_bench("gateway.cli", "bench", "find", "--quick", "--out", str(tmp_path))

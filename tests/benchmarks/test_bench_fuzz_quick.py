@@ -15,8 +15,6 @@ from tests.benchmarks.bench_process import run_bench
 
 pytestmark = pytest.mark.slow
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
 
 def test_bench_fuzz_quick_meets_its_targets(tmp_path: Path) -> None:
     run_bench("gateway.cli", "bench", "fuzz", "--quick", "--out", str(tmp_path))

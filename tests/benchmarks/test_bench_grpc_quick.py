@@ -13,8 +13,6 @@ from tests.benchmarks.bench_process import run_bench
 
 pytestmark = pytest.mark.slow
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
 
 def test_bench_grpc_quick_serves_every_arm(tmp_path: Path) -> None:
     run_bench("gateway.cli", "bench", "grpc", "--quick", "--out", str(tmp_path))

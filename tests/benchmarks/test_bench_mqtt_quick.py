@@ -12,8 +12,6 @@ from tests.benchmarks.bench_process import run_bench
 
 pytestmark = pytest.mark.slow
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
 
 def test_bench_mqtt_quick_writes_its_results(tmp_path: Path) -> None:
     proc = run_bench("gateway.cli", "bench", "mqtt", "--quick", "--out", str(tmp_path))

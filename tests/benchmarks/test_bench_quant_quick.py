@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,8 +12,6 @@ import pytest
 from tests.benchmarks.bench_process import run_bench
 
 pytestmark = pytest.mark.slow
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _is_repeated(value: Any) -> bool:

@@ -15,7 +15,6 @@ from tests.benchmarks.bench_process import run_bench
 
 pytestmark = pytest.mark.slow
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 FIGURES = {
     "inprocess_limit_sweep",
     "gateway_knob_sweep",

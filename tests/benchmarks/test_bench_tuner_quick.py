@@ -19,8 +19,6 @@ from tests.benchmarks.bench_process import run_bench
 
 pytestmark = pytest.mark.slow
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
 
 def _quick(tmp_path: Path, scenario: str) -> dict[str, Any]:
     argv = ["--quick", "--scenarios", scenario, "--arms", "oracle,agent", "--out", str(tmp_path)]

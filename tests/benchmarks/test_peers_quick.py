@@ -32,8 +32,6 @@ from tests.benchmarks.bench_process import run_bench
 
 pytestmark = pytest.mark.slow
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(name="cache_dir", scope="module")
 def _cache_dir(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
