@@ -10,7 +10,18 @@
   when the last is answered) keeps the number of requests inside the gateway nearly constant
   and never zero; the arrival rate follows the service rate. An open-loop (Poisson) load of the
   same mean sees that number come and go. Fed one reading per tick, ``closed`` says which, and
-  ``population`` how many requests a closed loop keeps in.
+  ``population`` how many requests a closed loop keeps in. A loop read as closed stays closed
+  through dips (readings below its population: replies in transit) and leaves only on what an
+  open loop shows and a closed one cannot: an empty model, more requests inside than the loop
+  holds, a median far below it, or a refusal.
+- **The closed-loop simulation's band** (``ClosedLoopBand``): in a closed loop, every measured
+  window's time per request (Little's law) against what the closed-loop simulation predicted
+  for its configuration, per configuration measured in the workload state. Once a few
+  configurations were measured, a neighbour the simulation puts slower than the incumbent
+  measured, even at the most favourable ratio it has shown (the configuration it was most
+  pessimistic about), cannot win a trial: the search rests instead of measuring it. Each miss
+  in that direction widens the band, so a simulation that has been wrong in a neighbour's
+  favour loses its veto by itself.
 - **The measured neighbourhood** (``neighbours``): the configurations one notch from the
   incumbent on each axis, the same cores split the other way (instances and threads swapped),
   plus the corners that matter on a small box (the largest batch with
@@ -104,6 +115,12 @@ class LoadKind:
     """The closed loop's population the workload state is held for (``hold``), kept through a
     spell of mixed readings: a loop of another size after it is still another loop."""
 
+    near: float = 0.1
+    """A closed loop read keeps at least half of its readings within this fraction of its
+    population (the rest may dip); an open loop's readings spread both ways around their mean."""
+    _loop: int | None = None
+    """The population of the closed loop read, while it is read as one."""
+
     def observe(self, in_system: int, refused: int = 0) -> None:
         """One tick's reading of the requests inside the model, and the requests refused since
         the last. A tick with refusals starts the readings over: an overloaded open loop keeps
@@ -111,25 +128,46 @@ class LoadKind:
         wait for their answers and are not refused."""
         if refused > 0:
             self._seen.clear()
+            self._loop = None
             return
         self._seen.append(in_system)
         while len(self._seen) > self.readings:
             self._seen.popleft()
+        if self._steady() and self._still_the_loop(max(self._seen)):
+            self._loop = max(self._seen)
+        elif self._loop is not None and not self._still_the_loop(self._loop):
+            self._loop = None
         if self.closed and self.held is None:
             self.held = self.population
 
-    @property
-    def closed(self) -> bool:
+    def _steady(self) -> bool:
+        """Every reading but the lowest within ``spread`` of their median (with half of them
+        near the largest, ``_still_the_loop``): a loop begins."""
         seen = sorted(self._seen)
         if len(seen) < self.readings or seen[0] < 1:
             return False
         steady = seen[1:]  # the one reading that may dip left out
         return steady[-1] - steady[0] <= self.spread * statistics.median(steady) + 1
 
+    def _still_the_loop(self, population: int) -> bool:
+        """Whether the readings still fit a closed loop of ``population``: never empty, never
+        more inside than it holds, at least half of them near it (wrk at 32 connections on two
+        cores read two dips in eight readings at times, each below the population, never
+        above)."""
+        seen = self._seen
+        over = population + 1  # one request counted in as the one it follows is counted out
+        near = sum(r >= (1.0 - self.near) * population for r in seen)
+        return min(seen) >= 1 and max(seen) <= over and 2 * near >= len(seen)
+
+    @property
+    def closed(self) -> bool:
+        return self._loop is not None
+
     @property
     def population(self) -> int:
-        """Requests a closed loop keeps inside (the largest reading: some are in transit)."""
-        return max(self._seen, default=0)
+        """Requests a closed loop keeps inside (the largest steady reading: some are in
+        transit at any tick); in an open loop, the largest recent reading."""
+        return self._loop if self._loop is not None else max(self._seen, default=0)
 
     def hold(self) -> None:
         """A new workload state: held for the loop running now, if any."""
@@ -159,6 +197,58 @@ class LoadKind:
 
     def reset(self) -> None:
         self._seen.clear()
+        self._loop = None
+
+
+@dataclass
+class ClosedLoopBand:
+    """How far the closed-loop simulation's time per request has been from the measured one,
+    per configuration measured in this workload state (``measured / predicted``, each
+    configuration's median over its windows: one noisy window does not make a band)."""
+
+    least: int = 3
+    """Configurations measured before the band may rule a neighbour out: fewer do not show
+    how wrong the simulation can be."""
+    windows: int = 6
+    _ratios: dict[Knobs, deque[float]] = field(default_factory=dict)
+    _measured: dict[Knobs, deque[float]] = field(default_factory=dict)
+
+    def observe(self, config: Knobs, predicted_ms: float, measured_ms: float) -> None:
+        if not (predicted_ms > 0 and measured_ms > 0):
+            return
+        self._ratios.setdefault(config, deque(maxlen=self.windows)).append(
+            measured_ms / predicted_ms
+        )
+        self._measured.setdefault(config, deque(maxlen=self.windows)).append(measured_ms)
+
+    @property
+    def configurations(self) -> int:
+        return len(self._ratios)
+
+    def lowest_ratio(self) -> float | None:
+        """The most favourable ratio shown (the simulation's largest overestimate), None
+        before ``least`` configurations were measured."""
+        if len(self._ratios) < self.least:
+            return None
+        return min(statistics.median(r) for r in self._ratios.values())
+
+    def measured_ms(self, config: Knobs) -> float | None:
+        """The median measured time per request of ``config`` in this state, if measured."""
+        seen = self._measured.get(config)
+        return statistics.median(seen) if seen else None
+
+    def rules_out(self, predicted_ms: float, incumbent: Knobs, margin: float) -> bool:
+        """Whether a configuration predicted at ``predicted_ms`` cannot beat ``incumbent``'s
+        measured time by ``margin`` even at the band's most favourable ratio."""
+        lowest, mine = self.lowest_ratio(), self.measured_ms(incumbent)
+        if lowest is None or mine is None:
+            return False
+        return predicted_ms * lowest >= mine * (1.0 - margin)
+
+    def reset(self) -> None:
+        """A new workload state (another loop): the band is learned again."""
+        self._ratios.clear()
+        self._measured.clear()
 
 
 AXES = ("max_batch_size", "batch_timeout_ms", "concurrency", "intra_op_threads")

@@ -57,6 +57,7 @@ from models.window_stats import WindowStats
 from rrl.agent.budget import CoreBudget, threads_of
 from rrl.agent.decisions import Decision, Step, log_line
 from rrl.agent.evidence import (
+    ClosedLoopBand,
     LoadKind,
     ModelTrust,
     beyond,
@@ -144,6 +145,7 @@ class Policy:
         self._searched: dict[StateKey, int] = {}  # measured-search trials per state
         self._further: dict[StateKey, list[Knobs]] = {}  # beyond candidates that led (per state)
         self.load_kind = LoadKind()
+        self.band = ClosedLoopBand()  # the closed-loop simulation's error, in this state
         self._violating = 0  # incumbent windows running measured violating the SLO
 
     def choose(self, queued: int = 0) -> Step:
@@ -231,6 +233,16 @@ class Policy:
             self._candidates(arrivals),
             self.settings.gate,
         )
+        if verdict.candidate is not None and self.load_kind.closed:
+            # The gate predicts an open loop's queue at the arrival rate; a closed loop's rate
+            # is what the incumbent serves, so the gate's gains there are not evidence.
+            verdict = replace(
+                verdict,
+                candidate=None,
+                reason=f"{verdict.reason}; not tried: a closed loop of "
+                f"{self.load_kind.population} requests, which the open-loop prediction does not "
+                "model (the closed-loop simulation ranks the measured search)",
+            )
         self.verdict, self._gated_at = verdict, self._clock()
         candidate, not_tried = verdict.candidate, ""
         if candidate is None and self.settings.measured_search:
@@ -312,6 +324,8 @@ class Policy:
             return None, "every neighbour lost a measured trial in this state"
         if closed:
             best, why = self._closed_loop_pick(pool)
+            if (out := self._beyond_the_band(best, len(pool))) is not None:
+                return None, out
         elif not self.trust.trusted or unproven:
             best = min(pool, key=lambda c: _or_inf(self.tuner.predict(c)))
             miss = self.trust.last_miss()
@@ -338,6 +352,28 @@ class Policy:
         return best, (
             f"closed loop of {population} requests (the open-loop model does not apply): "
             f"{best} predicted {predicted} per request by the closed-loop simulation{against}"
+        )
+
+    def _beyond_the_band(self, best: Knobs, untried: int) -> str | None:
+        """Why ``best``, the neighbour the closed-loop simulation ranks first, is not measured:
+        even at the most favourable ratio of measured to predicted time the simulation has
+        shown in this state (``rrl.agent.evidence.ClosedLoopBand``), it is no faster than the
+        incumbent measured by the trial's margin; None when it may be."""
+        assert self.incumbent is not None
+        predicted = self.queue_model.closed_loop_ms(best, self.load_kind.population)
+        # The smallest margin a trial asks for, not the incumbent's noise: a noisy incumbent
+        # must not make a neighbour easier to rule out.
+        margin, band = self.settings.trial_margin, self.band
+        if predicted is None or not band.rules_out(predicted, self.incumbent, margin):
+            return None
+        lowest, mine = band.lowest_ratio(), band.measured_ms(self.incumbent)
+        assert lowest is not None and mine is not None
+        return (
+            f"not tried: {untried} untried neighbour(s), the best {best} predicted "
+            f"{predicted:.1f}ms per request by the closed-loop simulation; at its most "
+            f"favourable error on the {band.configurations} configurations measured here "
+            f"(measured {lowest:.2f}x predicted) none beats the incumbent's measured "
+            f"{mine:.1f}ms by the margin ({margin:.0%})"
         )
 
     def _closed_loop_leads(self, key: StateKey) -> list[Knobs]:
@@ -707,6 +743,7 @@ class Policy:
             self.budget.report(self.model, config, measurement.rate_per_s, busy)
         self.tuner.observe(config, measurement)
         self._calibrate(config, measurement)
+        self._observe_band(config, measurement)
         reason = step.reason
         incumbent_window = False
         outcome = self._trial_window(config, value, measurement)
@@ -737,6 +774,15 @@ class Policy:
         if incumbent_window:  # after the window's own record: rest longer, or wake
             self._after_incumbent_window(measurement)
         return decision
+
+    def _observe_band(self, config: Knobs, measurement: Measurement) -> None:
+        """A closed loop's window against the closed-loop simulation's prediction for it."""
+        measured = self.load_kind.per_request_ms(measurement.throughput_per_s)
+        if measured is None:
+            return
+        predicted = self.queue_model.closed_loop_ms(config, self.load_kind.population)
+        if predicted is not None:
+            self.band.observe(config, predicted, measured)
 
     def _record_drain(
         self, step: Step, measurement: Measurement, rebuilt: bool, queued: tuple[int, int]
@@ -866,6 +912,7 @@ class Policy:
         self._gated_at = -math.inf
         self._asked = None
         self.trust.reset()
+        self.band.reset()
         self.load_kind.hold()
         self.rest.wake()  # the "workload" decision says why
         if self.trial is not None:

@@ -13,11 +13,13 @@ from models.knobs import Knobs
 from rrl.agent.budget import CoreBudget, threads_of
 from rrl.agent.decisions import Step
 from rrl.agent.evidence import (
+    ClosedLoopBand,
     LoadKind,
     ModelTrust,
     beyond,
     neighbours,
 )
+from rrl.agent.gate import Verdict
 from rrl.agent.policy import Policy
 from rrl.agent.queueing import Arrivals, Prediction
 from rrl.agent.settings import AgentSettings
@@ -63,9 +65,24 @@ def test_a_closed_loop_keeps_its_population_and_an_open_loop_does_not() -> None:
     for reading in [32, 32, 31, 18, 32, 32, 32, 32]:  # one tick the client held replies
         dipped.observe(reading)
     assert dipped.closed and dipped.population == 32
-    for reading in [17, 32]:  # a second dip within the eight readings: not steady
+    for reading in [17, 32]:  # a second dip within the eight readings: still the loop
+        dipped.observe(reading)
+    assert dipped.closed and dipped.population == 32
+    for reading in [20, 16, 18, 20, 17, 19]:  # most readings far below it: another load
         dipped.observe(reading)
     assert not dipped.closed
+    two_dips = LoadKind()
+    for reading in [32, 18, 31, 17, 32, 32, 32, 32]:  # not steady enough to begin a loop
+        two_dips.observe(reading)
+    assert not two_dips.closed
+    spilled = LoadKind()
+    for reading in [31, 32, 30, 32, 29, 31, 32, 30, 45]:  # more inside than 32 clients hold
+        spilled.observe(reading)
+    assert not spilled.closed
+    emptied = LoadKind()
+    for reading in [31, 32, 30, 32, 29, 31, 32, 30, 0]:  # a closed loop's model never empties
+        emptied.observe(reading)
+    assert not emptied.closed
     rng = np.random.default_rng(7)
     open_loop = LoadKind()
     for reading in rng.poisson(12.0, size=8):  # the same mean load, arriving at random
@@ -369,3 +386,102 @@ def test_no_configuration_measured_within_the_slo_means_no_fall_back() -> None:
     for _ in range(4):
         policy.learn(Step(worse, "exploit"), window(300.0))
     assert policy._fall_back(policy.arrivals()) is None
+
+
+def test_the_closed_loop_band_is_the_most_favourable_ratio_over_enough_configurations() -> None:
+    band = ClosedLoopBand(least=3)
+    a, b, c = Knobs(8, 0.0, 2, 1, 1), Knobs(16, 0.0, 2, 1, 1), Knobs(32, 0.0, 1, 2, 1)
+    band.observe(a, predicted_ms=50.0, measured_ms=60.0)
+    band.observe(b, predicted_ms=40.0, measured_ms=70.0)
+    assert band.lowest_ratio() is None  # two configurations do not show the simulation's error
+    assert not band.rules_out(1000.0, a, margin=0.05)
+    band.observe(c, predicted_ms=50.0, measured_ms=45.0)  # overestimated by 10%
+    band.observe(c, predicted_ms=50.0, measured_ms=200.0)  # one noisy window
+    band.observe(c, predicted_ms=50.0, measured_ms=46.0)
+    assert band.lowest_ratio() == pytest.approx(0.92)  # c's median window, not its noise
+    assert band.measured_ms(a) == 60.0
+    # Beating a's 60 ms by 5% needs under 57 ms measured, 61.96 ms predicted at 0.92.
+    assert band.rules_out(62.0, a, margin=0.05)
+    assert not band.rules_out(61.9, a, margin=0.05)
+    band.reset()
+    assert band.lowest_ratio() is None
+
+
+def closed_loop_policy(monkeypatch: pytest.MonkeyPatch, predicted_ms: dict[Knobs, float]) -> Policy:
+    """A calibrated policy under a closed loop of 32 requests whose closed-loop simulation
+    predicts ``predicted_ms`` per request (100 ms for any other configuration)."""
+    policy = calibrated_policy()
+    for _ in range(8):
+        policy.load_kind.observe(32)
+    monkeypatch.setattr(
+        policy.queue_model,
+        "closed_loop_ms",
+        lambda config, population: predicted_ms.get(config, 100.0),
+    )
+    return policy
+
+
+def served(per_request_ms: float, population: int = 32, duration_s: float = 2.0) -> Measurement:
+    """A closed loop's window answering ``population`` clients at ``per_request_ms`` each."""
+    n = round(population / per_request_ms * 1000.0 * duration_s)
+    return window(per_request_ms, n=n, duration_s=duration_s)
+
+
+def test_a_closed_loop_search_rests_when_the_simulation_within_its_band_rules_all_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Three configurations measured within 10% of the simulation: a neighbour it puts 30%
+    slower than the incumbent is not measured, and the search says why."""
+    near = neighbours(SPACE, INCUMBENT, 2)
+    a, b = near[0], near[1]
+    predicted = {INCUMBENT: 50.0, a: 60.0, b: 70.0, **{c: 65.0 for c in near[2:]}}
+    policy = closed_loop_policy(monkeypatch, predicted)
+    for _ in range(2):
+        policy.learn(Step(INCUMBENT, "exploit"), served(52.0))
+    for config, ms in ((a, 63.0), (b, 75.0)):
+        policy.learn(Step(config, "explore"), served(ms))
+        policy.memory.reject(policy._key(), config)  # they lost their trials
+    assert policy.band.configurations == 3 and policy.band.lowest_ratio() == pytest.approx(
+        1.04, rel=1e-2
+    )
+    step = policy.choose()
+    assert step.kind == "exploit" and step.config == INCUMBENT, step.reason
+    assert "none beats the incumbent's measured 52.0ms by the margin (5%)" in step.reason
+
+
+def test_a_simulation_that_was_wrong_in_a_neighbours_favour_loses_its_veto(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same neighbourhood, but one measured configuration ran twice as fast as the
+    simulation said: the band widens, and the neighbour predicted slower is measured."""
+    near = neighbours(SPACE, INCUMBENT, 2)
+    a, b = near[0], near[1]
+    predicted = {INCUMBENT: 50.0, a: 60.0, b: 70.0, **{c: 65.0 for c in near[2:]}}
+    policy = closed_loop_policy(monkeypatch, predicted)
+    for _ in range(2):
+        policy.learn(Step(INCUMBENT, "exploit"), served(52.0))
+    for config, ms in ((a, 63.0), (b, 35.0)):  # b: 70 ms predicted, 35 measured
+        policy.learn(Step(config, "explore"), served(ms))
+        policy.memory.reject(policy._key(), config)
+    assert policy.band.lowest_ratio() == pytest.approx(0.5, rel=1e-2)
+    step = policy.choose()
+    assert step.kind == "explore" and step.config in near[2:], step.reason
+    assert "closed loop of 32 requests" in step.reason
+
+
+def test_a_closed_loop_is_not_searched_on_the_open_loop_gates_gains(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The gate predicts an open loop at the arrival rate: in a closed loop its candidate is
+    not tried, and the closed-loop simulation ranks what is measured instead."""
+    policy = calibrated_policy()
+    gated = Knobs(32, 0.0, 2, 1, 1)
+    verdict = Verdict(None, None, gated, 50.0, 1.0, 5, "predicted gain 50 clears 1")
+    monkeypatch.setattr("rrl.agent.policy.decide", lambda *args, **kwargs: verdict)
+    step = policy.choose()
+    assert (step.kind, step.config) == ("explore", gated)  # an open loop: tried on the gate's word
+    closed = closed_loop_policy(monkeypatch, {INCUMBENT: 50.0})
+    step = closed.choose()
+    assert step.kind == "explore" and step.reason.startswith("measured search"), step.reason
+    assert closed.verdict is not None and closed.verdict.candidate is None
+    assert "does not model" in closed.verdict.reason
