@@ -22,7 +22,9 @@ here.
   model's predictions of the incumbent missed beyond their stated uncertainty in two of three
   windows, the tuner's region estimates (from measurements; the model no longer vetoes);
   otherwise the model's optimistic prediction, which still vetoes a neighbour it predicts to
-  violate the SLO.
+  violate the SLO. In a closed loop the gate's candidates are not tried (it predicts an open
+  loop), and the closed-loop simulation vetoes only within the error it has shown on three or
+  more measured configurations (``rrl.agent.evidence.ClosedLoopBand``).
 - **Fair comparison and revert** (``rrl.agent.trial``): candidate and incumbent in interleaved (no
   rebuild) or paired (rebuild) windows, each normalised to a common arrival rate by the model;
   a candidate worse after its first window (or beyond the safety limit) is reverted at once.
@@ -669,15 +671,19 @@ class Policy:
         once the gate concluded at this load; wake after one that did not."""
         s = self.settings.rest
         assert self.incumbent is not None
-        margin = m.p95_ms <= s.p95_fraction * self.objective.slo_ms and m.slo_violations == 0
+        # A closed loop's p95 is its clients' doing (N of them always waiting): its time per
+        # request says whether the configuration serves them worse.
+        per_request = self.load_kind.per_request_ms(m.throughput_per_s)
+        p95, what = (m.p95_ms, "p95") if per_request is None else (per_request, "time per request")
+        margin = p95 <= s.p95_fraction * self.objective.slo_ms and m.slo_violations == 0
         if not margin:
-            self.wake(f"incumbent p95 {m.p95_ms:.1f}ms, {m.slo_violations} late: no margin")
+            self.wake(f"incumbent {what} {p95:.1f}ms, {m.slo_violations} late: no margin")
             return
-        if (worse := self.rest.degraded(m.p95_ms)) is not None:
+        if (worse := self.rest.degraded(p95)) is not None:
             self.wake(worse)
             return
         key = (self._key(), self.incumbent)
-        self.rest.note(key, m.p95_ms)
+        self.rest.note(key, p95)
         if s.enabled and (self.rest.resting or self._asked == key):
             self.rest.begin(
                 self._clock(), self.monitor.rate_per_s, self.monitor.rows_per_request, key

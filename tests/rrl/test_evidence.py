@@ -485,3 +485,20 @@ def test_a_closed_loop_is_not_searched_on_the_open_loop_gates_gains(
     assert step.kind == "explore" and step.reason.startswith("measured search"), step.reason
     assert closed.verdict is not None and closed.verdict.candidate is None
     assert "does not model" in closed.verdict.reason
+
+
+def test_a_closed_loop_rests_on_its_time_per_request_not_on_its_clients_p95(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """32 clients always waiting make a window's p95 long (80 ms against a 100 ms SLO) while
+    each request takes 30 ms of the gateway's time: in a closed loop that is a margin, and the
+    rest the search asked for begins; the same window in an open loop has none."""
+    busy = Measurement(2.0, 2133, 2133, 40.0, 80.0, 90.0, 0, 0)  # 32 / 1,067 per s: 30 ms
+    closed = closed_loop_policy(monkeypatch, {INCUMBENT: 30.0})
+    closed._asked = (closed._key(), INCUMBENT)
+    closed.learn(Step(INCUMBENT, "exploit"), busy)
+    assert closed.rest.resting
+    opened = calibrated_policy()
+    opened._asked = (opened._key(), INCUMBENT)
+    opened.learn(Step(INCUMBENT, "exploit"), busy)
+    assert not opened.rest.resting
