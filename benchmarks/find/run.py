@@ -28,18 +28,26 @@ def run(plan: Plan, out_dir: Path | None, *, quick: bool, statics_from: Path | N
         for model in plan.models:
             config = versions[model].config
             statics = (
-                best_statics(plan, bench, repo, tmp, model, config.max_batch_size)
+                best_statics(plan, bench, repo, tmp, model, config.max_batch_size, config.slo_ms)
                 if statics_from is None
                 else earlier_statics(statics_from, model)
             )
             runs.append({"model": model, "kind": "static", **statics})
-            capacity = statics["capacity_rps"]
+            capacities = {"closed": statics["capacity_rps"], "open": statics["open_capacity_rps"]}
             for load in plan.loads:
                 for start in plan.starts:
                     for repeat in range(plan.repeats):
                         bench.log(f"{model} {load.name}: agent from {start.name} #{repeat}")
                         result = agent_run(
-                            plan, repo, tmp, model, config.slo_ms, load, start, capacity, repeat
+                            plan,
+                            repo,
+                            tmp,
+                            model,
+                            config.slo_ms,
+                            load,
+                            start,
+                            capacities[load.kind],
+                            repeat,
                         )
                         runs.append({"model": model, "kind": "agent", **result})
     summary = report.summarize(runs)
@@ -60,9 +68,11 @@ def run(plan: Plan, out_dir: Path | None, *, quick: bool, statics_from: Path | N
 
 
 def best_statics(
-    plan: Plan, bench: BenchRun, repo: Path, tmp: Path, model: str, max_batch: int
+    plan: Plan, bench: BenchRun, repo: Path, tmp: Path, model: str, max_batch: int, slo_ms: float
 ) -> dict[str, Any]:
-    """The grid screened at ``plan.screen_at``, the finalists measured twice at every load."""
+    """The grid screened at ``plan.screen_at``, the finalists measured twice at every load: the
+    closed loops at the capacity wrk measured, the open ones at the open loop's own
+    (``measure.open_capacity``, on the fastest configuration screened)."""
     grid = static_grid(max_batch, plan.batches, plan.splits)
     screened: dict[str, list[dict[str, Any]]] = {}
     with measure.gateway(repo, tmp, agent=False, log_name=f"static-{model}.log") as base:
@@ -77,9 +87,15 @@ def best_statics(
                 for k in grid
             ]
         finalists = report.finalists(screened, plan.finalists)
-        capacity = max(
-            r["rate_per_s"] for r in screened[f"c{max(plan.screen_at)}"] if not r["failed"]
+        top = max(
+            (r for r in screened[f"c{max(plan.screen_at)}"] if not r["failed"]),
+            key=lambda r: r["rate_per_s"],
         )
+        capacity = top["rate_per_s"]
+        open_capacity, probes = open_loop_capacity(
+            plan, bench, base, model, Knobs(**top["knobs"]), capacity, tmp, slo_ms
+        )
+        capacities = {"closed": capacity, "open": open_capacity}
         per_load: dict[str, list[dict[str, Any]]] = {}
         for load in plan.loads:
             bench.log(f"{model} {load.name}: {len(finalists)} finalists, twice")
@@ -90,7 +106,9 @@ def best_statics(
                         {
                             "knobs": k.as_dict(),
                             "repeat": repeat,
-                            **static_at(plan, base, model, body, k, load, capacity, tmp, repeat),
+                            **static_at(
+                                plan, base, model, body, k, load, capacities[load.kind], tmp, repeat
+                            ),
                         }
                     )
             per_load[load.name] = rows
@@ -99,9 +117,37 @@ def best_statics(
         "screened": screened,
         "finalists": [k.as_dict() for k in finalists],
         "capacity_rps": capacity,
+        "open_capacity_rps": open_capacity,
+        "open_capacity_probes": probes,
         "loads": per_load,
         "best": {name: report.best_static(rows, name) for name, rows in per_load.items()},
     }
+
+
+def open_loop_capacity(
+    plan: Plan,
+    bench: BenchRun,
+    base: str,
+    model: str,
+    knobs: Knobs,
+    capacity: float,
+    tmp: Path,
+    slo_ms: float,
+) -> tuple[float, list[dict[str, Any]]]:
+    """The open loop's own capacity (``measure.open_capacity``), when the plan has open loads."""
+    if not any(load.kind == "open" for load in plan.loads):
+        return 0.0, []
+    bench.log(f"{model}: the open loop's capacity, probed below {capacity:.0f}/s")
+    return measure.open_capacity(
+        base,
+        model,
+        knobs,
+        capacity,
+        plan.warmup_s,
+        plan.probe_s,
+        tmp / f"probe-{model}",
+        slo_ms=slo_ms,
+    )
 
 
 def earlier_statics(path: Path, model: str) -> dict[str, Any]:
@@ -125,7 +171,7 @@ def static_at(
 ) -> dict[str, Any]:
     if load.kind == "closed":
         c = int(load.level)
-        return measure.static_closed(base, model, body, knobs, c, plan.warmup_s, plan.point_s)
+        return measure.static_closed(base, model, body, knobs, c, plan.warmup_s, plan.measured_s)
     k = knobs
     split = f"{k.max_batch_size}-{k.batch_timeout_ms:g}-{k.concurrency}x{k.intra_op_threads}"
     out = tmp / f"static-{model}-{load.name}-{repeat}-{split}"
@@ -135,7 +181,7 @@ def static_at(
         knobs,
         load.level * capacity,
         plan.warmup_s,
-        plan.point_s,
+        plan.measured_s,
         out,
         slo_ms=1e6,
         seed=repeat,
@@ -220,7 +266,7 @@ def plan_doc(plan: Plan) -> dict[str, Any]:
         "screen_at": list(plan.screen_at),
         "finalists": plan.finalists,
         "screen_s": plan.screen_s,
-        "point_s": plan.point_s,
+        "point_s": plan.measured_s,
         "run_s": plan.run_s,
         "measured_s": plan.measured_s,
         "slice_s": plan.slice_s,

@@ -742,7 +742,8 @@ class Policy:
         config = step.config
         value = self.value_of(config, measurement)
         self._last_measured = (config, value)
-        if self.monitor.in_band(measurement.rate_per_s):  # not a window straddling a step
+        load = measurement.arrival_rate_per_s  # the load it ran under (not its backlog's)
+        if self.monitor.in_band(load):  # not a window straddling a step
             self.memory.note(self._key(), config, value)
         if self.budget is not None:
             busy = self.queue_model.busy_cores(config, measurement)
@@ -756,7 +757,7 @@ class Policy:
         if outcome is not None:
             reason = f"{reason}; {outcome.reason}" if reason else outcome.reason
         elif self.trial is None and config == self.incumbent:
-            self._incumbent_window(config, value, measurement.rate_per_s)
+            self._incumbent_window(config, value, load)
             incumbent_window = True
             # The model predicts an open-loop p95; a closed loop's value is another figure.
             judged = self.queue_model.calibrated and not self.load_kind.closed
@@ -815,7 +816,9 @@ class Policy:
     def _calibrate(self, config: Knobs, measurement: Measurement) -> None:
         """Only a cached prediction calibrates now; the rest at the next step that asks the
         model anyway (``_calibrate_pending``, all in one call), none while resting."""
-        seen = Arrivals(measurement.rate_per_s, self.dispersion(), measurement.rows_per_request)
+        seen = Arrivals(
+            measurement.arrival_rate_per_s, self.dispersion(), measurement.rows_per_request
+        )
         predicted = self.queue_model.cached(config, seen)
         if predicted is not None:
             self.queue_model.calibrate(predicted, measurement)
@@ -827,7 +830,11 @@ class Policy:
         trial = self.trial
         if trial is None:
             return None
-        outcome = trial.record(config, value, m.rate_per_s, self._normalise)
+        # Normalised at the load each window ran under: the rate answered moves with the
+        # backlog a window builds or drains, and a window that inherits a candidate's backlog
+        # answers less, which read as a lighter load made its objective look worse still.
+        load = m.arrival_rate_per_s
+        outcome = trial.record(config, value, load, self._normalise)
         # Beyond the safety limit a candidate goes back at once, unless the incumbent's last
         # window measured worse still (an overloaded incumbent: the candidate may be the way out).
         base = trial.baseline
@@ -837,7 +844,7 @@ class Policy:
                 "revert",
                 value,
                 math.nan,
-                m.rate_per_s,
+                load,
                 f"{config} measured J {value:.2f}: beyond the safety limit, "
                 "reverted after one window",
             )
@@ -850,7 +857,7 @@ class Policy:
             self.memory.reject(key, trial.incumbent)  # it lost: not tried again in this state
             self.incumbent, self._violating = trial.candidate, 0
             self.memory.remember(key, trial.candidate, outcome.candidate)
-            self._baseline = Window(trial.candidate, value, m.rate_per_s)
+            self._baseline = Window(trial.candidate, value, load)
             self._incumbent_values.clear()
             self._after = ("accept", outcome.reason)
         else:

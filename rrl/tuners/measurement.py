@@ -24,10 +24,22 @@ class Measurement:
     mean_ms: float | None = None
     cpu_cores: float | None = None
     rows_per_request: float = 1.0
+    arrived: int | None = None
+    """Requests that arrived in the window (refused ones too), when the source counts them."""
 
     @property
     def rate_per_s(self) -> float:
         return self.offered / self.duration_s if self.duration_s > 0 else 0.0
+
+    @property
+    def arrival_rate_per_s(self) -> float:
+        """The load the window was under: requests that arrived per second. ``rate_per_s``
+        counts what was answered or refused, which in an open loop dips while a backlog builds
+        and peaks while it drains: two windows compared at it are compared at the backlog
+        their configurations left, not at the load they served."""
+        if self.arrived is None:
+            return self.rate_per_s
+        return self.arrived / self.duration_s if self.duration_s > 0 else 0.0
 
     @property
     def violation_fraction(self) -> float:
@@ -56,4 +68,5 @@ class Measurement:
             rejected=stats.rejected,
             cpu_cores=cpu_cores,
             rows_per_request=stats.rows_per_request or 1.0,
+            arrived=stats.arrived,
         )

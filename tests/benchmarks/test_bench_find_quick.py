@@ -38,6 +38,17 @@ def test_quick_find_writes_every_figure_with_its_floor(tmp_path: Path) -> None:
         assert summary[target] == "missed: no figure", summary
     assert {"throughput_target", "p99_target", "settle_target"} <= set(summary)
     assert static["finalists"] and static["screened"] and static["capacity_rps"] > 0
+    # The open loop's own capacity: probed from wrk's down, highest first, to the first rate
+    # the simulator kept up with and the gateway answered in full (0 when none did).
+    probes = static["open_capacity_probes"]
+    assert probes and [p["fraction"] for p in probes] == sorted(
+        (p["fraction"] for p in probes), reverse=True
+    )
+    assert all(not p["held"] for p in probes[:-1])
+    if static["open_capacity_rps"] > 0:
+        last = probes[-1]
+        assert last["held"] and last["kept_up"] and not last["errors"] and not last["lost"]
+        assert static["open_capacity_rps"] == last["achieved_rps"]
     agents = [r for r in doc["runs"] if r["kind"] == "agent"]
     assert {(r["load"], r["start"]) for r in agents} == {
         (load, start) for load in ("c8", "open0.5") for start in ("default", "batch1")

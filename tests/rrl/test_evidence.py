@@ -502,3 +502,31 @@ def test_a_closed_loop_rests_on_its_time_per_request_not_on_its_clients_p95(
     opened._asked = (opened._key(), INCUMBENT)
     opened.learn(Step(INCUMBENT, "exploit"), busy)
     assert not opened.rest.resting
+
+
+def test_a_trials_windows_are_compared_at_the_load_they_ran_under_not_at_what_they_answered() -> (
+    None
+):
+    """An open loop of 330 requests/s: the candidate's windows drain a backlog (380 answered a
+    second), the incumbent's window between them inherits it (290 answered). Each ran under
+    the same 330 arrivals a second, so the trial compares them there: normalised by what they
+    answered, the model's steep rise near saturation would have scaled the incumbent's window
+    up and the candidate's down, and a backlog's shuffle read as a gain."""
+    policy = calibrated_policy()
+    candidate = Knobs(32, 0.0, 1, 1, 1)
+    policy.trial = Trial(INCUMBENT, candidate, None, interleave=True, margin=0.2)
+
+    def ran(config: Knobs, answered: int, p95_ms: float) -> None:
+        m = Measurement(0.5, answered, answered, p95_ms / 2, p95_ms, p95_ms, 0, 0, arrived=165)
+        assert m.arrival_rate_per_s == 330.0 and m.rate_per_s != 330.0
+        policy.learn(Step(config, "explore" if config == candidate else "compare"), m)
+
+    ran(candidate, 190, 40.0)
+    ran(INCUMBENT, 145, 44.0)
+    trial = policy.trial
+    assert trial is not None
+    assert [w.rate_per_s for w in trial.windows] == [330.0, 330.0]
+    ran(candidate, 190, 40.0)
+    # Compared as measured (one load on both sides): 40 against 44 ms is a tenth, within the
+    # 20% margin, so the candidate runs another round rather than winning on the backlog.
+    assert policy.trial is trial and trial.rounds == 1
