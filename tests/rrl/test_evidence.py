@@ -427,20 +427,28 @@ def served(per_request_ms: float, population: int = 32, duration_s: float = 2.0)
     return window(per_request_ms, n=n, duration_s=duration_s)
 
 
-def test_a_closed_loop_search_rests_when_the_simulation_within_its_band_rules_all_out(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Three configurations measured within 10% of the simulation: a neighbour it puts 30%
-    slower than the incumbent is not measured, and the search says why."""
+def searched_closed_loop(monkeypatch: pytest.MonkeyPatch, measured_b_ms: float) -> Policy:
+    """A closed loop whose simulation predicts the incumbent at 50 ms per request (measured
+    52), its first two neighbours a and b at 60 and 70 (a measured 63, b ``measured_b_ms``;
+    both lost their trials) and every other neighbour at 65."""
     near = neighbours(SPACE, INCUMBENT, 2)
     a, b = near[0], near[1]
     predicted = {INCUMBENT: 50.0, a: 60.0, b: 70.0, **{c: 65.0 for c in near[2:]}}
     policy = closed_loop_policy(monkeypatch, predicted)
     for _ in range(2):
         policy.learn(Step(INCUMBENT, "exploit"), served(52.0))
-    for config, ms in ((a, 63.0), (b, 75.0)):
+    for config, ms in ((a, 63.0), (b, measured_b_ms)):
         policy.learn(Step(config, "explore"), served(ms))
         policy.memory.reject(policy._key(), config)  # they lost their trials
+    return policy
+
+
+def test_a_closed_loop_search_rests_when_the_simulation_within_its_band_rules_all_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Three configurations measured within 10% of the simulation: a neighbour it puts 30%
+    slower than the incumbent is not measured, and the search says why."""
+    policy = searched_closed_loop(monkeypatch, measured_b_ms=75.0)
     assert policy.band.configurations == 3 and policy.band.lowest_ratio() == pytest.approx(
         1.04, rel=1e-2
     )
@@ -455,14 +463,7 @@ def test_a_simulation_that_was_wrong_in_a_neighbours_favour_loses_its_veto(
     """The same neighbourhood, but one measured configuration ran twice as fast as the
     simulation said: the band widens, and the neighbour predicted slower is measured."""
     near = neighbours(SPACE, INCUMBENT, 2)
-    a, b = near[0], near[1]
-    predicted = {INCUMBENT: 50.0, a: 60.0, b: 70.0, **{c: 65.0 for c in near[2:]}}
-    policy = closed_loop_policy(monkeypatch, predicted)
-    for _ in range(2):
-        policy.learn(Step(INCUMBENT, "exploit"), served(52.0))
-    for config, ms in ((a, 63.0), (b, 35.0)):  # b: 70 ms predicted, 35 measured
-        policy.learn(Step(config, "explore"), served(ms))
-        policy.memory.reject(policy._key(), config)
+    policy = searched_closed_loop(monkeypatch, measured_b_ms=35.0)  # 70 ms predicted
     assert policy.band.lowest_ratio() == pytest.approx(0.5, rel=1e-2)
     step = policy.choose()
     assert step.kind == "explore" and step.config in near[2:], step.reason
