@@ -215,16 +215,38 @@ def start_agent_at(base: str, model: str, knobs: Knobs) -> None:
         raise RuntimeError(f"could not resume the agent: {status} {doc}")
 
 
+LOGGED_KINDS = frozenset(
+    {"explore", "accept", "revert", "recall", "yield", "wake", "workload", "drain", "hold"}
+)
+"""Decisions kept in a run's log: what moved the knobs or the state, not the resting windows."""
+REASON_CHARS = 240
+
+
 def agent_state(base: str, model: str) -> dict[str, Any]:
-    """The agent's final knobs and what it did (decision kinds, configurations measured)."""
+    """The agent's final knobs and what it did: decision kinds, configurations measured, and
+    the log of what moved (seconds from its first decision, kind, knobs, why), so a run's
+    outcome can be read back to the decisions that led to it."""
     _, snap = admin_request("GET", f"{base}/admin/tuner/{model}?decisions=1000", timeout_s=10)
+    decisions = snap.get("decisions", [])
     kinds: dict[str, int] = {}
-    for d in snap.get("decisions", []):
+    for d in decisions:
         kinds[d["kind"]] = kinds.get(d["kind"], 0) + 1
+    first = decisions[0]["at"] if decisions else 0.0
+    log = [
+        {
+            "t": round(d["at"] - first, 1),
+            "kind": d["kind"],
+            "knobs": d["config"],
+            "reason": d["reason"][:REASON_CHARS],
+        }
+        for d in decisions
+        if d["kind"] in LOGGED_KINDS
+    ]
     _, knobs = admin_request("GET", f"{base}/admin/models/{model}/knobs", timeout_s=10)
     return {
         "final_knobs": knobs["knobs"],
         "decisions": kinds,
         "evidence": snap.get("evidence"),
-        "explored": [d["config"] for d in snap.get("decisions", []) if d["kind"] == "explore"],
+        "explored": [d["config"] for d in decisions if d["kind"] == "explore"],
+        "log": log,
     }

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.find.measure import LOGGED_KINDS
 from tests.benchmarks.bench_process import run_bench
 
 pytestmark = pytest.mark.slow
@@ -55,6 +56,10 @@ def test_quick_find_writes_every_figure_with_its_floor(tmp_path: Path) -> None:
     }
     for r in agents:
         assert r["final_knobs"] and r["decisions"], r
+        # What moved is logged with its reason, in time order, nothing that only rested.
+        moved = sum(n for kind, n in r["decisions"].items() if kind in LOGGED_KINDS)
+        assert len(r["log"]) == moved and all(e["reason"] for e in r["log"]), r["log"]
+        assert [e["t"] for e in r["log"]] == sorted(e["t"] for e in r["log"])
         if r["load"] == "c8":
             # Every request answered: a refusal under a poor start's overload is an answer (a
             # 503 with its reason), a socket error or timeout is a loss.
