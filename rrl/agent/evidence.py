@@ -210,32 +210,30 @@ class ClosedLoopBand:
     """Configurations measured before the band may rule a neighbour out: fewer do not show
     how wrong the simulation can be."""
     windows: int = 6
-    _ratios: dict[Knobs, deque[float]] = field(default_factory=dict)
-    _measured: dict[Knobs, deque[float]] = field(default_factory=dict)
+    _seen: dict[Knobs, deque[tuple[float, float]]] = field(default_factory=dict)
+    """Per configuration, its last windows as (measured / predicted, measured ms)."""
 
     def observe(self, config: Knobs, predicted_ms: float, measured_ms: float) -> None:
         if not (predicted_ms > 0 and measured_ms > 0):
             return
-        self._ratios.setdefault(config, deque(maxlen=self.windows)).append(
-            measured_ms / predicted_ms
-        )
-        self._measured.setdefault(config, deque(maxlen=self.windows)).append(measured_ms)
+        seen = self._seen.setdefault(config, deque(maxlen=self.windows))
+        seen.append((measured_ms / predicted_ms, measured_ms))
 
     @property
     def configurations(self) -> int:
-        return len(self._ratios)
+        return len(self._seen)
 
     def lowest_ratio(self) -> float | None:
         """The most favourable ratio shown (the simulation's largest overestimate), None
         before ``least`` configurations were measured."""
-        if len(self._ratios) < self.least:
+        if len(self._seen) < self.least:
             return None
-        return min(statistics.median(r) for r in self._ratios.values())
+        return min(statistics.median(r for r, _ in w) for w in self._seen.values())
 
     def measured_ms(self, config: Knobs) -> float | None:
         """The median measured time per request of ``config`` in this state, if measured."""
-        seen = self._measured.get(config)
-        return statistics.median(seen) if seen else None
+        seen = self._seen.get(config)
+        return statistics.median(ms for _, ms in seen) if seen else None
 
     def rules_out(self, predicted_ms: float, incumbent: Knobs, margin: float) -> bool:
         """Whether a configuration predicted at ``predicted_ms`` cannot beat ``incumbent``'s
@@ -247,8 +245,7 @@ class ClosedLoopBand:
 
     def reset(self) -> None:
         """A new workload state (another loop): the band is learned again."""
-        self._ratios.clear()
-        self._measured.clear()
+        self._seen.clear()
 
 
 AXES = ("max_batch_size", "batch_timeout_ms", "concurrency", "intra_op_threads")
