@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -139,6 +140,15 @@ def write_triton_config(
     return config
 
 
+# PyTriton 0.7.0 races with itself when a model has two or more instances: Triton's Python
+# backend initialises them in parallel, and an instance that asks the first one for its
+# configuration between that socket's bind and its listen is refused, which fails the model's
+# whole load (seen once in a suite run on a busy machine). A fresh start is a fresh draw, so
+# that failure, and only that one, is retried, a bounded number of times.
+TRITON_START_ATTEMPTS = 3
+HANDSHAKE_RACE = "get_config_from_handshake_server"
+
+
 def start_triton(
     env: PeerEnv,
     folder: Path,
@@ -147,7 +157,34 @@ def start_triton(
     timeout_s: float,
 ) -> tuple[ServerProcess, str, dict[str, Any]]:
     """Triton through ``triton_server`` in its environment, every model ready: the process,
-    its base URL and its configuration."""
+    its base URL and its configuration. A start lost to PyTriton's instance handshake race is
+    retried (``TRITON_START_ATTEMPTS`` in all) in a fresh workspace, with the lost one's log
+    kept beside it."""
+    for attempt in range(1, TRITON_START_ATTEMPTS + 1):
+        try:
+            return _start_triton_once(env, folder, models, knobs, timeout_s)
+        except RuntimeError as exc:
+            if HANDSHAKE_RACE not in str(exc) or attempt == TRITON_START_ATTEMPTS:
+                raise
+            lost = folder.parent / f"triton-lost-start-{attempt}.log"
+            (folder.parent / "triton.log").replace(lost)
+            shutil.rmtree(folder / "workspace", ignore_errors=True)
+            print(
+                f"Triton lost its instance handshake race (start {attempt} of "
+                f"{TRITON_START_ATTEMPTS}, log {lost}); starting it again",
+                file=sys.stderr,
+                flush=True,
+            )
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _start_triton_once(
+    env: PeerEnv,
+    folder: Path,
+    models: Mapping[str, Model],
+    knobs: Mapping[str, Mapping[str, Any]],
+    timeout_s: float,
+) -> tuple[ServerProcess, str, dict[str, Any]]:
     config = write_triton_config(folder, models, knobs)
     environ = clean_env()
     # The Python backend's stub loads libpython from the loader's path (peer_env).

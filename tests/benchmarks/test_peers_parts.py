@@ -22,6 +22,7 @@ import pytest
 from aiohttp import web
 
 from benchmarks.loadgen import LoadJob, run_load
+from benchmarks.peers import servers as peer_servers
 from benchmarks.peers.capacity import search, step_verdict
 from benchmarks.peers.measure import pair_floor
 from benchmarks.peers.peer_env import (
@@ -241,6 +242,64 @@ def test_triton_gets_the_gateways_knobs(tmp_path: Path) -> None:
     }
     ports = {config["http_port"], config["grpc_port"], config["metrics_port"]}
     assert len(ports) == 3 and config["host"] == "127.0.0.1"
+
+
+def _starts_failing(
+    monkeypatch: pytest.MonkeyPatch, folder: Path, failures: list[str]
+) -> list[int]:
+    """``_start_triton_once`` replaced by one that writes a log and fails with each of
+    ``failures`` in turn, then starts; returns the list its calls are counted in."""
+    calls: list[int] = []
+
+    def once(*_: Any) -> tuple[Any, str, dict[str, Any]]:
+        calls.append(1)
+        (folder.parent / "triton.log").write_text(f"start {len(calls)}\n")
+        (folder / "workspace").mkdir(parents=True, exist_ok=True)
+        if len(calls) <= len(failures):
+            raise RuntimeError(f"Triton did not get ready:\n{failures[len(calls) - 1]}")
+        return "server", "http://127.0.0.1:1", {}
+
+    monkeypatch.setattr(peer_servers, "_start_triton_once", once)
+    return calls
+
+
+def _start(folder: Path) -> tuple[Any, str, dict[str, Any]]:
+    return peer_servers.start_triton(None, folder, {}, {}, 1.0)  # type: ignore[arg-type]
+
+
+RACE = "File model.py, in get_config_from_handshake_server\nConnectionRefusedError: [Errno 111]"
+
+
+def test_a_triton_start_lost_to_the_handshake_race_is_started_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "triton"
+    calls = _starts_failing(monkeypatch, folder, [RACE, RACE])
+    assert _start(folder)[1] == "http://127.0.0.1:1"
+    assert len(calls) == 3
+    for lost in (1, 2):
+        log = tmp_path / f"triton-lost-start-{lost}.log"
+        assert log.read_text() == f"start {lost}\n"
+
+
+def test_a_triton_start_fails_at_once_on_anything_but_the_race(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "triton"
+    calls = _starts_failing(monkeypatch, folder, ["onnxruntime: model file is corrupt"])
+    with pytest.raises(RuntimeError, match="corrupt"):
+        _start(folder)
+    assert len(calls) == 1
+
+
+def test_triton_starts_are_bounded_when_the_race_keeps_being_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "triton"
+    calls = _starts_failing(monkeypatch, folder, [RACE] * 10)
+    with pytest.raises(RuntimeError, match="get_config_from_handshake_server"):
+        _start(folder)
+    assert len(calls) == peer_servers.TRITON_START_ATTEMPTS
 
 
 def _step(p99_ms: float | None, *, lost: int = 0, achieved: float = 1.0) -> dict[str, Any]:
