@@ -208,13 +208,13 @@ class ModelHost:
                 + (f": {self.reason}" if self.reason else "")
             )
         started = time.monotonic()
-        self._requests.arrive(started, rows)
         self.arrived_total += 1
         budget = timeout_s if timeout_s is not None else self.config.slo_ms / 1000.0
         # The answer must be ready before the reply's own way to the client starts eating the
         # budget; never more than half of it, so one slow acknowledgement cannot refuse all.
         budget -= min(delivery_s, budget / 2)
         self._in_flight += 1
+        self._requests.arrive(started, rows, self._in_flight)
         self._idle.clear()
         try:
             result = await self._batcher.submit(

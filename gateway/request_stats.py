@@ -66,6 +66,7 @@ class _Second:
     arrived: int = 0
     arrived_rows: int = 0
     rejected: int = 0
+    peak_inside: int = 0
     latency: np.ndarray | None = None  # counts per bin, made at the second's first completion
 
 
@@ -79,6 +80,7 @@ class _Spilled:
     arrived: float = 0.0
     arrived_rows: float = 0.0
     rejected: float = 0.0
+    peak_inside: int = 0
     latency: np.ndarray = field(default_factory=lambda: np.zeros(N_BINS))
     has_done: bool = False
 
@@ -90,9 +92,10 @@ class RequestStats:
         self._slo_s = slo_s
         self._exact = exact
         self._max_window_s = max_window_s
-        # (completion time, latency s, rows, violated SLO), (arrival time, rows), refusal time.
+        # (completion time, latency s, rows, violated SLO), (arrival time, rows, requests inside
+        # with it), refusal time.
         self._done: deque[tuple[float, float, int, bool]] = deque()
-        self._arrived: deque[tuple[float, int]] = deque()
+        self._arrived: deque[tuple[float, int, int]] = deque()
         self._rejected: deque[float] = deque()
         # The time of the newest record of each kind pushed into the seconds (done, arrived,
         # rejected): a window starting after it is served by the exact records alone.
@@ -107,13 +110,16 @@ class RequestStats:
 
     # -- recording, each in the order it happens ---------------------------------------------
 
-    def arrive(self, at: float, rows: int) -> None:
+    def arrive(self, at: float, rows: int, inside: int = 0) -> None:
+        """A request reached the model; ``inside``: the requests inside with it, itself
+        counted (the count only grows at an arrival, so the window's peak is read here)."""
         if len(self._arrived) >= self._exact:
-            t, r = self._arrived.popleft()
+            t, r, peak = self._arrived.popleft()
             if (second := self._second(t, at, _ARRIVED)) is not None:
                 second.arrived += 1
                 second.arrived_rows += r
-        self._arrived.append((at, rows))
+                second.peak_inside = max(second.peak_inside, peak)
+        self._arrived.append((at, rows, inside))
 
     def complete(self, at: float, latency_s: float, rows: int) -> None:
         if len(self._done) >= self._exact:
@@ -185,6 +191,7 @@ class RequestStats:
             arrived=round(len(arrived) + spilled.arrived),
             arrived_rows=round(sum(a[1] for a in arrived) + spilled.arrived_rows),
             in_system=in_system,
+            in_system_peak=max(in_system, spilled.peak_inside, *(a[2] for a in arrived)),
         )
 
     def _spill(self, since: float) -> _Spilled:
@@ -208,6 +215,8 @@ class RequestStats:
             came = _share(key, since, self._spilled_to[_ARRIVED]) if reach[_ARRIVED] else 0.0
             out.arrived += came * second.arrived
             out.arrived_rows += came * second.arrived_rows
+            if came:  # the second's peak, wherever in it: a window takes all of its edge second
+                out.peak_inside = max(out.peak_inside, second.peak_inside)
             if reach[_REJECTED]:
                 out.rejected += _share(key, since, self._spilled_to[_REJECTED]) * second.rejected
         return out

@@ -27,5 +27,10 @@ class WindowStats:
     reads a burst as a fraction of itself."""
     arrived_rows: int = 0
     in_system: int = 0
-    """Requests inside the model now (queued or running): a closed loop of N clients keeps it
-    near N, an open-loop load lets it come and go (``rrl.agent.evidence.LoadKind``)."""
+    """Requests inside the model now (queued or running)."""
+    in_system_peak: int = 0
+    """The most requests inside the model at once during the window (and now): a closed loop
+    of N clients reaches N in every window and never more, however its requests cycle, while
+    an open loop's peak moves with its bursts (``rrl.agent.evidence.LoadKind``). A reading at
+    one instant says less: a batch that holds every client empties the model at once, so it
+    reads anywhere from 1 to N."""

@@ -17,14 +17,15 @@ here.
   measures the incumbent's neighbours (one notch on each axis, and the corners: the largest
   batch with every core in one instance's threads, or in single-thread instances) before it
   rests; it rests only once each lost a measured trial in this state. Which neighbour next:
-  in a closed loop (requests inside nearly constant, never zero), a simulation of the loop
-  (``QueueModel.closed_loop_ms``), which also puts the grid's best predicted first; once the
-  model's predictions of the incumbent missed beyond their stated uncertainty in two of three
-  windows, the tuner's region estimates (from measurements; the model no longer vetoes);
-  otherwise the model's optimistic prediction, which still vetoes a neighbour it predicts to
-  violate the SLO. In a closed loop the gate's candidates are not tried (it predicts an open
-  loop), and the closed-loop simulation vetoes only within the error it has shown on three or
-  more measured configurations (``rrl.agent.evidence.ClosedLoopBand``).
+  in a closed loop (the most requests inside at once the same N tick after tick), a
+  simulation of the loop (``QueueModel.closed_loop_ms``), which also puts the grid's best
+  predicted first; once the model's predictions of the incumbent missed beyond their stated
+  uncertainty in two of three windows, the tuner's region estimates (from measurements; the
+  model no longer vetoes); otherwise the model's optimistic prediction, which still vetoes a
+  neighbour it predicts to violate the SLO. In a closed loop the gate's candidates are not
+  tried (it predicts an open loop), and the closed-loop simulation vetoes only within the
+  error it has shown on three or more measured configurations
+  (``rrl.agent.evidence.ClosedLoopBand``).
 - **Fair comparison and revert** (``rrl.agent.trial``): candidate and incumbent in interleaved (no
   rebuild) or paired (rebuild) windows, each normalised to a common arrival rate by the model;
   a candidate worse after its first window (or beyond the safety limit) is reverted at once.
@@ -591,7 +592,7 @@ class Policy:
         # Arrivals, not completions: completions read a building queue short.
         state = self.monitor.update(now, stats.arrived, stats.arrived_rows)
         self._tick_counts.append(stats.arrived * self.settings.tick_s / span_s)
-        self.load_kind.observe(stats.in_system, stats.rejected)
+        self.load_kind.observe(stats.in_system_peak, stats.rejected)
         changed = self.monitor.state is not None and state != self.workload
         if changed and not self.load_kind.same_loop():
             self.workload = state

@@ -112,3 +112,31 @@ def test_completions_per_second_spans_both_stores() -> None:
 def test_an_idle_model_reads_zero() -> None:
     w = RequestStats(slo_s=SLO_S).window(5.0, 10.0, queue_depth=0, in_system=0)
     assert (w.completed, w.rate_per_s, w.p95_ms, w.arrived, w.rows_per_request) == (0, 0, 0, 0, 0)
+
+
+def test_the_peak_inside_is_read_at_arrivals_whatever_is_inside_now() -> None:
+    # A closed loop of 4 whose one batch holds all of them: the model empties at once after
+    # each batch, so the count now reads 0, yet every window held all 4 at once.
+    stats = RequestStats(slo_s=SLO_S)
+    t = 0.0
+    for _ in range(50):
+        for inside in range(1, 5):
+            stats.arrive(t, 1, inside)
+            t += 0.001
+        for _ in range(4):
+            stats.complete(t + 0.002, 0.004, 1)
+        t += 0.003
+    w = stats.window(t, 0.1, queue_depth=0, in_system=0)
+    assert (w.in_system, w.in_system_peak) == (0, 4)
+    # Nothing arrived in the window: the peak is what is inside now.
+    idle = stats.window(t + 5.0, 1.0, queue_depth=0, in_system=2)
+    assert idle.in_system_peak == 2
+
+
+def test_a_window_reaching_past_the_exact_records_keeps_the_peak_of_each_second() -> None:
+    stats = RequestStats(slo_s=SLO_S, exact=100)
+    stats.arrive(10.2, 1, 9)  # the busiest moment, in second 10
+    for i in range(1, 400):  # then three seconds at 3 inside at most
+        stats.arrive(10.5 + i / 133.0, 1, 1 + i % 3)
+    assert stats.window(13.5, 3.5, queue_depth=0, in_system=0).in_system_peak == 9
+    assert stats.window(13.5, 1.0, queue_depth=0, in_system=0).in_system_peak == 3

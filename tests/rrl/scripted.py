@@ -165,7 +165,28 @@ class ScriptedGateway(ModelControl):
             arrived=arrived,
             arrived_rows=arrived,
             in_system=in_system,
+            in_system_peak=self._peak_inside(since, now),
         )
+
+    def _peak_inside(self, since: float, now: float) -> int:
+        """The most requests inside (arrived, not yet answered or refused) at once in
+        (since, now], as the gateway counts it at each arrival."""
+        inside, events = 0, []
+        for r in self._recent(since):
+            if r.arrived > now:
+                break
+            done = r.finished <= now  # False while unanswered (NaN)
+            if r.arrived <= since:
+                inside += not (r.finished <= since)
+            else:
+                events.append((r.arrived, 1))
+            if since < r.finished and done:
+                events.append((r.finished, -1))
+        peak = inside
+        for _, step in sorted(events):  # at one instant, answers (-1) before arrivals (+1)
+            inside += step
+            peak = max(peak, inside)
+        return peak
 
     def service_samples(
         self, model: str, version: int | str | None = None

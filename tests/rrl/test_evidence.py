@@ -58,42 +58,48 @@ def test_the_model_loses_its_veto_after_two_misses_in_three_and_regains_it() -> 
 
 def test_a_closed_loop_keeps_its_population_and_an_open_loop_does_not() -> None:
     closed = LoadKind()
-    for reading in [31, 32, 30, 32, 29, 31, 32, 30]:  # 32 clients, a few replies in transit
+    for reading in [32] * 16:  # 32 clients, all inside at once in every tick
         closed.observe(reading)
     assert closed.closed and closed.population == 32
     dipped = LoadKind()
-    for reading in [32, 32, 31, 18, 32, 32, 32, 32]:  # one tick the client held replies
+    for reading in [32, 32, 31, 18, 32, 32, 32, 32, 32, 30, 32, 32, 32, 32, 32, 32]:
+        dipped.observe(reading)  # three ticks the client held a few replies
+    assert dipped.closed and dipped.population == 32
+    for reading in [17, 31, 32, 20]:  # more dips, most readings still near it: still the loop
         dipped.observe(reading)
     assert dipped.closed and dipped.population == 32
-    for reading in [17, 32]:  # a second dip within the eight readings: still the loop
-        dipped.observe(reading)
-    assert dipped.closed and dipped.population == 32
-    for reading in [20, 16, 18, 20, 17, 19]:  # most readings far below it: another load
+    for reading in [20, 16, 18, 20, 17, 19, 18, 20, 17]:  # most readings far below it
         dipped.observe(reading)
     assert not dipped.closed
-    two_dips = LoadKind()
-    for reading in [32, 18, 31, 17, 32, 32, 32, 32]:  # not steady enough to begin a loop
-        two_dips.observe(reading)
-    assert not two_dips.closed
+    too_many_dips = LoadKind()
+    for reading in [32, 18, 31, 17, 32, 32, 32, 32, 29, 32, 32, 32, 32, 30, 32, 32]:
+        too_many_dips.observe(reading)  # 12 of 16 on the largest would begin one; 11 do not
+    assert not too_many_dips.closed
     spilled = LoadKind()
-    for reading in [31, 32, 30, 32, 29, 31, 32, 30, 45]:  # more inside than 32 clients hold
+    for reading in [32] * 16 + [33]:  # more inside than 32 clients hold
         spilled.observe(reading)
     assert not spilled.closed
     emptied = LoadKind()
-    for reading in [31, 32, 30, 32, 29, 31, 32, 30, 0]:  # a closed loop's model never empties
+    for reading in [32] * 16 + [0]:  # a tick with nobody inside: no loop holds its clients
         emptied.observe(reading)
     assert not emptied.closed
-    rng = np.random.default_rng(7)
     open_loop = LoadKind()
-    for reading in rng.poisson(12.0, size=8):  # the same mean load, arriving at random
-        open_loop.observe(int(reading))
-    assert not open_loop.closed
+    # Poisson at 600/s on four-request batches (the scripted gateway's peaks): they crowd
+    # together, but the largest comes now and then, not in three ticks of four.
+    for reading in [9, 8, 10, 8, 8, 7, 9, 10, 8, 8, 11, 9, 8, 9, 10, 8, 8, 8, 8, 8, 7, 8]:
+        open_loop.observe(reading)
+        assert not open_loop.closed
+    rng = np.random.default_rng(7)
+    busy = LoadKind()
+    for reading in rng.poisson(12.0, size=64):  # a burstier peak
+        busy.observe(int(reading))
+        assert not busy.closed
     trickle = LoadKind()
-    for reading in [1, 0, 1, 1, 0, 1, 1, 1]:  # empties now and then: open
+    for reading in [1, 0, 1, 1, 0, 1, 1, 1] * 2:  # empties now and then: open
         trickle.observe(reading)
     assert not trickle.closed
     young = LoadKind()
-    for reading in [32] * 7:  # too few readings to say
+    for reading in [32] * 15:  # too few readings to say
         young.observe(reading)
     assert not young.closed
 
@@ -144,7 +150,7 @@ def test_a_model_that_missed_the_incumbent_twice_has_its_candidates_tried_on_mea
 
 def test_a_closed_loop_ranks_the_neighbours_by_the_closed_loop_rule() -> None:
     policy = calibrated_policy()
-    for _ in range(8):
+    for _ in range(policy.load_kind.readings):
         policy.load_kind.observe(32)
     step = policy.choose()
     assert step.kind == "explore" and "closed loop of 32 requests" in step.reason
@@ -174,7 +180,7 @@ def test_a_closed_loops_windows_are_compared_as_measured_not_normalised_by_rate(
     policy = calibrated_policy()
     # Open loop: the model's ratio between the two rates scales the value.
     assert policy._normalise(INCUMBENT, 10.0, 150.0, 100.0) != 10.0
-    for _ in range(8):
+    for _ in range(policy.load_kind.readings):
         policy.load_kind.observe(32)
     # Closed loop: the faster configuration served more requests by Little's law; its rate is
     # its own doing, so its value stands as measured.
@@ -210,7 +216,7 @@ def test_a_closed_loops_window_is_valued_by_littles_law_and_holds_ten_rounds() -
         policy.load_kind.window_requests(policy.settings.min_requests)
         == policy.settings.min_requests
     )
-    for _ in range(8):
+    for _ in range(policy.load_kind.readings):
         policy.load_kind.observe(32)
     # 32 requests always in, 500 answered a second: 64 ms each, whatever one window's p95 read.
     assert policy.value_of(INCUMBENT, m) == policy.objective(INCUMBENT, window(64.0, 1000))
@@ -238,13 +244,13 @@ def test_the_measured_search_has_a_budget_of_trials_per_state() -> None:
 def test_a_closed_loops_own_rate_moves_are_not_a_new_workload_but_another_loop_is() -> None:
     loop = LoadKind()
     assert not loop.same_loop()  # open loop: every rate level is a workload
-    for reading in [32, 31, 32, 30, 32, 32, 31, 32]:
+    for reading in [32, 31, 32, 30, 32, 32, 32, 32] * 2:
         loop.observe(reading)
     assert loop.same_loop()  # what a faster configuration answers is the same 32 clients
-    for reading in [128, 126, 128, 127, 128, 128, 125, 128]:
+    for reading in [128, 126, 128, 128, 128, 128, 125, 128] * 2:
         loop.observe(reading)
     assert not loop.same_loop()  # 128 clients: a new workload
-    for reading in np.random.default_rng(3).poisson(20.0, size=8):
+    for reading in np.random.default_rng(3).poisson(20.0, size=16):
         loop.observe(int(reading))
     assert not loop.same_loop()
 
@@ -342,10 +348,10 @@ def test_a_lead_within_the_noise_is_not_followed() -> None:
 
 def test_a_full_queue_that_refuses_is_not_a_closed_loop() -> None:
     overloaded = LoadKind()
-    for _ in range(8):  # the queue held at its bound, arrivals beyond it refused
+    for _ in range(16):  # the queue held at its bound, arrivals beyond it refused
         overloaded.observe(512, refused=40)
     assert not overloaded.closed
-    for _ in range(7):
+    for _ in range(15):
         overloaded.observe(512)
     overloaded.observe(512, refused=1)
     assert not overloaded.closed  # one refusal starts the readings over
@@ -411,7 +417,7 @@ def closed_loop_policy(monkeypatch: pytest.MonkeyPatch, predicted_ms: dict[Knobs
     """A calibrated policy under a closed loop of 32 requests whose closed-loop simulation
     predicts ``predicted_ms`` per request (100 ms for any other configuration)."""
     policy = calibrated_policy()
-    for _ in range(8):
+    for _ in range(policy.load_kind.readings):
         policy.load_kind.observe(32)
     monkeypatch.setattr(
         policy.queue_model,
