@@ -346,10 +346,9 @@ class Policy:
     def _closed_loop_pick(self, pool: list[Knobs]) -> tuple[Knobs, str]:
         """The configuration the closed-loop simulation predicts fastest per request, and why."""
         assert self.incumbent is not None
-        population, model = self.load_kind.population, self.queue_model
-        best = min(pool, key=lambda c: _or_inf(model.closed_loop_ms(c, population)))
-        ms = model.closed_loop_ms(best, population)
-        mine = model.closed_loop_ms(self.incumbent, population)
+        population = self.load_kind.population
+        mine, *theirs = self.queue_model.closed_loop_many([self.incumbent, *pool], population)
+        ms, best = min(zip(theirs, pool, strict=True), key=lambda h: _or_inf(h[0]))
         predicted = "unknown" if ms is None else f"{ms:.1f}ms"
         against = "" if mine is None else f" against the incumbent's {mine:.1f}ms"
         return best, (
@@ -386,16 +385,14 @@ class Policy:
         needs a batch size or timeout to go with it, two or three notches away, where each
         single notch on the way measures worse."""
         assert self.incumbent is not None
-        population, model, budget = self.load_kind.population, self.queue_model, self.budget
-        mine = model.closed_loop_ms(self.incumbent, population)
-        if mine is None:
-            return []
+        population, budget = self.load_kind.population, self.budget
         # A batch larger than the loop's population forms as the smallest one that holds it
         # (and batch 1 never waits): simulating those again says nothing new.
         holds = min((b for b in self.space.batch_sizes if b >= population), default=math.inf)
-        scored = []
-        for c in self.space:
-            if (
+        grid = [
+            c
+            for c in self.space
+            if not (
                 c.max_batch_size > holds
                 or (c.max_batch_size == 1 and c.batch_timeout_ms > 0)
                 or c.concurrency * c.intra_op_threads > self.cores
@@ -403,11 +400,15 @@ class Policy:
                 or c == self.incumbent
                 or self.memory.was_rejected(key, c)
                 or (budget is not None and not budget.fits(self.model, c))
-            ):
-                continue
-            ms = model.closed_loop_ms(c, population)
-            if ms is not None and ms < mine * (1.0 - self._trial_margin()):
-                scored.append((ms, c))
+            )
+        ]
+        mine, *theirs = self.queue_model.closed_loop_many([self.incumbent, *grid], population)
+        if mine is None:
+            return []
+        bar = mine * (1.0 - self._trial_margin())
+        scored = [
+            (ms, c) for ms, c in zip(theirs, grid, strict=True) if ms is not None and ms < bar
+        ]
         scored.sort(key=lambda h: (h[0], h[1]))
         return [c for _, c in scored[: self.settings.closed_loop_leads]]
 

@@ -421,8 +421,8 @@ def closed_loop_policy(monkeypatch: pytest.MonkeyPatch, predicted_ms: dict[Knobs
         policy.load_kind.observe(32)
     monkeypatch.setattr(
         policy.queue_model,
-        "closed_loop_ms",
-        lambda config, population: predicted_ms.get(config, 100.0),
+        "closed_loop_many",
+        lambda configs, population: [predicted_ms.get(c, 100.0) for c in configs],
     )
     return policy
 

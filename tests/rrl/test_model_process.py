@@ -97,3 +97,27 @@ def test_the_agents_simulations_all_run_where_the_model_sends_them(
     assert uncalibrated >= 1 and len(where) > uncalibrated
     assert normalised != 10.0 and normalised > 0
     assert threading.get_ident() not in where
+
+
+def test_the_closed_loop_simulations_run_where_the_model_sends_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A grid's closed-loop simulations, asked in one go after the service times moved: in the
+    # gateway's process they held the interpreter lock its event loop needs.
+    where: list[int] = []
+    simulate = QueueModel._closed_loop_ms
+
+    def recorded(self: QueueModel, config: Knobs, population: int) -> float | None:
+        where.append(threading.get_ident())
+        return simulate(self, config, population)
+
+    monkeypatch.setattr(QueueModel, "_closed_loop_ms", recorded)
+    grid = [Knobs(b, t, c, 1, 1) for b in (8, 32) for t in (0.0, 2.0) for c in (1, 2)]
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        model = _model()
+        model.executor = pool
+        there = model.closed_loop_many(grid, 32)
+        assert model.closed_loop_many(grid, 32) == there  # the second time from the cache
+    assert len(where) == len(grid) and threading.get_ident() not in where
+    assert there == [_model().closed_loop_ms(c, 32) for c in grid]  # the same figures
+    assert all(ms is not None for ms in there)
