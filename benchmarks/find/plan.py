@@ -40,6 +40,10 @@ class Start:
     path: bool = False
 
 
+SWEEP_CONNECTIONS = (1, 8, 32, 128)
+"""A user's sweep, the ``after_path`` start: each of these below the load (all of them before
+an open loop), whichever loads the run measures."""
+
 STARTS = (
     Start("default"),
     Start("batch1", Knobs(1, 0.0, 1, 1, 1)),

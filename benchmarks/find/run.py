@@ -11,7 +11,16 @@ from typing import Any
 
 from benchmarks.common import BenchRun
 from benchmarks.find import measure, report
-from benchmarks.find.plan import FULL, NAME, QUICK, Load, Plan, Start, static_grid
+from benchmarks.find.plan import (
+    FULL,
+    NAME,
+    QUICK,
+    SWEEP_CONNECTIONS,
+    Load,
+    Plan,
+    Start,
+    static_grid,
+)
 from benchmarks.tuner.run import build_repo
 from models.knobs import Knobs
 from models.repository import ModelVersion, scan_repository
@@ -242,11 +251,10 @@ def agent_run(
 
 def walk_path(plan: Plan, base: str, model: str, body: bytes, load: Load) -> None:
     """A user's sweep before the load: a burst of the other model, then each lower closed
-    loop of this one, ``plan.path_step_s`` each."""
+    loop of this one (``SWEEP_CONNECTIONS``), ``plan.path_step_s`` each."""
     other = next(m for m in MODELS if m != model)
     measure.closed(base, other, measure.json_body(base, other), 32, plan.path_step_s)
-    lower = [int(x.level) for x in plan.loads if x.kind == "closed"]
-    for c in lower:
+    for c in SWEEP_CONNECTIONS:
         if load.kind == "open" or c < load.level:
             measure.closed(base, model, body, c, plan.path_step_s)
 
@@ -270,6 +278,8 @@ def plan_doc(plan: Plan) -> dict[str, Any]:
         "run_s": plan.run_s,
         "measured_s": plan.measured_s,
         "slice_s": plan.slice_s,
+        "path_step_s": plan.path_step_s,
+        "sweep_connections": list(SWEEP_CONNECTIONS),
         "repeats": plan.repeats,
     }
 
