@@ -40,17 +40,35 @@ ServiceTime = Callable[[Knobs, int], float]
 
 
 class VirtualClock:
-    """A monotonic clock that moves only when the agent sleeps."""
+    """A monotonic clock that moves only when the agent sleeps. A sleep that would pass
+    ``pause_at`` stops there until ``resume``: ``run_agent``'s actions run at their exact time
+    on the clock, whatever the real time the agent's decisions take (an action polled for in
+    real time once ran at 54.9 s on a quiet machine and at a later clock on a busy one)."""
 
     def __init__(self, start: float = 1000.0) -> None:
         self.now = start
+        self.pause_at = math.inf
+        self.paused = asyncio.Event()
+        self._resume = asyncio.Event()
 
     def __call__(self) -> float:
         return self.now
 
     async def sleep(self, seconds: float) -> None:
-        self.now += max(seconds, 0.0)
+        target = self.now + max(seconds, 0.0)
+        while target >= self.pause_at:
+            self.now = max(self.now, self.pause_at)
+            self.paused.set()
+            await self._resume.wait()
+        self.now = target
         await asyncio.sleep(0)
+
+    def resume(self, pause_at: float = math.inf) -> None:
+        """Let a paused sleep go on, to stop again at ``pause_at``."""
+        self.pause_at = pause_at
+        self.paused.clear()
+        resume, self._resume = self._resume, asyncio.Event()
+        resume.set()
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,19 +335,27 @@ async def run_agent(
 ) -> None:
     """Run ``agent`` until the clock has moved ``seconds`` (its simulations in a thread of this
     process: they take no time on the clock), running each of ``at``'s actions (an operator's,
-    say) once the clock has moved its seconds."""
+    say) when the clock reaches its seconds, the agent held still meanwhile (an action that
+    fails fails the run here, not inside the agent, which would log it and go on)."""
     begin = clock.now
     end = begin + seconds
     pending = sorted(at, key=lambda a: a[0])
+
+    def next_pause() -> float:
+        return begin + pending[0][0] if pending else math.inf
+
+    clock.resume(next_pause())
     task = asyncio.create_task(agent.run())
     try:
         while clock.now < end:
             if task.done():
                 task.result()  # an agent that stopped says why
-            while pending and clock.now >= begin + pending[0][0]:
+            if clock.paused.is_set():
                 await pending.pop(0)[1]()
+                clock.resume(next_pause())
             await asyncio.sleep(0.001)
     finally:
+        clock.resume()
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
