@@ -268,6 +268,32 @@ def tree_cpu_seconds(root: int) -> float:
     return total
 
 
+def source_commit(root: Path | None = None) -> str | None:
+    """The commit of the checkout the benchmark runs from, ``+changes`` when tracked files
+    differ from it (the figures are then not that commit's); None outside a git checkout."""
+    root = root or Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        changed = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{head}+changes" if changed else head or None
+
+
 def machine_cpu_seconds() -> dict[str, float] | None:
     """The whole machine's CPU seconds (all cores) by kind since boot, from /proc/stat's first
     line: ``PROC_STAT_FIELDS`` (guest time is already counted in user)."""

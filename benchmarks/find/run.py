@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import BenchRun
+from benchmarks.common import BenchRun, source_commit
 from benchmarks.find import measure, report
 from benchmarks.find.plan import (
     FULL,
@@ -30,6 +30,7 @@ MODELS = ("sensor_mlp", "vision_cnn")
 
 def run(plan: Plan, out_dir: Path | None, *, quick: bool, statics_from: Path | None = None) -> Path:
     bench = BenchRun(NAME, quick, out_dir)
+    code = source_commit()  # the gateways of the whole run start from this checkout
     runs: list[dict[str, Any]] = []
     with bench.workdir() as tmp:
         repo = build_repo(MODELS, tmp / "repo")
@@ -72,6 +73,10 @@ def run(plan: Plan, out_dir: Path | None, *, quick: bool, statics_from: Path | N
             "gateway per run; poor starts set by hand, then the agent resumed",
             # Not the same run: the agent's figures against another run's statics.
             "statics_from": None if statics_from is None else str(statics_from),
+            "code": code,
+            # Each gateway imports the checkout as it starts: a commit that moved meanwhile
+            # makes the run's figures those of two versions.
+            "code_at_end": source_commit(),
         },
     )
 

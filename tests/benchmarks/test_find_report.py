@@ -4,10 +4,13 @@ and a target the noise floor cannot resolve reported as such."""
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from benchmarks.common import source_commit
 from benchmarks.find.report import best_static, finalists, settle_s, summarize
 from benchmarks.wrk import parse_wrk
 from models.knobs import Knobs
@@ -121,3 +124,28 @@ def test_iotgw_bench_find_takes_its_own_selection(capsys: pytest.CaptureFixture[
     with pytest.raises(SystemExit) as exit_:
         main(["bench", "find", "--no-such-option"])
     assert exit_.value.code == 2
+
+
+def test_the_results_name_the_commit_they_ran_and_say_when_the_checkout_differed(
+    tmp_path: Path,
+) -> None:
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+
+    assert source_commit(tmp_path) is None  # not a checkout
+    git("init", "-q")
+    (tmp_path / "a.py").write_text("A = 1\n")
+    git("add", "a.py")
+    git("commit", "-qm", "one")
+    head = git("rev-parse", "--short", "HEAD")
+    assert source_commit(tmp_path) == head
+    (tmp_path / "notes.txt").write_text("untracked: not what runs\n")
+    assert source_commit(tmp_path) == head
+    (tmp_path / "a.py").write_text("A = 2\n")
+    assert source_commit(tmp_path) == f"{head}+changes"
