@@ -271,24 +271,16 @@ def tree_cpu_seconds(root: int) -> float:
 def source_commit(root: Path | None = None) -> str | None:
     """The commit of the checkout the benchmark runs from, ``+changes`` when tracked files
     differ from it (the figures are then not that commit's); None outside a git checkout."""
-    root = root or Path(__file__).resolve().parent.parent
+    where = root or Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=where, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        changed = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
+        head = git("rev-parse", "--short", "HEAD")
+        changed = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return None
     return f"{head}+changes" if changed else head or None

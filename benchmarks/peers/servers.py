@@ -103,11 +103,7 @@ def start_mlserver(
     argv = [str(env.mlserver), "start", str(folder)]
     server = MLServerProcess(argv, log_path=folder.parent / "mlserver.log", env=environ)
     base = f"http://{HOST}:{settings['http_port']}"
-    try:
-        _wait_models_ready(server, base, list(models), timeout_s, "MLServer")
-    except BaseException:
-        server.stop()
-        raise
+    _wait_models_ready(server, base, list(models), timeout_s, "MLServer")
     return server, base, settings
 
 
@@ -194,11 +190,7 @@ def _start_triton_once(
     argv = [str(env.python), str(TRITON_SCRIPT), str(folder / "config.json")]
     server = InterruptedProcess(argv, log_path=folder.parent / "triton.log", env=environ)
     base = f"http://{HOST}:{config['http_port']}"
-    try:
-        _wait_models_ready(server, base, list(models), timeout_s, "Triton")
-    except BaseException:
-        server.stop()
-        raise
+    _wait_models_ready(server, base, list(models), timeout_s, "Triton")
     return server, base, config
 
 
@@ -231,6 +223,18 @@ class InterruptedProcess(ServerProcess):
 
 
 def _wait_models_ready(
+    server: ServerProcess, base: str, names: list[str], timeout_s: float, label: str
+) -> None:
+    """Return once every model answers ready; otherwise (the server exited, the time ran out,
+    an interrupt) stop the server and raise."""
+    try:
+        _poll_models_ready(server, base, names, timeout_s, label)
+    except BaseException:
+        server.stop()
+        raise
+
+
+def _poll_models_ready(
     server: ServerProcess, base: str, names: list[str], timeout_s: float, label: str
 ) -> None:
     deadline = time.monotonic() + timeout_s
