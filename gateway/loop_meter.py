@@ -20,6 +20,12 @@ at 50 requests/s on sensor_mlp against about 0.3 ms in a burst. So over the rece
 Either way it is at most that lowest figure. Without the fit, a quiet start (a diurnal night at
 60-160 requests/s) read 0.6 ms a request, and the agent's model then predicted 38 ms of p95 at
 650 requests/s where the gateway measured 1.5 ms.
+
+The loop also works per batch (forming it, the executor's crossing and wake-up, the fan-out),
+which the model charges apart (its ``per_batch_s``): asked with that cost, the meter nets it
+out of each stretch's CPU by the batches the stretch dispatched, so that the same work is not
+charged twice, once per batch and again spread over the requests of the batch sizes that ran
+while it measured.
 """
 
 from __future__ import annotations
@@ -43,13 +49,17 @@ class Stretch:
     cpu_s: float
     wall_s: float
     requests: int
+    batches: int = 0
 
 
-def per_request_cost(stretches: Sequence[Stretch]) -> float | None:
-    """The loop's CPU per request net of its fixed work per second (see the module)."""
+def per_request_cost(stretches: Sequence[Stretch], per_batch_s: float = 0.0) -> float | None:
+    """The loop's CPU per request net of its fixed work per second and of ``per_batch_s`` per
+    batch dispatched (see the module); never below zero."""
     if not stretches:
         return None
-    per_request = np.array([s.cpu_s / s.requests for s in stretches])
+    per_request = np.array(
+        [max(s.cpu_s - per_batch_s * s.batches, 0.0) / s.requests for s in stretches]
+    )
     seconds_per_request = np.array([max(s.wall_s, 1e-9) / s.requests for s in stretches])
     upper = float(per_request.min())
     spread = seconds_per_request.max() / seconds_per_request.min()
@@ -62,36 +72,43 @@ def per_request_cost(stretches: Sequence[Stretch]) -> float | None:
 
 
 class LoopMeter:
+    """``requests`` and ``batches``: counters of the requests that reached the models and the
+    batches they ran in, since the start."""
+
     def __init__(
         self,
         requests: Callable[[], int],
+        batches: Callable[[], int] = lambda: 0,
         *,
         min_requests: int = MIN_REQUESTS,
         clock: Callable[[], float] = time.thread_time,
         wall: Callable[[], float] = time.monotonic,
     ) -> None:
         self._requests = requests
+        self._batches = batches
         self._min_requests = min_requests
         self._clock = clock
         self._wall = wall
         self._thread: int | None = None
-        self._since: tuple[float, float, int] | None = None
+        self._since: tuple[float, float, int, int] | None = None
         self._stretches: deque[Stretch] = deque(maxlen=STRETCHES)
-        self._estimate: float | None = None
+        self._estimate: tuple[float, float | None] | None = None  # (per batch, per request)
 
-    def per_request_s(self) -> float | None:
-        """CPU seconds the loop spent per request (see the module); None until a stretch of at
-        least ``min_requests`` requests has passed."""
+    def per_request_s(self, per_batch_s: float = 0.0) -> float | None:
+        """CPU seconds the loop spent per request, net of ``per_batch_s`` per batch (see the
+        module); None until a stretch of at least ``min_requests`` requests has passed."""
         me = threading.get_ident()
         if self._thread is None:
             self._thread = me
         if me == self._thread:
-            now = (self._clock(), self._wall(), self._requests())
+            now = (self._clock(), self._wall(), self._requests(), self._batches())
             if self._since is None:
                 self._since = now
             elif now[2] - self._since[2] >= self._min_requests:
-                cpu, wall, n = (a - b for a, b in zip(now, self._since, strict=True))
-                self._stretches.append(Stretch(cpu, wall, int(n)))
+                cpu, wall, n, batches = (a - b for a, b in zip(now, self._since, strict=True))
+                self._stretches.append(Stretch(cpu, wall, int(n), int(batches)))
                 self._since = now
-                self._estimate = per_request_cost(self._stretches)
-        return self._estimate
+                self._estimate = None
+        if self._stretches and (self._estimate is None or self._estimate[0] != per_batch_s):
+            self._estimate = (per_batch_s, per_request_cost(self._stretches, per_batch_s))
+        return None if self._estimate is None else self._estimate[1]

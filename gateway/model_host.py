@@ -115,6 +115,8 @@ class ModelHost:
         self._requests = RequestStats(slo_s=config.slo_ms / 1000.0)
         self.arrived_total = 0
         """Requests that reached ``infer`` since the start (the tuner's loop meter)."""
+        self.batches_total = 0
+        """Batches run since the start (the tuner's loop meter)."""
         # Requests inside ``infer``: a version swapped out is closed only once they are answered.
         self._in_flight = 0
         self._idle = asyncio.Event()
@@ -329,6 +331,7 @@ class ModelHost:
         self._queue_depth_gauge.set(self._batcher.queue_depth)
 
     def _record_batch(self, record: BatchRecord) -> None:
+        self.batches_total += 1
         self._batch_rows.observe(record.rows)
         self._compute_seconds.observe(record.compute_s)
         for q in record.queue_s:

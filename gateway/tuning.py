@@ -29,6 +29,7 @@ from typing import Any
 from gateway.errors import NotFound
 from gateway.loop_meter import LoopMeter
 from gateway.metrics import GatewayMetrics
+from gateway.model_host import ModelHost
 from gateway.service import InferenceService
 from gateway.settings import TunerSettings
 from models.extras import TUNER_MODULES, install_hint, missing
@@ -59,7 +60,7 @@ class AgentControl(ModelControl):
 
     def __init__(self, service: InferenceService) -> None:
         self._service = service
-        self._loop_meter = LoopMeter(self._arrived)
+        self._loop_meter = LoopMeter(self._arrived, self._batches)
 
     def knobs(self, model: str, version: int | str | None = None) -> Knobs:
         return self._service.knobs(model, version)
@@ -77,15 +78,22 @@ class AgentControl(ModelControl):
     ) -> dict[int, tuple[float, ...]]:
         return self._service.host(model, version).service_samples()
 
-    def front_end_s(self) -> float | None:
-        return self._loop_meter.per_request_s()
+    def front_end_s(self, per_batch_s: float = 0.0) -> float | None:
+        return self._loop_meter.per_request_s(per_batch_s)
 
     def _arrived(self) -> int:
         """Requests that reached the served versions of every model so far."""
+        return self._total(lambda host: host.arrived_total)
+
+    def _batches(self) -> int:
+        """Batches the served versions of every model ran so far."""
+        return self._total(lambda host: host.batches_total)
+
+    def _total(self, count: Callable[[ModelHost], int]) -> int:
         total = 0
         for name in self._service.model_names():
-            with contextlib.suppress(Exception):  # unloaded or unavailable: nothing arrives
-                total += self._service.host(name).arrived_total
+            with contextlib.suppress(Exception):  # unloaded or unavailable: nothing counted
+                total += count(self._service.host(name))
         return total
 
 

@@ -49,10 +49,10 @@ class ModelControl(ABC):
         default) the agent predicts nothing and keeps its incumbent."""
         return {}
 
-    def front_end_s(self) -> float | None:
+    def front_end_s(self, per_batch_s: float = 0.0) -> float | None:
         """What the event loop spends per request (CPU seconds, over its recent requests of
-        every model), which the queueing model charges on its one loop; None (this default)
-        while unknown, and the model keeps its prior."""
+        every model) besides ``per_batch_s`` per batch, which the queueing model charges on
+        its one loop; None (this default) while unknown, and the model keeps its prior."""
         return None
 
 

@@ -236,7 +236,8 @@ class ModelAgent:
         samples = self.control.service_samples(self.model)
         if samples and (self._service_fresh or not queue_model.measured_settings()):
             queue_model.observe_service((current.concurrency, current.intra_op_threads), samples)
-        if (per_request_s := self.control.front_end_s()) is not None:
+        per_batch_s = queue_model.settings.per_batch_s
+        if (per_request_s := self.control.front_end_s(per_batch_s)) is not None:
             queue_model.observe_front_end(per_request_s)
 
     async def _collect(self, applied_at: float) -> tuple[Measurement | None, str | None]:

@@ -229,40 +229,42 @@ class Policy:
                 f"{gap} incumbent window(s) before the next trial",
                 self._predict(self.incumbent, arrivals),
             )
-        verdict = decide(
-            self.queue_model,
-            arrivals,
-            self.incumbent,
-            self._candidates(arrivals),
-            self.settings.gate,
-        )
-        if verdict.candidate is not None and self.load_kind.closed:
-            # The gate predicts an open loop's queue at the arrival rate; a closed loop's rate
-            # is what the incumbent serves, so the gate's gains there are not evidence.
-            verdict = replace(
-                verdict,
-                candidate=None,
-                reason=f"{verdict.reason}; not tried: a closed loop of "
-                f"{self.load_kind.population} requests, which the open-loop prediction does not "
-                "model (the closed-loop simulation ranks the measured search)",
-            )
+        verdict = self._verdict(arrivals)
         self.verdict, self._gated_at = verdict, self._clock()
         candidate, not_tried = verdict.candidate, ""
         if candidate is None and self.settings.measured_search:
-            measured, why = self._measured_candidate(arrivals, verdict)
+            measured, why, predicted = self._measured_candidate(arrivals, verdict)
             if measured is not None:
                 key = self._key()
                 self._searched[key] = self._searched.get(key, 0) + 1
-                return self._start_trial(measured, why, verdict, blind=True)
+                return self._start_trial(measured, why, verdict, blind=not predicted)
             not_tried = f"; {why}" if why else ""
         if candidate is None:
             held_back = self._held_back(arrivals)
-            if self.queue_model.calibrated and verdict.considered and not held_back:
+            concluded = self.load_kind.closed or (
+                self.queue_model.calibrated and verdict.considered > 0
+            )
+            if concluded and not held_back:
                 # Nothing to try at this load (and no cores wanted from the budget): rest.
                 self._asked = (self._key(), self.incumbent)
             reason = verdict.reason + not_tried + held_back
             return Step(self.incumbent, "exploit", reason, verdict.incumbent, verdict)
         return self._start_trial(candidate, verdict.reason, verdict)
+
+    def _verdict(self, arrivals: Arrivals) -> Verdict:
+        """The gate's verdict on the grid's shortlist and the tuner's proposal; in a closed
+        loop, none: the gate predicts an open loop's queue at the arrival rate, while a closed
+        loop's rate is what the incumbent serves, so the gate's gains there are not evidence,
+        and screening the grid for them would take the cores the loop is measured on."""
+        assert self.incumbent is not None
+        if self.load_kind.closed:
+            reason = (
+                f"a closed loop of {self.load_kind.population} requests, which the open-loop "
+                "prediction does not model (the closed-loop simulation ranks the measured search)"
+            )
+            return Verdict(None, None, None, 0.0, 0.0, 0, reason)
+        candidates = self._candidates(arrivals)
+        return decide(self.queue_model, arrivals, self.incumbent, candidates, self.settings.gate)
 
     def _start_trial(
         self, candidate: Knobs, reason: str, verdict: Verdict, *, blind: bool = False
@@ -289,7 +291,9 @@ class Policy:
         )
         return Step(candidate, "explore", reason, verdict.best, verdict)
 
-    def _measured_candidate(self, arrivals: Arrivals, verdict: Verdict) -> tuple[Knobs | None, str]:
+    def _measured_candidate(
+        self, arrivals: Arrivals, verdict: Verdict
+    ) -> tuple[Knobs | None, str, bool]:
         """The next configuration to measure near the incumbent when the gate let nothing
         through: the agent rests only once every neighbour (``rrl.agent.evidence.neighbours``)
         lost a measured trial in this state, not on a prediction. In a closed loop (which the
@@ -301,22 +305,25 @@ class Policy:
         lose to the incumbent even by its optimistic bound (the bound that has held for the
         incumbent). (None, why not) when there is none: none left to measure, the search's budget
         (``measured_trials``) spent in this state, every one ruled out by a model whose
-        predictions held, or the model's error not proven yet (open loop)."""
+        predictions held, or the model's error not proven yet (open loop). The third value:
+        whether a predicted gain stands behind the pick (a closed-loop lead: the closed-loop
+        simulation puts it faster than the incumbent by more than a trial's margin), which
+        then need not win by twice the noise."""
         assert self.incumbent is not None
         closed = self.load_kind.closed
         # An overloaded incumbent's windows never calibrate the model (refusals cap their
         # p95), so waiting for a proven model there would keep the overload for good.
         unproven = not self.queue_model.calibrated
         if not closed and unproven and not self._incumbent_violates():
-            return None, ""
+            return None, "", False
         key, budget = self._key(), self.budget
         if (searched := self._searched.get(key, 0)) >= self.settings.measured_trials:
-            return None, f"the measured search ran its {searched} trials in this state"
+            return None, f"the measured search ran its {searched} trials in this state", False
         # What lies beyond a candidate that led comes first: ties in the ranking go to it.
         further = [c for c in self._further.get(key, []) if c != self.incumbent]
         near = neighbours(self.space, self.incumbent, self.cores)
-        if closed:
-            near = [*self._closed_loop_leads(key), *near]
+        leads = self._closed_loop_leads(key) if closed else []
+        near = [*leads, *near]
         pool = [
             c
             for c in dict.fromkeys([*further, *near])
@@ -324,11 +331,11 @@ class Policy:
             and not (budget is not None and not budget.fits(self.model, c))
         ]
         if not pool:
-            return None, "every neighbour lost a measured trial in this state"
+            return None, "every neighbour lost a measured trial in this state", False
         if closed:
             best, why = self._closed_loop_pick(pool)
             if (out := self._beyond_the_band(best, len(pool))) is not None:
-                return None, out
+                return None, out, False
         elif not self.trust.trusted or unproven:
             best = min(pool, key=lambda c: _or_inf(self.tuner.predict(c)))
             miss = self.trust.last_miss()
@@ -339,9 +346,9 @@ class Policy:
         else:
             pick, why = self._safe_pick(pool, arrivals, verdict)
             if pick is None:
-                return None, why
+                return None, why, False
             best = pick
-        return best, f"measured search: {why}; {len(pool)} neighbour(s) untried here"
+        return best, f"measured search: {why}; {len(pool)} neighbour(s) untried here", best in leads
 
     def _closed_loop_pick(self, pool: list[Knobs]) -> tuple[Knobs, str]:
         """The configuration the closed-loop simulation predicts fastest per request, and why."""
@@ -817,7 +824,11 @@ class Policy:
 
     def _calibrate(self, config: Knobs, measurement: Measurement) -> None:
         """Only a cached prediction calibrates now; the rest at the next step that asks the
-        model anyway (``_calibrate_pending``, all in one call), none while resting."""
+        model anyway (``_calibrate_pending``, all in one call), none while resting. Not a closed
+        loop's window: the model predicts an open loop's p95, and a closed loop's is its
+        clients' doing (the closed-loop band judges the closed-loop simulation instead)."""
+        if self.load_kind.closed:
+            return
         seen = Arrivals(
             measurement.arrival_rate_per_s, self.dispersion(), measurement.rows_per_request
         )

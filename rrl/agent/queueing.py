@@ -115,12 +115,13 @@ class ModelSettings:
     intra_op_speedup: float = 0.5
     """Service time scales as ``threads ** -speedup`` with intra-op threads (0.5: sub-linear; the
     small graphs served at the edge parallelise poorly)."""
-    per_batch_s: float = 0.0005
+    per_batch_s: float = 0.0003
     """The gateway's own cost per batch on its event loop (forming, the executor crossing and
     its wake-ups, concatenation, fan-out), which the service times it measures inside the
-    runtime call leave out: a prior, so batch size 1 is not predicted to keep up with any rate
-    a tiny model's call time would allow (with the loop's 0.3 ms per request measured on
-    sensor_mlp over HTTP, it puts one instance's batch-1 capacity near the 1,100/s measured)."""
+    runtime call leave out, and which the loop meter nets out of its cost per request: a prior
+    (rrl/README, "The event loop's costs"), so batch size 1 is not predicted to keep up with
+    any rate a tiny model's call time would allow, and a closed loop that the loop limits is
+    predicted faster with fewer, fuller batches."""
     per_request_s: float = 0.0
     """The loop's CPU per request until the gateway has measured it (``observe_front_end``)."""
     min_error_ms: float = 0.2
@@ -497,12 +498,17 @@ class QueueModel:
         return [self._closed_cache[(c, population)] for c in configs]
 
     def _closed_loop_ms(self, config: Knobs, population: int) -> float | None:
+        per_batch_s = self.settings.per_batch_s
+
         def batch_s(rows: int) -> float | None:
             seconds = self.batch_seconds(config, rows)
-            # The loop's cost per request is paid serially below, not inside the batch.
-            return None if seconds is None else seconds - rows * self.per_request_s
+            # The loop's costs per request and per batch are paid on the loop below, one after
+            # another, not inside the batch.
+            return None if seconds is None else seconds - per_batch_s - rows * self.per_request_s
 
-        throughput = closed_loop_throughput(population, config, batch_s, self.per_request_s)
+        throughput = closed_loop_throughput(
+            population, config, batch_s, self.per_request_s, per_batch_s=per_batch_s
+        )
         if throughput is None or throughput <= 0:
             return None
         return 1000.0 * population / throughput

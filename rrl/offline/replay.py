@@ -268,6 +268,7 @@ def closed_loop_throughput(
     batch_s: Callable[[int], float | None],
     per_request_s: float,
     *,
+    per_batch_s: float = 0.0,
     batches: int = 400,
 ) -> float | None:
     """Requests answered per second by a closed loop of ``population`` clients that send again
@@ -284,7 +285,9 @@ def closed_loop_throughput(
     the last three quarters of ``batches`` batches, after the loop has settled."""
     if population < 1 or config.concurrency < 1:
         return None
-    answered = _closed_loop_answers(population, config, batch_s, per_request_s, batches)
+    answered = _closed_loop_answers(
+        population, config, batch_s, per_request_s, per_batch_s, batches
+    )
     if answered is None:
         return None
     settled = answered[len(answered) // 4 :]
@@ -297,6 +300,7 @@ def _closed_loop_answers(
     config: Knobs,
     batch_s: Callable[[int], float | None],
     per_request_s: float,
+    per_batch_s: float,
     batches: int,
 ) -> list[tuple[float, int]] | None:
     """(done at, rows) of the closed loop's first ``batches`` batches, in the order they end;
@@ -314,7 +318,7 @@ def _closed_loop_answers(
     while len(answered) < batches:
         decoded = max(loop_free, sending[0]) + per_request_s if sending else math.inf
         finish = running[0][0] if running else math.inf
-        start = _closed_loop_start(queued, max(free[0], now), max_batch, timeout_s)
+        start = _closed_loop_start(queued, max(free[0], now, loop_free), max_batch, timeout_s)
         now = min(finish, decoded, start)
         if now == math.inf:
             return None
@@ -335,8 +339,11 @@ def _closed_loop_answers(
             seconds = cache[rows]
             if seconds is None or seconds <= 0:
                 return None
-            heapq.heapreplace(free, now + seconds)
-            heapq.heappush(running, (now + seconds, rows))
+            # The loop forms the batch and hands it over (its cost per batch) before the
+            # instance starts: more, smaller batches cost the loop more.
+            loop_free = now + per_batch_s
+            heapq.heapreplace(free, loop_free + seconds)
+            heapq.heappush(running, (loop_free + seconds, rows))
     return answered
 
 

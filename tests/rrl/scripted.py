@@ -215,7 +215,7 @@ class ScriptedGateway(ModelControl):
             for b, t in self._batches.get((k.concurrency, k.intra_op_threads), {}).items()
         }
 
-    def front_end_s(self) -> float | None:
+    def front_end_s(self, per_batch_s: float = 0.0) -> float | None:
         return FRONT_END_S
 
     # -- what was served -----------------------------------------------------------------------

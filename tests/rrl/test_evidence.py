@@ -488,10 +488,51 @@ def test_a_closed_loop_is_not_searched_on_the_open_loop_gates_gains(
     step = policy.choose()
     assert (step.kind, step.config) == ("explore", gated)  # an open loop: tried on the gate's word
     closed = closed_loop_policy(monkeypatch, {INCUMBENT: 50.0})
+    asked: list[object] = []
+    monkeypatch.setattr("rrl.agent.policy.decide", lambda *args, **kwargs: asked.append(args))
+    monkeypatch.setattr("rrl.agent.policy.screen", lambda *args, **kwargs: asked.append(args))
     step = closed.choose()
     assert step.kind == "explore" and step.reason.startswith("measured search"), step.reason
     assert closed.verdict is not None and closed.verdict.candidate is None
     assert "does not model" in closed.verdict.reason
+    assert asked == []  # not even screened: the simulations would take the loop's cores
+
+
+def test_a_closed_loops_windows_do_not_calibrate_the_open_loop_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The queueing model predicts an open loop's p95; 32 clients always waiting make a
+    window's p95 their own doing, which would teach the model an offset it must not carry to
+    the next open loop."""
+    closed = closed_loop_policy(monkeypatch, {INCUMBENT: 30.0})
+    before = list(closed.queue_model._residuals)
+    for _ in range(3):
+        closed.learn(Step(INCUMBENT, "exploit"), served(30.0))
+    closed.choose()
+    assert list(closed.queue_model._residuals) == before
+    opened = calibrated_policy()
+    before = list(opened.queue_model._residuals)
+    opened.learn(Step(INCUMBENT, "exploit"), served(30.0))
+    opened.choose()
+    assert len(opened.queue_model._residuals) == len(before) + 1
+
+
+def test_a_closed_loop_lead_is_tried_at_the_margin_and_a_plain_neighbour_at_twice_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A configuration the closed-loop simulation puts faster than the incumbent by more than
+    a trial's margin has a prediction behind it: its trial asks for the margin; a neighbour
+    the simulation puts no faster is measured blind, at twice the margin."""
+    lead = Knobs(32, 8.0, 2, 1, 1)
+    policy = closed_loop_policy(monkeypatch, {INCUMBENT: 50.0, lead: 30.0})
+    step = policy.choose()
+    assert (step.kind, step.config) == ("explore", lead), step.reason
+    assert policy.trial is not None and policy.trial.margin == policy._trial_margin()
+    near = neighbours(SPACE, INCUMBENT, 2)
+    plain = closed_loop_policy(monkeypatch, {INCUMBENT: 50.0, **{c: 49.0 for c in near}})
+    step = plain.choose()
+    assert step.kind == "explore" and step.config in near, step.reason
+    assert plain.trial is not None and plain.trial.margin == 2 * plain._trial_margin()
 
 
 def test_a_closed_loop_rests_on_its_time_per_request_not_on_its_clients_p95(

@@ -79,6 +79,30 @@ def test_a_fit_bent_by_noise_falls_back_to_the_upper_bound() -> None:
     assert per_request_cost(bent) == pytest.approx(0.0003)
 
 
+def test_the_loops_cost_per_batch_is_netted_out_of_its_cost_per_request() -> None:
+    # 0.2 ms a request and 0.3 ms a batch: batches of 1 read 0.5 ms a request, batches of 32
+    # about 0.21; netted of the batches each stretch ran, both read the request's own 0.2.
+    clock, wall, count, batches = [0.0], [0.0], [0], [0]
+    meter = LoopMeter(
+        lambda: count[0],
+        lambda: batches[0],
+        min_requests=100,
+        clock=lambda: clock[0],
+        wall=lambda: wall[0],
+    )
+    meter.per_request_s()
+    for rows in (1, 32):
+        n = 3200
+        clock[0] += 0.0002 * n + 0.0003 * (n // rows)
+        wall[0] += 1.0
+        count[0] += n
+        batches[0] += n // rows
+        meter.per_request_s()
+    assert meter.per_request_s() == pytest.approx(0.0002 + 0.0003 / 32)  # the bound, gross
+    assert meter.per_request_s(0.0003) == pytest.approx(0.0002)
+    assert meter.per_request_s(0.01) == 0.0  # a per-batch cost beyond all the loop spent
+
+
 def test_the_meter_fits_over_its_recent_stretches() -> None:
     clock, wall, count = [0.0], [0.0], [0]
     meter = LoopMeter(

@@ -8,17 +8,23 @@ from __future__ import annotations
 import pytest
 
 from models.knobs import Knobs
-from rrl.agent.queueing import Arrivals, QueueModel
+from rrl.agent.queueing import Arrivals, ModelSettings, QueueModel
 from rrl.tuners.objective import make_objective
 
 TINY = {1: [1e-5] * 10, 8: [1.2e-5] * 10, 32: [1.6e-5] * 10}
 """sensor_mlp's batches inside the runtime call: about 10 us whatever the size."""
 LOOP_S = 0.0003
 """The loop's CPU per request measured on sensor_mlp over HTTP."""
+BATCH_S = 0.0005
+"""The loop's cost per batch these rules are stated with (not the shipped prior's value)."""
 
 
 def _model(per_request_s: float = LOOP_S) -> QueueModel:
-    model = QueueModel(make_objective("latency", slo_ms=100.0, cores=2), cores=2)
+    model = QueueModel(
+        make_objective("latency", slo_ms=100.0, cores=2),
+        cores=2,
+        settings=ModelSettings(per_batch_s=BATCH_S),
+    )
     for setting in ((1, 1), (2, 1), (4, 1)):
         model.observe_service(setting, TINY)
     model.observe_front_end(per_request_s)
@@ -79,13 +85,18 @@ def test_a_tiny_models_service_time_wobble_keeps_the_cache_and_a_real_move_drops
 
 
 def test_a_closed_loop_is_predicted_on_the_loop_that_decodes_it_and_follows_its_cost() -> None:
-    """32 clients on sensor_mlp's batches: the loop's 0.3 ms per request (plus its 0.5 ms per
-    batch) caps them near 3,000/s whatever the instances, so each waits about 32 / 3,000 s; a
-    loop ten times cheaper is predicted about ten times faster, not from the cache."""
+    """32 clients on sensor_mlp's batches: with a timeout that lets the loop's 32 requests fill
+    one batch, the loop's 0.3 ms per request (plus its 0.5 ms per batch) caps them near
+    3,100/s whatever the instances, so each waits about 32 / 3,100 s; eager batching pays the
+    loop's cost per batch far more often and is predicted slower; a loop ten times cheaper is
+    predicted about ten times faster, not from the cache."""
     model = _model()
-    config = Knobs(32, 0.0, 2, 1, 1)
+    config = Knobs(32, 8.0, 2, 1, 1)
     slow = model.closed_loop_ms(config, 32)
-    assert slow is not None and 32 / 3400 * 1e3 < slow < 32 / 2500 * 1e3
+    assert slow is not None and 32 / 3400 * 1e3 < slow < 32 / 2800 * 1e3
+    assert model.closed_loop_ms(Knobs(32, 8.0, 1, 1, 1), 32) == pytest.approx(slow, rel=0.05)
+    eager = model.closed_loop_ms(Knobs(32, 0.0, 2, 1, 1), 32)
+    assert eager is not None and eager > 1.5 * slow
     model.observe_front_end(LOOP_S / 10)
     fast = model.closed_loop_ms(config, 32)
     assert fast is not None and fast < slow / 4
