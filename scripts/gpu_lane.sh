@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU lane, run as ./scripts/test.sh --gpu (README "GPU"): on a machine with an NVIDIA GPU,
+# The GPU lane, run as ./scripts/test.sh --gpu (docs/gpu.md): on a machine with an NVIDIA GPU,
 # its own virtual environment with the GPU builds only (.[gpu-test]: onnxruntime-gpu without the
 # CPU onnxruntime, tensorflow[and-cuda], onnx, pytest), the GPU tests (tests/gpu, which fail
 # instead of skipping here: a skip would mean the GPU was not tested), then the short GPU
@@ -35,7 +35,7 @@ stage "installing .[gpu-test] into $venv"
 "${pip[@]}" install --quiet -e ".[gpu-test]"
 # onnxruntime-gpu and the base dependencies' CPU onnxruntime install into the same package
 # folder, and an extra cannot remove a dependency: remove both and put back the GPU build alone
-# (from pip's cache: no second download). README "GPU".
+# (from pip's cache: no second download). docs/gpu.md.
 if "${pip[@]}" show --quiet onnxruntime >/dev/null 2>&1; then
   ort="$("$venv/bin/python" -c \
     'import importlib.metadata as m; print(m.version("onnxruntime-gpu"))')"

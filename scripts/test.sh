@@ -6,7 +6,7 @@
 #   ./scripts/test.sh            everything (what CI runs, through .ci/run)
 #   ./scripts/test.sh --fast     the same checks, but the tests marked slow are left out
 #   ./scripts/test.sh --gpu      the GPU lane (scripts/gpu_lane.sh, its own virtual environment):
-#                                on an NVIDIA GPU machine only, README "GPU"
+#                                on an NVIDIA GPU machine only, docs/gpu.md
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -2,7 +2,7 @@
 at once with one line and installs nothing; ``scripts/gpu_check.sh`` tells a GPU from its absence
 by what ``nvidia-smi -L`` answers (a fake ``nvidia-smi`` plays each case); with a GPU the lane
 goes on to create its own virtual environment. The scripts pass shellcheck. (The lane's real run
-needs a GPU machine: README "GPU".)"""
+needs a GPU machine: docs/gpu.md.)"""
 
 from __future__ import annotations
 

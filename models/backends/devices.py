@@ -92,7 +92,7 @@ def tf_expected(gpus: Sequence[object], *, built_with_cuda: bool) -> Placement:
         # works is the checkout's: ``pip install 'iotgw[gpu]'`` would find nothing.
         why = (
             "this TensorFlow build has no CUDA (tensorflow-cpu): install the iotgw[gpu] extra "
-            "(pip install -e '.[gpu]' in the iotgw source folder; README \"GPU\")"
+            "(pip install -e '.[gpu]' in the iotgw source folder; docs/gpu.md)"
         )
     else:
         why = (

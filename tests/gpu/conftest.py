@@ -64,7 +64,7 @@ def cuda_onnxruntime(gpu: str) -> None:
     require(
         CUDA_PROVIDER in available,
         f"onnxruntime {ort.__version__} has no {CUDA_PROVIDER} (providers: {available}): "
-        'the CPU build, or both builds installed (README "GPU")',
+        "the CPU build, or both builds installed (docs/gpu.md)",
     )
 
 
