@@ -134,7 +134,10 @@ def best_statics(
         "open_capacity_rps": open_capacity,
         "open_capacity_probes": probes,
         "loads": per_load,
-        "best": {name: report.best_static(rows, name) for name, rows in per_load.items()},
+        "best": {
+            name: report.best_static(rows, name, screened.get(name))
+            for name, rows in per_load.items()
+        },
     }
 
 

@@ -68,7 +68,7 @@ from rrl.agent.evidence import (
 )
 from rrl.agent.gate import Verdict, decide, needs_rebuild, screen
 from rrl.agent.memory import StateKey, StateMemory
-from rrl.agent.queueing import Arrivals, Prediction, QueueModel
+from rrl.agent.queueing import OVERLOADED, Arrivals, Prediction, QueueModel
 from rrl.agent.resting import Rest
 from rrl.agent.settings import ONLINE_TUNERS, AgentSettings
 from rrl.agent.trial import Outcome, Trial, Window, relative_noise
@@ -116,7 +116,7 @@ class Policy:
         self.tuner: PerWorkload = build_tuner(
             s.algorithm, TuningProblem(space, self.objective, cores=cores, seed=seed)
         )
-        self.queue_model = QueueModel(self.objective, cores=cores, settings=s.model)
+        self.queue_model = QueueModel(self.objective, cores=cores, settings=s.queue_model)
         self.memory = StateMemory()
         self.monitor = WorkloadMonitor(s.monitor)
         self.history: deque[Decision] = deque(maxlen=s.history)
@@ -132,7 +132,7 @@ class Policy:
         self._recall: Knobs | None = None
         self._baseline: Window | None = None  # the incumbent's last window in this state
         self._since_trial = s.trial_gap
-        self._last_measured: tuple[Knobs, float] | None = None
+        self._last_measured: tuple[Knobs, float, float] | None = None  # config, J, late share
         self._incumbent_values: deque[float] = deque(maxlen=8)
         self._tick_counts: deque[float] = deque(maxlen=16)
         self._shortlist: list[Knobs] = []
@@ -312,9 +312,11 @@ class Policy:
         assert self.incumbent is not None
         closed = self.load_kind.closed
         # An overloaded incumbent's windows never calibrate the model (refusals cap their
-        # p95), so waiting for a proven model there would keep the overload for good.
+        # p95), so waiting for a proven model there would keep the overload for good: one
+        # refusing a few percent of its requests, short of violating the SLO, as well.
         unproven = not self.queue_model.calibrated
-        if not closed and unproven and not self._incumbent_violates():
+        overloaded = self._incumbent_violates() or self._incumbent_overloaded()
+        if not closed and unproven and not overloaded:
             return None, "", False
         key, budget = self._key(), self.budget
         if (searched := self._searched.get(key, 0)) >= self.settings.measured_trials:
@@ -338,17 +340,23 @@ class Policy:
                 return None, out, False
         elif not self.trust.trusted or unproven:
             best = min(pool, key=lambda c: _or_inf(self.tuner.predict(c)))
-            miss = self.trust.last_miss()
-            because = "the model's predictions missed" if miss is None else miss.describe()
-            if unproven:
-                because = "the incumbent violates the SLO and the model's error is not proven"
-            why = f"{because}: candidates are tried on measurement"
+            why = f"{self._why_untrusted(unproven)}: candidates are tried on measurement"
         else:
             pick, why = self._safe_pick(pool, arrivals, verdict)
             if pick is None:
                 return None, why, False
             best = pick
         return best, f"measured search: {why}; {len(pool)} neighbour(s) untried here", best in leads
+
+    def _why_untrusted(self, unproven: bool) -> str:
+        """Why the queueing model does not rank the measured search (open loop)."""
+        if unproven:
+            return (
+                "the incumbent's windows are too overloaded to prove the model's error "
+                f"(more than {OVERLOADED:.0%} late or refused)"
+            )
+        miss = self.trust.last_miss()
+        return "the model's predictions missed" if miss is None else miss.describe()
 
     def _closed_loop_pick(self, pool: list[Knobs]) -> tuple[Knobs, str]:
         """The configuration the closed-loop simulation predicts fastest per request, and why."""
@@ -750,7 +758,7 @@ class Policy:
             return self._record_drain(step, measurement, rebuilt, queued)
         config = step.config
         value = self.value_of(config, measurement)
-        self._last_measured = (config, value)
+        self._last_measured = (config, value, measurement.violation_fraction)
         load = measurement.arrival_rate_per_s  # the load it ran under (not its backlog's)
         if self.monitor.in_band(load):  # not a window straddling a step
             self.memory.note(self._key(), config, value)
@@ -955,7 +963,12 @@ class Policy:
 
     def _incumbent_violates(self) -> bool:
         last = self._last_measured
-        return last is not None and last[0] == self.incumbent and self._violates(*last)
+        return last is not None and last[0] == self.incumbent and self._violates(*last[:2])
+
+    def _incumbent_overloaded(self) -> bool:
+        """Whether the incumbent's last window was too overloaded to calibrate the model."""
+        last = self._last_measured
+        return last is not None and last[0] == self.incumbent and last[2] > OVERLOADED
 
     def _violates(self, config: Knobs, value: float) -> bool:
         """Whether a window of ``config`` valued ``value`` counts as violating the SLO."""

@@ -49,6 +49,10 @@ from rrl.offline.replay import ServiceTimes, ThreadSetting, closed_loop_throughp
 from rrl.tuners.measurement import Measurement
 from rrl.tuners.objective import Objective
 
+OVERLOADED = 0.01
+"""A window with more than this share of its requests late or refused is overloaded: its p95
+is capped by the refusals at the deadline and does not calibrate the model."""
+
 
 @dataclass(frozen=True, slots=True)
 class Arrivals:
@@ -102,7 +106,7 @@ class Prediction:
 
 
 @dataclass(frozen=True, slots=True)
-class ModelSettings:
+class QueueModelSettings:
     replicas: int = 3
     """Independent traces per prediction: their spread is the sampling uncertainty."""
     arrivals_per_trace: int = 600
@@ -119,7 +123,7 @@ class ModelSettings:
     """The gateway's own cost per batch on its event loop (forming, the executor crossing and
     its wake-ups, concatenation, fan-out), which the service times it measures inside the
     runtime call leave out, and which the loop meter nets out of its cost per request: a prior
-    (rrl/README, "The event loop's costs"), so batch size 1 is not predicted to keep up with
+    (rrl/README.md, "The event loop's costs"), so batch size 1 is not predicted to keep up with
     any rate a tiny model's call time would allow, and a closed loop that the loop limits is
     predicted faster with fewer, fuller batches."""
     per_request_s: float = 0.0
@@ -154,11 +158,11 @@ class QueueModel:
         objective: Objective,
         *,
         cores: int,
-        settings: ModelSettings | None = None,
+        settings: QueueModelSettings | None = None,
     ) -> None:
         self.objective = objective
         self.cores = cores
-        self.settings = settings or ModelSettings()
+        self.settings = settings or QueueModelSettings()
         self._samples: dict[ThreadSetting, dict[int, deque[float]]] = {}
         self._residuals: deque[float] = deque(maxlen=self.settings.residuals_kept)
         self._cache: dict[CacheKey, Simulated | None] = {}
@@ -237,7 +241,7 @@ class QueueModel:
         (ms of p95, measured minus predicted before the offset). Not from a window that was,
         or was predicted to be, overloaded: its p95 is capped by refusals at the deadline, so
         it says nothing of what the model leaves out."""
-        if max(measurement.violation_fraction, predicted.violation_fraction) > 0.01:
+        if max(measurement.violation_fraction, predicted.violation_fraction) > OVERLOADED:
             return None
         simulated = predicted.simulated_p95_ms
         if math.isnan(simulated):

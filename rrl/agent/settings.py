@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from models.knobs import Knobs
 from rrl.agent.gate import GateSettings
-from rrl.agent.queueing import ModelSettings
+from rrl.agent.queueing import QueueModelSettings
 from rrl.tuners.workload import MonitorSettings
 
 
@@ -92,4 +92,5 @@ class AgentSettings:
     monitor: MonitorSettings = field(default_factory=MonitorSettings)
     gate: GateSettings = field(default_factory=GateSettings)
     rest: RestSettings = field(default_factory=RestSettings)
-    model: ModelSettings = field(default_factory=ModelSettings)
+    queue_model: QueueModelSettings = field(default_factory=QueueModelSettings)
+    """The queueing model's settings (``rrl.agent.queueing``)."""

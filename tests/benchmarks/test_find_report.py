@@ -46,6 +46,20 @@ def test_the_best_static_is_the_best_mean_of_two_runs_and_its_floor_their_ratio(
     assert best["knobs"] == A.as_dict() and best["value"] == 31.5
 
 
+def test_the_screening_of_the_best_static_is_a_third_run_in_its_floor() -> None:
+    """Two finalist runs that agree, both well below the same knobs' screening earlier in the
+    hour (the machine slowed meanwhile): the floor says so; another load's screening or
+    another configuration's does not count."""
+    rows = [closed_row(A, 4010.0), closed_row(A, 4046.0), closed_row(B, 3900.0)]
+    rows.append(closed_row(B, 3650.0))
+    screened = [closed_row(A, 5167.0), closed_row(B, 5377.0)]
+    best = best_static(rows, "c32", screened)
+    assert best["knobs"] == A.as_dict() and best["runs"] == [4010.0, 4046.0]
+    assert best["screened"] == 5167.0 and best["floor"] == round(5167.0 / 4010.0, 4)
+    assert best_static(rows, "c32")["floor"] == round(4046.0 / 4010.0, 4)
+    assert best_static(rows, "c32", [closed_row(B, 5377.0)])["floor"] == round(4046 / 4010, 4)
+
+
 def test_an_agent_settles_when_it_reaches_the_best_static_for_good() -> None:
     slices = [{"seconds": 10.0, "rate_per_s": r} for r in (400.0, 690.0, 500.0, 680.0, 690.0)]
     run = {"slices": slices, "measured": {"seconds": 30.0, "rate_per_s": 700.0}}

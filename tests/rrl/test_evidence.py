@@ -263,7 +263,9 @@ def test_a_measured_search_trial_must_win_by_twice_the_margin_of_a_predicted_one
     assert policy.trial.margin == 2 * policy._trial_margin()
 
 
-def test_an_overloaded_incumbent_is_searched_on_measurement_before_the_model_is_proven() -> None:
+def unproven_policy() -> Policy:
+    """A policy at 100 requests/s that knows one instance's service times and has calibrated
+    nothing yet."""
     s = AgentSettings(gate_every_s=0.0, trial_gap=0)
     policy = Policy("m", space=SPACE, slo_ms=100.0, cores=2, settings=s)
     policy.current = policy.incumbent = INCUMBENT
@@ -271,17 +273,26 @@ def test_an_overloaded_incumbent_is_searched_on_measurement_before_the_model_is_
     now = time.monotonic()
     policy.monitor.update(now - 3.0, 0)
     policy.monitor.update(now, 300)
+    return policy
+
+
+def test_an_overloaded_incumbent_is_searched_on_measurement_before_the_model_is_proven() -> None:
+    policy = unproven_policy()
     late = Measurement(2.0, 200, 150, 120.0, 240.0, 260.0, 80, 50)  # refusals, late answers
     policy.learn(Step(INCUMBENT, "exploit"), late)
     assert not policy.queue_model.calibrated  # overloaded windows prove nothing of the model
     step = policy.choose()
-    assert step.kind == "explore" and "violates the SLO" in step.reason, step
+    assert step.kind == "explore" and "too overloaded to prove" in step.reason, step
+    # Refusing 3% of its requests at a p95 just under the SLO: short of violating it, yet no
+    # window of it can prove the model either; it is searched on measurement too.
+    edge = unproven_policy()
+    refusing = Measurement(2.0, 200, 194, 50.0, 97.0, 99.0, 6, 6)  # 6 refused: 3%
+    edge.learn(Step(INCUMBENT, "exploit"), refusing)
+    assert not edge._incumbent_violates() and not edge.queue_model.calibrated
+    step = edge.choose()
+    assert step.kind == "explore" and "too overloaded to prove" in step.reason, step
     # A model not yet proven, with an incumbent that meets the SLO: nothing blind is tried.
-    calm = Policy("m", space=SPACE, slo_ms=100.0, cores=2, settings=s)
-    calm.current = calm.incumbent = INCUMBENT
-    calm.queue_model.observe_service((1, 1), {1: [0.001] * 20, 4: [0.0011] * 20})
-    calm.monitor.update(now - 3.0, 0)
-    calm.monitor.update(now, 300)
+    calm = unproven_policy()
     calm.learn(Step(INCUMBENT, "exploit"), window(5.0))
     assert calm.choose().kind == "exploit"
 

@@ -133,9 +133,14 @@ async def test_a_gateway_reports_its_loop_cost_per_request(mlp_repo: Path) -> No
         request = InferenceRequest("sensor_mlp", {"features": x}, timeout_s=30.0)
         for _ in range(3):
             await asyncio.gather(*(service.infer(request, transport="test") for _ in range(150)))
-        assert service.host("sensor_mlp").arrived_total == 450
+        host = service.host("sensor_mlp")
+        assert host.arrived_total == 450
+        assert 0 < host.batches_total <= 450
         cost = control.front_end_s()
         assert cost is not None and cost > 0.0
+        # Netted of a cost per batch, by the batches the gateway counted: less per request.
+        net = control.front_end_s(cost / 4)
+        assert net is not None and net < cost
     finally:
         await service.close()
         executor.shutdown()

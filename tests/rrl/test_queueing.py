@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from models.knobs import Knobs
-from rrl.agent.queueing import Arrivals, ModelSettings, QueueModel
+from rrl.agent.queueing import Arrivals, QueueModel, QueueModelSettings
 from rrl.tuners.objective import make_objective
 
 TINY = {1: [1e-5] * 10, 8: [1.2e-5] * 10, 32: [1.6e-5] * 10}
@@ -23,7 +23,7 @@ def _model(per_request_s: float = LOOP_S) -> QueueModel:
     model = QueueModel(
         make_objective("latency", slo_ms=100.0, cores=2),
         cores=2,
-        settings=ModelSettings(per_batch_s=BATCH_S),
+        settings=QueueModelSettings(per_batch_s=BATCH_S),
     )
     for setting in ((1, 1), (2, 1), (4, 1)):
         model.observe_service(setting, TINY)
