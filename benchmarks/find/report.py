@@ -36,6 +36,11 @@ def _score(row: dict[str, Any], closed: bool) -> float | None:
     return None if lost or row["p99_ms"] is None else float(row["p99_ms"])
 
 
+def _knobs_key(row: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """A row's knobs as a key: the same configuration whichever run measured it."""
+    return tuple(sorted(row["knobs"].items()))
+
+
 def best_static(
     rows: Sequence[dict[str, Any]],
     load: str,
@@ -52,7 +57,7 @@ def best_static(
     for r in rows:
         s = _score(r, closed)
         if s is not None:
-            by.setdefault(tuple(sorted(r["knobs"].items())), []).append(s)
+            by.setdefault(_knobs_key(r), []).append(s)
     scored = [(statistics.fmean(v), k, v) for k, v in by.items() if len(v) == 2]
     if not scored:
         return {"knobs": None, "value": None, "runs": [], "floor": None}
@@ -60,7 +65,7 @@ def best_static(
     spanned = list(runs)
     screen = None
     for r in screened or ():
-        if tuple(sorted(r["knobs"].items())) == knobs:
+        if _knobs_key(r) == knobs:
             screen = _score(r, closed)
     if screen is not None:
         spanned.append(screen)

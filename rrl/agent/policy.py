@@ -54,6 +54,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
+from typing import NamedTuple
 
 from models.knobs import Knobs
 from models.window_stats import WindowStats
@@ -82,6 +83,15 @@ log = logging.getLogger("rrl.agent")
 
 MOVES = frozenset({"explore", "compare", "accept", "revert", "recall", "yield"})
 """Decisions that move the knobs."""
+
+
+class LastWindow(NamedTuple):
+    """The last window learned: its configuration, its objective, and the share of its
+    requests late or refused."""
+
+    config: Knobs
+    value: float
+    late: float
 
 
 class Policy:
@@ -132,7 +142,7 @@ class Policy:
         self._recall: Knobs | None = None
         self._baseline: Window | None = None  # the incumbent's last window in this state
         self._since_trial = s.trial_gap
-        self._last_measured: tuple[Knobs, float, float] | None = None  # config, J, late share
+        self._last_measured: LastWindow | None = None
         self._incumbent_values: deque[float] = deque(maxlen=8)
         self._tick_counts: deque[float] = deque(maxlen=16)
         self._shortlist: list[Knobs] = []
@@ -758,7 +768,7 @@ class Policy:
             return self._record_drain(step, measurement, rebuilt, queued)
         config = step.config
         value = self.value_of(config, measurement)
-        self._last_measured = (config, value, measurement.violation_fraction)
+        self._last_measured = LastWindow(config, value, measurement.violation_fraction)
         load = measurement.arrival_rate_per_s  # the load it ran under (not its backlog's)
         if self.monitor.in_band(load):  # not a window straddling a step
             self.memory.note(self._key(), config, value)
@@ -963,12 +973,16 @@ class Policy:
 
     def _incumbent_violates(self) -> bool:
         last = self._last_measured
-        return last is not None and last[0] == self.incumbent and self._violates(*last[:2])
+        return (
+            last is not None
+            and last.config == self.incumbent
+            and self._violates(last.config, last.value)
+        )
 
     def _incumbent_overloaded(self) -> bool:
         """Whether the incumbent's last window was too overloaded to calibrate the model."""
         last = self._last_measured
-        return last is not None and last[0] == self.incumbent and last[2] > OVERLOADED
+        return last is not None and last.config == self.incumbent and last.late > OVERLOADED
 
     def _violates(self, config: Knobs, value: float) -> bool:
         """Whether a window of ``config`` valued ``value`` counts as violating the SLO."""

@@ -440,14 +440,23 @@ class QueueModel:
         return times, rel, rel == 0.0
 
     def batch_seconds(self, config: Knobs, rows: int) -> float | None:
-        """One batch of ``rows`` single-row requests under ``config``'s threads (derived from
-        the nearest measured setting when that one was not), plus the gateway's costs per batch
-        and per request; None before anything was measured. Between measured batch sizes the
-        medians are joined by straight lines; beyond the largest, linear in rows from it; below
-        the smallest, the line through the two smallest, but never below rows in proportion to
-        the smallest's time (with one size measured, that proportion): a gateway that has only
-        run full batches has not measured its smaller ones, and the search that measures them
-        ranks by what they might gain, not by the full batch's time."""
+        """One batch of ``rows`` single-row requests under ``config``: the runtime's time
+        (``runtime_seconds``) plus the gateway's costs per batch and per request; None before
+        anything was measured."""
+        seconds = self.runtime_seconds(config, rows)
+        if seconds is None:
+            return None
+        return seconds + self.settings.per_batch_s + rows * self.per_request_s
+
+    def runtime_seconds(self, config: Knobs, rows: int) -> float | None:
+        """The runtime's call for one batch of ``rows`` single-row requests under ``config``'s
+        threads (derived from the nearest measured setting when that one was not); None before
+        anything was measured. Between measured batch sizes the medians are joined by straight
+        lines; beyond the largest, linear in rows from it; below the smallest, the line through
+        the two smallest, but never below rows in proportion to the smallest's time (with one
+        size measured, that proportion): a gateway that has only run full batches has not
+        measured its smaller ones, and the search that measures them ranks by what they might
+        gain, not by the full batch's time."""
         found = self._service_for(config, 1.0)
         if found is None:
             return None
@@ -469,7 +478,7 @@ class QueueModel:
             lo, hi = sizes[above - 1], sizes[above]
             share = (rows - lo) / (hi - lo)
             seconds = medians[above - 1] + share * (medians[above] - medians[above - 1])
-        return seconds + times.per_batch_s + rows * times.per_request_s
+        return seconds
 
     def closed_loop_ms(self, config: Knobs, population: int) -> float | None:
         """Each request's time in a closed loop of ``population`` clients under ``config``
@@ -502,16 +511,14 @@ class QueueModel:
         return [self._closed_cache[(c, population)] for c in configs]
 
     def _closed_loop_ms(self, config: Knobs, population: int) -> float | None:
-        per_batch_s = self.settings.per_batch_s
-
-        def batch_s(rows: int) -> float | None:
-            seconds = self.batch_seconds(config, rows)
-            # The loop's costs per request and per batch are paid on the loop below, one after
-            # another, not inside the batch.
-            return None if seconds is None else seconds - per_batch_s - rows * self.per_request_s
-
+        # The instance holds a batch for the runtime's call only: the loop's costs per request
+        # and per batch are paid on the loop, one after another.
         throughput = closed_loop_throughput(
-            population, config, batch_s, self.per_request_s, per_batch_s=per_batch_s
+            population,
+            config,
+            lambda rows: self.runtime_seconds(config, rows),
+            self.per_request_s,
+            per_batch_s=self.settings.per_batch_s,
         )
         if throughput is None or throughput <= 0:
             return None
