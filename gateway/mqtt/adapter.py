@@ -2,13 +2,19 @@
 replies on the MQTT 5 Response Topic (Correlation Data echoed) or on
 ``<prefix>/infer/<model>/res/<device>``. The wire contract is docs/mqtt.md.
 
-Delivery: QoS 1 with manual acknowledgement, so a request is acknowledged only after the broker
-acknowledged its reply. The broker therefore sends at most Receive Maximum unacknowledged
-requests at once (our in-flight bound), and redelivers what was not answered when the gateway
-reconnects to its persistent session (``session``). Each request taken is one ``_Delivery``
-that ends exactly once (``_end``). Per message: routed in paho's receive callback (through
-``paho_seam``), then one task decodes it at the shared edge, awaits its inference and hands the
-reply to paho; the request is acknowledged from that reply's PUBACK.
+Delivery: QoS 1 with manual acknowledgement: a request is acknowledged right behind its reply,
+on the same connection and in the same write (``paho_seam`` writes what one event-loop pass
+queued at once, corked). The broker reads one TCP stream in order, so it holds the reply and the
+acknowledgement together or neither: a connection lost before the reply arrived leaves the
+request unacknowledged, and the broker redelivers it when the gateway reconnects to its
+persistent session (``session``); one lost after gets no redelivery, so its reply is not sent
+twice (acknowledging on the reply's PUBACK instead, a connection lost between the broker taking
+the reply and its PUBACK arriving brought the request back for a second answer). The broker
+sends at most Receive Maximum unacknowledged requests at once; a request ends when its reply's
+PUBACK arrives, and until then it holds a slot among our own ``receive_maximum`` of replies
+awaiting one. Each request taken is one ``_Delivery`` that ends exactly once (``_end``). Per
+message: routed in paho's receive callback (through ``paho_seam``), then one task decodes it
+at the shared edge, awaits its inference and hands the reply to paho.
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ class _Delivery:
     ended: bool = False
     refusal: bool = False  # an overflow refusal: holds no serving slot
     handed_at: float = 0.0  # when its QoS 1 reply went to paho (monotonic)
+    acknowledged: bool = False  # the request's PUBACK went out (behind its reply)
 
 
 @dataclass(slots=True)
@@ -100,6 +107,9 @@ class MqttAdapter:
         # the limit, or QoS 0) unacknowledged.
         self._in_flight = 0
         self._refusing = 0  # of those, overflow refusals awaiting their reply's PUBACK
+        # Of those, answered and acknowledged, awaiting their reply's PUBACK: the broker may
+        # send new requests for their places, so they are bounded apart (``_has_slot``).
+        self._awaiting = 0
         self._idle = asyncio.Event()
         self._idle.set()
         self._backlog: deque[tuple[_Connection, Message]] = deque()
@@ -217,7 +227,7 @@ class MqttAdapter:
         connection = self._connection
         if connection is None or not connection.alive or self._stopping.is_set():
             return  # not acknowledged: the broker redelivers it to the next session
-        if self._in_flight - self._refusing >= self._limit:
+        if not self._has_slot():
             if not self._backlog_limit:
                 self._refuse_overflow(connection, message)
                 return
@@ -394,6 +404,10 @@ class MqttAdapter:
         else:
             delivery.handed_at = time.monotonic()
             connection.awaiting_puback[info.mid] = delivery
+            # Behind the reply in paho's write queue: the broker gets both or neither.
+            self._acknowledge(connection, delivery.mid, delivery.qos)
+            delivery.acknowledged = True
+            self._awaiting += 1
 
     def _answer_repeat(
         self, delivery: _Delivery, earlier: Earlier, request_id: str | None, payload: bytes
@@ -431,15 +445,26 @@ class MqttAdapter:
             return
         delivery.ended = True
         self._refusing -= delivery.refusal
-        if acknowledge:
-            self._acknowledge(delivery.connection, delivery.mid, delivery.qos)
-        else:
+        self._awaiting -= delivery.acknowledged
+        if not acknowledge:
+            # Its reply may be lost: the broker redelivers the request unless it holds the
+            # acknowledgement, and a redelivery must then be answered, not taken for a repeat.
             self._seen.forget(delivery.key)
+        elif not delivery.acknowledged:
+            self._acknowledge(delivery.connection, delivery.mid, delivery.qos)
         self._finish()
 
     def _acknowledge(self, connection: _Connection, mid: int, qos: int) -> None:
         if qos > 0 and connection.alive:
             connection.client.ack(mid, qos)
+
+    def _has_slot(self) -> bool:
+        """Whether another request may be taken: fewer than ``receive_maximum`` being served
+        (inference running, or its reply not yet handed over), and fewer than that many
+        replies awaiting their PUBACK, so paho's window for our replies
+        (``session._new_client``) always holds them."""
+        serving = self._in_flight - self._refusing - self._awaiting
+        return serving < self._limit and self._awaiting < self._limit
 
     def _finish(self) -> None:
         self._in_flight -= 1
@@ -451,7 +476,7 @@ class MqttAdapter:
 
     def _resume(self) -> None:
         self._resume_scheduled = False
-        while self._backlog and self._in_flight - self._refusing < self._limit:
+        while self._backlog and self._has_slot():
             connection, message = self._backlog.pop()
             if connection.alive and not self._stopping.is_set():
                 self._take(connection, message)

@@ -170,8 +170,9 @@ class BrokerSession:
             keepalive=s.keepalive_s,
             tls_context=tls_context,
             tls_insecure=s.tls_insecure if self._address.tls else None,
-            # Replies in flight: one per request taken, and those are bounded by the limit.
-            max_inflight_messages=max(20, s.receive_maximum),
+            # Replies in flight: those being served and those awaiting their PUBACK, each
+            # bounded by the limit (``adapter.MqttAdapter._has_slot``).
+            max_inflight_messages=max(20, 2 * s.receive_maximum),
             # Nagle's algorithm holds small QoS 1 packets back 40-90 ms: off.
             socket_options=((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),),
         )

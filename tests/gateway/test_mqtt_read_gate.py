@@ -15,13 +15,17 @@ import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 import pytest_asyncio
 
 from gateway.main import Gateway
-from gateway.settings import GatewaySettings
-from tests.gateway.helpers import GENEROUS_TIMEOUT_US, make_repo
+from tests.gateway.mqtt_packets import (
+    connected_gateway,
+    gateway_on_test_broker,
+    publish_qos1,
+    read_packet,
+    sensor_mlp_request,
+)
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]
 
@@ -33,32 +37,6 @@ ID_PAD = "x" * 1000
 MAX_UNSENT = 64
 RECEIVE_MAXIMUM = 16
 BACKLOG = 32
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n % 128, n // 128
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-async def _packet(reader: asyncio.StreamReader) -> tuple[int, bytes]:
-    first = (await reader.readexactly(1))[0]
-    length, shift = 0, 0
-    while True:
-        byte = (await reader.readexactly(1))[0]
-        length += (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            break
-    return first, await reader.readexactly(length)
-
-
-def _publish(pid: int, topic: str, payload: bytes) -> bytes:
-    body = len(topic).to_bytes(2, "big") + topic.encode() + pid.to_bytes(2, "big") + payload
-    return bytes([0x32]) + _varint(len(body)) + body  # PUBLISH, QoS 1
 
 
 class SlowReadingBroker:
@@ -81,16 +59,16 @@ class SlowReadingBroker:
         return int(sock.getsockname()[1])
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        kind, _ = await _packet(reader)
+        kind, _ = await read_packet(reader)
         assert kind >> 4 == 1  # CONNECT
         writer.write(b"\x20\x02\x00\x00")
-        kind, body = await _packet(reader)
+        kind, body = await read_packet(reader)
         assert kind >> 4 == 8  # SUBSCRIBE
         writer.write(b"\x90\x03" + body[:2] + b"\x01")
         flood = asyncio.create_task(self._flood(writer))
         await self.read.wait()
         while not self.done.is_set():
-            kind, body = await _packet(reader)
+            kind, body = await read_packet(reader)
             if kind >> 4 == 3:  # a reply
                 topic_len = int.from_bytes(body[:2], "big")
                 offset = 2 + topic_len
@@ -109,7 +87,7 @@ class SlowReadingBroker:
 
     async def _flood(self, writer: asyncio.StreamWriter) -> None:
         for pid, payload in enumerate(self.payloads, start=1):
-            writer.write(_publish(pid, f"iotgw/infer/{MODEL}/req/dev{pid % 7}", payload))
+            writer.write(publish_qos1(pid, f"iotgw/infer/{MODEL}/req/dev{pid % 7}", payload))
             await writer.drain()  # blocks while the gateway does not read: that is the point
 
 
@@ -117,39 +95,19 @@ class SlowReadingBroker:
 async def flooded(
     demo_repo: Path, tmp_path: Path
 ) -> AsyncIterator[tuple[Gateway, SlowReadingBroker]]:
-    row = np.linspace(-1, 1, 32, dtype=np.float32).tolist()
-    payloads = [
-        json.dumps(
-            {
-                "id": f"r{i}-{ID_PAD}",
-                "inputs": [{"name": "features", "shape": [1, 32], "datatype": "FP32", "data": row}],
-                "parameters": {"timeout": GENEROUS_TIMEOUT_US},
-            }
-        ).encode()
-        for i in range(REQUESTS)
-    ]
+    payloads = [sensor_mlp_request(f"r{i}-{ID_PAD}") for i in range(REQUESTS)]
     broker = SlowReadingBroker(payloads)
     port = await broker.start()
-    settings = GatewaySettings.load(
-        http={"port": 0, "host": "127.0.0.1"},
-        serving={
-            "model_repo": make_repo(tmp_path / "repo", demo_repo, {MODEL: None}),
-            "cache_dir": tmp_path,
-        },
-        mqtt={
-            "broker": f"mqtt://127.0.0.1:{port}",
-            "protocol": "3.1.1",
-            "client_id": "gw-read-gate",
-            "receive_maximum": RECEIVE_MAXIMUM,
-            "max_backlog": BACKLOG,
-            "max_unsent_packets": MAX_UNSENT,
-            "shared_subscription": "off",
-        },
+    settings = gateway_on_test_broker(
+        port,
+        demo_repo,
+        tmp_path,
+        client_id="gw-read-gate",
+        receive_maximum=RECEIVE_MAXIMUM,
+        max_backlog=BACKLOG,
+        max_unsent_packets=MAX_UNSENT,
     )
-    async with Gateway(settings) as gateway:
-        await gateway.wait_loaded()
-        assert gateway.mqtt is not None
-        await asyncio.wait_for(gateway.mqtt.connected.wait(), 30)
+    async with connected_gateway(settings) as gateway:
         yield gateway, broker
     assert broker.server is not None
     broker.server.close()
