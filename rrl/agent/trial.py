@@ -20,7 +20,10 @@ Rules:
   is worse than the baseline's by more than the noise margin, the next window runs the
   incumbent again: a worse candidate costs one window;
 - **accept**: at the end, the candidate's mean normalised objective beats the incumbent's by
-  more than the margin; otherwise the incumbent stays (a tie keeps what is known);
+  more than the margin; otherwise the incumbent stays (a tie keeps what is known), except for
+  a candidate that only shortens the batch timeout and is predicted no slower
+  (``keep_on_tie``): it is kept unless it measured slower, since a longer timeout that fills
+  the same batches gains nothing and waits out its whole length whenever a batch cannot fill;
 - **extend**: a candidate ahead at the end but not by the margin runs another round (one more
   window a side, or one more candidate window after a rebuild), up to ``max_windows``: the
   margin is for one window a side and shrinks as the means hold more windows (by the standard
@@ -79,6 +82,8 @@ class Trial:
     accept_below: float | None = None
     """A trial for the core budget (``rrl.agent.budget``): the candidate is kept unless it measures
     above this objective (violating the SLO), whatever the incumbent did."""
+    keep_on_tie: bool = False
+    """A shorter batch timeout predicted no slower: kept unless it measures slower."""
     max_windows: int = 8
     """Windows a trial extended round by round may run at most."""
     windows: list[Window] = field(default_factory=list)
@@ -129,12 +134,15 @@ class Trial:
             return Outcome("reject", ours[-1].objective, float("nan"), rate, "no incumbent window")
         cand, inc, common = self._compare(ours, theirs, norm)
         margin = self.margin_for(len(ours), len(theirs))
-        accepted = cand < inc * (1 - margin)
+        tie = self.keep_on_tie and cand <= inc
+        accepted = tie or cand < inc * (1 - margin)
         step = 2 if self.interleave else 1
         if not accepted and cand < inc and len(self.schedule()) + step <= self.max_windows:
             self.rounds += 1  # ahead, not yet by the margin: measure longer
             return None
         what = "better: kept" if accepted else "not better by the margin: incumbent kept"
+        if tie and not cand < inc * (1 - margin):
+            what = "no slower, with a shorter timeout: kept"
         return Outcome(
             "accept" if accepted else "reject",
             cand,

@@ -23,7 +23,7 @@ from rrl.agent.gate import Verdict
 from rrl.agent.policy import Policy
 from rrl.agent.queueing import Arrivals, Prediction
 from rrl.agent.settings import AgentSettings
-from rrl.agent.trial import Trial
+from rrl.agent.trial import Trial, Window
 from rrl.tuners.measurement import Measurement
 from rrl.tuners.space import ConfigSpace
 
@@ -411,17 +411,38 @@ def test_the_closed_loop_band_is_the_most_favourable_ratio_over_enough_configura
     band.observe(a, predicted_ms=50.0, measured_ms=60.0)
     band.observe(b, predicted_ms=40.0, measured_ms=70.0)
     assert band.lowest_ratio() is None  # two configurations do not show the simulation's error
-    assert not band.rules_out(1000.0, a, margin=0.05)
+    assert not band.rules_out(b, 1000.0, a, margin=0.05)
     band.observe(c, predicted_ms=50.0, measured_ms=45.0)  # overestimated by 10%
     band.observe(c, predicted_ms=50.0, measured_ms=200.0)  # one noisy window
     band.observe(c, predicted_ms=50.0, measured_ms=46.0)
     assert band.lowest_ratio() == pytest.approx(0.92)  # c's median window, not its noise
     assert band.measured_ms(a) == 60.0
     # Beating a's 60 ms by 5% needs under 57 ms measured, 61.96 ms predicted at 0.92.
-    assert band.rules_out(62.0, a, margin=0.05)
-    assert not band.rules_out(61.9, a, margin=0.05)
+    assert band.rules_out(b, 62.0, a, margin=0.05)
+    assert not band.rules_out(b, 61.9, a, margin=0.05)
     band.reset()
     assert band.lowest_ratio() is None
+
+
+def test_the_closed_loop_band_is_kept_per_kind_of_batching() -> None:
+    """The simulation's error on eager batching (it under-predicts eager batches) does not
+    widen the band a timeout is judged by, nor the other way round."""
+    band = ClosedLoopBand(least=2)
+    eager = [Knobs(32, 0.0, 1, 1, 1), Knobs(16, 0.0, 2, 1, 1)]
+    timed = [Knobs(32, 2.0, 1, 1, 1), Knobs(32, 4.0, 1, 1, 1)]
+    for config in eager:
+        band.observe(config, predicted_ms=15.0, measured_ms=6.6)  # measured 0.44x predicted
+    assert band.lowest_ratio(timed[0]) is None  # no timeout measured yet: nothing ruled out
+    for config in timed:
+        band.observe(config, predicted_ms=6.0, measured_ms=6.3)
+    assert band.lowest_ratio(timed[0]) == pytest.approx(1.05)
+    assert band.lowest_ratio(eager[0]) == pytest.approx(0.44)
+    assert band.lowest_ratio() == pytest.approx(0.44)
+    slow_timeout, slow_eager = Knobs(128, 8.0, 2, 1, 1), Knobs(64, 0.0, 2, 1, 1)
+    # 8.7 ms predicted for a timeout, at the timeouts' 1.05: 9.1 ms, no faster than 6.3 ms.
+    assert band.rules_out(slow_timeout, 8.7, timed[0], margin=0.05)
+    # The same prediction for eager batching, at eager's 0.44: 3.8 ms, maybe faster.
+    assert not band.rules_out(slow_eager, 8.7, timed[0], margin=0.05)
 
 
 def closed_loop_policy(monkeypatch: pytest.MonkeyPatch, predicted_ms: dict[Knobs, float]) -> Policy:
@@ -469,6 +490,13 @@ def test_a_closed_loop_search_rests_when_the_simulation_within_its_band_rules_al
     assert policy.band.configurations == 3 and policy.band.lowest_ratio() == pytest.approx(
         1.04, rel=1e-2
     )
+    # The three are eager batching: they show nothing of the simulation's error on a timeout,
+    # so the neighbour with one is measured, however slow it is predicted.
+    timed = next(c for c in neighbours(SPACE, INCUMBENT, 2) if c.batch_timeout_ms > 0)
+    step = policy.choose()
+    assert step.kind == "explore" and step.config == timed, step.reason
+    policy.trial = None
+    policy.memory.reject(policy._key(), timed)  # it lost its trial
     step = policy.choose()
     assert step.kind == "exploit" and step.config == INCUMBENT, step.reason
     assert "none beats the incumbent's measured 52.0ms by the margin (5%)" in step.reason
@@ -589,3 +617,48 @@ def test_a_trials_windows_are_compared_at_the_load_they_ran_under_not_at_what_th
     # Compared as measured (one load on both sides): 40 against 44 ms is a tenth, within the
     # 20% margin, so the candidate runs another round rather than winning on the backlog.
     assert policy.trial is trial and trial.rounds == 1
+
+
+def test_a_closed_loop_on_a_long_timeout_tries_the_shortest_predicted_no_slower(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """32 clients on batch 32 with an 8 ms timeout: the simulation puts 2 and 4 ms at the same
+    time per request (the wave fills the batch either way) and 1 ms slower. The 2 ms timeout is
+    tried first, and its trial keeps it on a tie; an eager neighbour is not such a candidate."""
+    long_wait = Knobs(32, 8.0, 1, 1, 1)
+    two, four, one = (Knobs(32, t, 1, 1, 1) for t in (2.0, 4.0, 1.0))
+    policy = closed_loop_policy(
+        monkeypatch, {long_wait: 6.0, two: 6.0, four: 6.0, one: 7.5, Knobs(32, 0.0, 1, 1, 1): 6.0}
+    )
+    policy.begin(long_wait)
+    step = policy.choose()
+    assert (step.kind, step.config) == ("explore", two), step.reason
+    assert "a shorter timeout" in step.reason
+    assert policy.trial is not None and policy.trial.keep_on_tie
+    assert not policy._keeps_on_tie(Knobs(32, 0.0, 1, 1, 1))  # eager: another kind
+    assert not policy._keeps_on_tie(Knobs(16, 2.0, 1, 1, 1))  # another batch too
+    # Once the 2 ms timeout lost a trial here, the next shortest no slower is 4 ms.
+    policy.trial = None
+    policy.memory.reject(policy._key(), two)
+    found = policy._shorter_wait(policy._key())
+    assert found is not None and found[0] == four
+
+
+def test_a_trial_that_keeps_on_a_tie_takes_a_candidate_no_slower_and_not_a_slower_one() -> None:
+    def norm(config: Knobs, objective: float, seen: float, common: float) -> float:
+        return objective
+
+    def run(candidate_ms: float, keep_on_tie: bool) -> str:
+        inc, cand = Knobs(32, 8.0, 1, 1, 1), Knobs(32, 2.0, 1, 1, 1)
+        trial = Trial(inc, cand, Window(inc, 6.0, 5000.0), True, 0.1, keep_on_tie=keep_on_tie)
+        outcome = None
+        for config in trial.schedule():
+            ms = candidate_ms if config == cand else 6.0
+            outcome = trial.record(config, ms, 5000.0, norm) or outcome
+        assert outcome is not None
+        return outcome.verdict
+
+    assert run(5.9, keep_on_tie=True) == "accept"  # ahead, far from the 10% margin: kept
+    assert run(6.0, keep_on_tie=True) == "accept"  # a tie goes to the shorter timeout
+    assert run(6.1, keep_on_tie=True) == "reject"
+    assert run(6.0, keep_on_tie=False) == "reject"  # a tie keeps what is known

@@ -152,6 +152,29 @@ def test_the_loops_cost_per_batch_makes_a_loop_bound_closed_loop_faster_with_ful
     assert rate(eager, 0.0) == pytest.approx(rate(fills, 0.0), rel=0.02)
 
 
+def test_a_timer_come_due_waits_for_the_requests_already_read() -> None:
+    """32 clients, 0.2 ms to decode each request (6.4 ms for the wave), 0.3 ms per batch. A
+    2 ms timeout comes due while the wave is being decoded, but runs only after it (the loop's
+    pass): one batch of 32 a wave, as the gateway measured (31.5 rows at 2 ms), and no slower
+    than an 8 ms timeout, which the whole wave beats. A batch larger than the loop (128 on
+    two instances) cannot fill: it waits out its timeout every wave."""
+
+    def batch_s(rows: int) -> float:
+        return 0.00001
+
+    def rate(config: Knobs) -> float:
+        found = closed_loop_throughput(32, config, batch_s, 0.0002, per_batch_s=0.0003)
+        assert found is not None
+        return found
+
+    wave = 32 / (32 * 0.0002 + 0.0003 + 0.00001)
+    assert rate(Knobs(32, 2.0, 1, 1, 1)) == pytest.approx(wave, rel=0.01)
+    assert rate(Knobs(32, 2.0, 1, 1, 1)) == rate(Knobs(32, 8.0, 1, 1, 1))
+    assert rate(Knobs(128, 8.0, 2, 1, 1)) == pytest.approx(
+        32 / (0.0002 + 0.008 + 0.0003 + 0.00001), rel=0.01
+    )
+
+
 def test_score_reports_each_phase_and_the_grid_skips_timeouts_at_batch_one() -> None:
     grid = request_grid([(1, 1), (2, 1)], [1, 32], [0.0, 4.0])
     assert len(grid) == 2 * 3
