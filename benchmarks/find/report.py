@@ -110,11 +110,33 @@ def settle_s(run: dict[str, Any], best: float, closed: bool, floor: float) -> fl
     return None if settled is None else round(settled, 1)
 
 
+def adjacent(run: dict[str, Any], closed: bool) -> tuple[float, float] | None:
+    """The agent's figure against the best static measured twice right after it
+    (``run.adjacent_static``), and those two runs' ratio (the comparison's noise floor); None
+    when there is no such pair, or a run of it refused or lost requests."""
+    pair = run.get("adjacent_static")
+    if not pair:
+        return None
+    scores = [_score(r, closed) for r in pair["runs"]]
+    if len(scores) != 2 or any(x is None or x <= 0 for x in scores):
+        return None
+    a, b = (float(x) for x in scores if x is not None)
+    static = statistics.fmean((a, b))
+    if closed:
+        ratio = run["measured"]["rate_per_s"] / static
+    else:
+        measured = run["measured"]["p99_ms"]
+        ratio = measured / static if measured is not None else float("inf")
+    return ratio, max(a, b) / min(a, b)
+
+
 def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     statics = {r["model"]: r for r in runs if r["kind"] == "static"}
     by: dict[str, dict[str, Any]] = {}
     tput: list[tuple[float, float]] = []  # (ratio, floor)
     p99: list[tuple[float, float]] = []
+    # Against the static measured right after each run: (ratio, floor) per kind of load.
+    near: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
     settles: list[float | None] = []
     for r in runs:
         if r["kind"] != "agent":
@@ -134,8 +156,13 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         settles.append(settle)
         entry = by.setdefault(r["model"], {}).setdefault(r["load"], {"floor": floor, "runs": {}})
         entry["best_static"] = best["knobs"]
+        paired = adjacent(r, closed)
+        if paired is not None:
+            near[closed].append(paired)
         entry["runs"][f"{r['start']}#{r['repeat']}"] = {
             "ratio": round(ratio, 4),
+            "adjacent_ratio": None if paired is None else round(paired[0], 4),
+            "adjacent_floor": None if paired is None else round(paired[1], 4),
             "settle_s": settle,
             "final_knobs": r["final_knobs"],
         }
@@ -156,6 +183,7 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "p99_target": judge(
             None if worst_p is None else worst_p[0], TARGET_P99, p_floor, at_least=False
         ),
+        **_adjacent_summary(near),
         "worst_settle_s": worst_settle,
         "settle_never": never,
         "settle_target": "missed: some run never settled"
@@ -165,13 +193,36 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _adjacent_summary(near: dict[bool, list[tuple[float, float]]]) -> dict[str, Any]:
+    """The worst case against the statics measured right after each run, with the widest of
+    their pairs' floors, judged like the figures above."""
+    out: dict[str, Any] = {}
+    kinds = ((True, "throughput", TARGET_THROUGHPUT), (False, "p99", TARGET_P99))
+    for closed, name, target in kinds:
+        pairs = near[closed]
+        worst = (min if closed else max)(pairs, default=None, key=lambda x: x[0])
+        floor = max((f for _, f in pairs), default=None)
+        value = None if worst is None else round(worst[0], 4)
+        out[f"worst_{name}_vs_adjacent_static"] = value
+        out[f"{name}_adjacent_floor"] = None if floor is None else round(floor, 4)
+        out[f"{name}_adjacent_target"] = judge(value, target, floor, at_least=closed)
+    return out
+
+
 def print_report(summary: dict[str, Any]) -> None:
     for model, loads in summary["by_model"].items():
         for load, entry in loads.items():
             for start, r in entry["runs"].items():
+                near = r.get("adjacent_ratio")
+                beside = (
+                    ""
+                    if near is None
+                    else f"; adjacent {near:.3f} (floor {r['adjacent_floor']:.3f})"
+                )
                 print(
                     f"{model:11s} {load:8s} {start:14s} ratio {r['ratio']:.3f} "
-                    f"(floor {entry['floor']:.3f}) settle {r['settle_s']}s -> {r['final_knobs']}"
+                    f"(floor {entry['floor']:.3f}){beside} settle {r['settle_s']}s -> "
+                    f"{r['final_knobs']}"
                 )
     for key in (
         "worst_throughput_vs_best_static",
@@ -180,6 +231,12 @@ def print_report(summary: dict[str, Any]) -> None:
         "worst_p99_vs_best_static",
         "p99_noise_floor",
         "p99_target",
+        "worst_throughput_vs_adjacent_static",
+        "throughput_adjacent_floor",
+        "throughput_adjacent_target",
+        "worst_p99_vs_adjacent_static",
+        "p99_adjacent_floor",
+        "p99_adjacent_target",
         "worst_settle_s",
         "settle_target",
     ):

@@ -59,6 +59,11 @@ def run(plan: Plan, out_dir: Path | None, *, quick: bool, statics_from: Path | N
                             capacities[load.kind],
                             repeat,
                         )
+                        best = statics["best"][load.name]["knobs"]
+                        if best is not None:
+                            result["adjacent_static"] = adjacent_static(
+                                plan, repo, tmp, model, load, Knobs(**best), capacities[load.kind]
+                            )
                         runs.append({"model": model, "kind": "agent", **result})
     summary = report.summarize(runs)
     report.print_report(summary)
@@ -255,6 +260,22 @@ def agent_run(
             }
         state = measure.agent_state(base, model)
     return {"load": load.name, "start": start.name, "repeat": repeat, **figures, **state}
+
+
+def adjacent_static(
+    plan: Plan, repo: Path, tmp: Path, model: str, load: Load, knobs: Knobs, capacity: float
+) -> dict[str, Any]:
+    """The load's best static measured twice on a fresh ``--no-tuner`` gateway right after an
+    agent run: the agent's figure against the static of the same minutes, and the two runs'
+    ratio as that comparison's noise floor. On this box a ratio against statics measured a
+    quarter of an hour earlier mixes the agent's choice with the machine's drift: the same
+    static knobs read 4,088-5,285 answers a second in four 10 s slices of one gateway."""
+    with measure.gateway(repo, tmp, agent=False, log_name=f"adjacent-{model}.log") as base:
+        body = measure.json_body(base, model)
+        runs = [
+            static_at(plan, base, model, body, knobs, load, capacity, tmp, 10 + i) for i in range(2)
+        ]
+    return {"knobs": knobs.as_dict(), "runs": runs}
 
 
 def walk_path(plan: Plan, base: str, model: str, body: bytes, load: Load) -> None:

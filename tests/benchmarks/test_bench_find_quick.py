@@ -38,6 +38,7 @@ def test_quick_find_writes_every_figure_with_its_floor(tmp_path: Path) -> None:
         assert refused and all(refused.values()), static["loads"][load]
         assert summary[target] == "missed: no figure", summary
     assert {"throughput_target", "p99_target", "settle_target"} <= set(summary)
+    assert {"throughput_adjacent_target", "p99_adjacent_target"} <= set(summary)
     assert static["finalists"] and static["screened"] and static["capacity_rps"] > 0
     # The open loop's own capacity: probed from wrk's down, highest first, to the first rate
     # the simulator kept up with and the gateway answered in full (0 when none did).
@@ -56,6 +57,10 @@ def test_quick_find_writes_every_figure_with_its_floor(tmp_path: Path) -> None:
     }
     for r in agents:
         assert r["final_knobs"] and r["decisions"], r
+        # The load's best static, measured twice right after the run on a static gateway.
+        if static["best"][r["load"]]["knobs"] is not None:
+            pair = r["adjacent_static"]
+            assert pair["knobs"] == static["best"][r["load"]]["knobs"] and len(pair["runs"]) == 2
         # What moved is logged with its reason, in time order, nothing that only rested.
         moved = sum(n for kind, n in r["decisions"].items() if kind in LOGGED_KINDS)
         assert len(r["log"]) == moved and all(e["reason"] for e in r["log"]), r["log"]

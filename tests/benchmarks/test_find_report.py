@@ -163,3 +163,40 @@ def test_the_results_name_the_commit_they_ran_and_say_when_the_checkout_differed
     assert source_commit(tmp_path) == head
     (tmp_path / "a.py").write_text("A = 2\n")
     assert source_commit(tmp_path) == f"{head}+changes"
+
+
+def test_each_run_is_also_judged_against_the_static_measured_right_after_it() -> None:
+    """The best static read 700/s a quarter of an hour earlier; measured again right after
+    each agent run it read 560-580: the agent's 540 is 0.77x the first, 0.95x the second."""
+    best = {"knobs": A.as_dict(), "value": 700.0, "runs": [700.0, 700.0], "floor": 1.0}
+    static: dict[str, Any] = {"kind": "static", "model": "m", "best": {"c32": best}}
+    closed_row = {"failed": 0, "lost": 0}
+    after: dict[str, Any] = {
+        "knobs": A.as_dict(),
+        "runs": [{**closed_row, "rate_per_s": 560.0}, {**closed_row, "rate_per_s": 580.0}],
+    }
+    slices = [{"seconds": 10.0, "rate_per_s": 540.0}]
+    measured = {"seconds": 30.0, "rate_per_s": 540.0}
+    runs = [
+        static,
+        agent("c32", "default", slices=slices, measured=measured, adjacent_static=after),
+        # A pair with a failed run says nothing: no adjacent figure for that run.
+        agent(
+            "c32",
+            "batch1",
+            slices=slices,
+            measured=measured,
+            adjacent_static={**after, "runs": [after["runs"][0], {"failed": 3, "lost": 0}]},
+        ),
+    ]
+    s = summarize(runs)
+    assert s["worst_throughput_vs_best_static"] == round(540 / 700, 4)
+    assert s["worst_throughput_vs_adjacent_static"] == round(540 / 570, 4)
+    assert s["throughput_adjacent_floor"] == round(580 / 560, 4)
+    assert s["throughput_adjacent_target"] == "unresolved: within the noise floor (1.036x " + (
+        "between the same knobs twice)"
+    )
+    entries = s["by_model"]["m"]["c32"]["runs"]
+    assert entries["batch1#0"]["adjacent_ratio"] is None
+    assert s["worst_p99_vs_adjacent_static"] is None
+    assert s["p99_adjacent_target"] == "missed: no figure"
