@@ -57,7 +57,9 @@ ENV PATH=/opt/iotgw/venv/bin:$PATH \
     IOTGW_HTTP__HOST=0.0.0.0 \
     IOTGW_HTTP__ALLOW_UNAUTHENTICATED_ADMIN=true
 USER 10001:10001
-EXPOSE 8080
+# HTTP (and /metrics) on 8080; gRPC (KServe v2, TF Serving, grpc.health.v1) on 8001, on the same
+# interfaces (grpc.port; --no-grpc turns it off).
+EXPOSE 8080 8001
 # Readiness, not liveness: healthy once every model is loaded and MQTT is connected.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=120s --retries=3 \
     CMD ["python", "-c", "import urllib.request as u; u.urlopen('http://127.0.0.1:8080/v2/health/ready', timeout=2)"]

@@ -67,7 +67,7 @@ class Service:
     name: str
     spec: dict[str, Any]
     root: Path
-    port: int  # the free 127.0.0.1 port standing for its one published container port
+    port: int  # the free 127.0.0.1 port standing for its first published container port
     process: subprocess.Popen[bytes] | None = None
     log: Path = field(init=False)
 
@@ -76,7 +76,9 @@ class Service:
 
     @property
     def container_port(self) -> int:
-        (published,) = self.spec["ports"]
+        """The published container port ``port`` stands for: the first listed (a gateway's
+        HTTP port; its gRPC port takes a free one, ``gateway_environment``)."""
+        published = self.spec["ports"][0]
         return int(str(published).rsplit(":", 1)[-1])
 
     @property

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gateway.settings import GatewaySettings
+from gateway.settings import GatewaySettings, GrpcSettings
 from tests.deploy.conftest import DEPLOY, load_one
 
 COMPOSE = DEPLOY / "compose.yaml"
@@ -86,6 +86,16 @@ def test_prometheus_scrapes_every_replica_with_the_metrics_token() -> None:
     assert targets == {f"{name}:8080" for name in _gateways(compose)}
     assert job["authorization"]["credentials_file"] == "/run/secrets/iotgw_metrics_token"
     assert "iotgw_metrics_token" in compose["services"]["prometheus"]["secrets"]
+
+
+def test_every_replica_publishes_its_http_and_grpc_ports_on_host_ports_of_its_own() -> None:
+    host_ports: list[int] = []
+    for service in _gateways(load_one(COMPOSE)).values():
+        ports = {int(p.split(":")[1]): int(p.split(":")[0]) for p in service["ports"]}
+        # The container's own ports: HTTP's and gRPC's defaults (neither is set in the file).
+        assert set(ports) == {GatewaySettings().http.port, GrpcSettings().port}, service["ports"]
+        host_ports += ports.values()
+    assert len(host_ports) == len(set(host_ports)), host_ports
 
 
 def test_grafana_provisioning_finds_the_dashboard_and_its_datasource() -> None:

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from cloudcoil.models.prometheus_operator.v1 import ServiceMonitor
 
-from gateway.settings import ServingSettings
+from gateway.settings import GrpcSettings, ServingSettings
 from tests.deploy.conftest import DEPLOY, load_one, lost, program
 
 K8S = DEPLOY / "k8s"
@@ -64,6 +64,9 @@ def test_grace_period_covers_the_pre_stop_hook_and_the_drain() -> None:
     assert pod["terminationGracePeriodSeconds"] > float(pre_stop[1]) + drain_s
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    # gRPC on the gateway's own default port (it listens on http.host, 0.0.0.0 here).
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"http": 8080, "grpc": GrpcSettings().port}
     # Each pod's MQTT client id (and broker account) is its own, stable name.
     assert env["IOTGW_MQTT__CLIENT_ID"] == "$(POD_NAME)"
 
@@ -96,8 +99,11 @@ def test_service_monitor_selects_the_client_service() -> None:
     wanted = monitor["spec"]["selector"]["matchLabels"].items()
     selected = [s for s in services if wanted <= s["metadata"]["labels"].items()]
     assert [s["metadata"]["name"] for s in selected] == ["iotgw"]
-    (port,) = selected[0]["spec"]["ports"]
-    assert endpoint["port"] == port["name"] and endpoint["path"] == "/metrics"
+    ports = {p["name"]: p for p in selected[0]["spec"]["ports"]}
+    assert endpoint["port"] == "http" and endpoint["path"] == "/metrics"
+    # gRPC beside HTTP, on the gateway's default port, named for the container's port.
+    assert ports["http"]["targetPort"] == "http"
+    assert (ports["grpc"]["port"], ports["grpc"]["targetPort"]) == (8001, "grpc")
 
 
 def test_crd_schema_rejects_a_misspelt_field() -> None:
