@@ -130,6 +130,18 @@ def adjacent(run: dict[str, Any], closed: bool) -> tuple[float, float] | None:
     return ratio, max(a, b) / min(a, b)
 
 
+def _run_entry(
+    run: dict[str, Any], ratio: float, paired: tuple[float, float] | None, settle: float | None
+) -> dict[str, Any]:
+    return {
+        "ratio": round(ratio, 4),
+        "adjacent_ratio": None if paired is None else round(paired[0], 4),
+        "adjacent_floor": None if paired is None else round(paired[1], 4),
+        "settle_s": settle,
+        "final_knobs": run["final_knobs"],
+    }
+
+
 def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     statics = {r["model"]: r for r in runs if r["kind"] == "static"}
     by: dict[str, dict[str, Any]] = {}
@@ -159,13 +171,7 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         paired = adjacent(r, closed)
         if paired is not None:
             near[closed].append(paired)
-        entry["runs"][f"{r['start']}#{r['repeat']}"] = {
-            "ratio": round(ratio, 4),
-            "adjacent_ratio": None if paired is None else round(paired[0], 4),
-            "adjacent_floor": None if paired is None else round(paired[1], 4),
-            "settle_s": settle,
-            "final_knobs": r["final_knobs"],
-        }
+        entry["runs"][f"{r['start']}#{r['repeat']}"] = _run_entry(r, ratio, paired, settle)
     worst_t = min(tput, default=None, key=lambda x: x[0])
     worst_p = max(p99, default=None, key=lambda x: x[0])
     t_floor = max((f for _, f in tput), default=None)

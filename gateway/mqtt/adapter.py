@@ -2,19 +2,13 @@
 replies on the MQTT 5 Response Topic (Correlation Data echoed) or on
 ``<prefix>/infer/<model>/res/<device>``. The wire contract is docs/mqtt.md.
 
-Delivery: QoS 1 with manual acknowledgement: a request is acknowledged right behind its reply,
-on the same connection and in the same write (``paho_seam`` writes what one event-loop pass
-queued at once, corked). The broker reads one TCP stream in order, so it holds the reply and the
-acknowledgement together or neither: a connection lost before the reply arrived leaves the
-request unacknowledged, and the broker redelivers it when the gateway reconnects to its
-persistent session (``session``); one lost after gets no redelivery, so its reply is not sent
-twice (acknowledging on the reply's PUBACK instead, a connection lost between the broker taking
-the reply and its PUBACK arriving brought the request back for a second answer). The broker
-sends at most Receive Maximum unacknowledged requests at once; a request ends when its reply's
-PUBACK arrives, and until then it holds a slot among our own ``receive_maximum`` of replies
-awaiting one. Each request taken is one ``_Delivery`` that ends exactly once (``_end``). Per
-message: routed in paho's receive callback (through ``paho_seam``), then one task decodes it
-at the shared edge, awaits its inference and hands the reply to paho.
+Delivery: QoS 1 with manual acknowledgement, a request acknowledged right behind its reply, on
+the same connection and in the same corked write (``paho_seam``): the broker reads one TCP
+stream in order and holds both or neither, so it redelivers (on the persistent session,
+``session``) a request whose reply it never got and not one it answered. A request ends at its
+reply's PUBACK, holding a slot until then. Each request taken is one ``_Delivery`` that ends
+exactly once (``_end``): routed in paho's receive callback (through ``paho_seam``), then one
+task decodes it at the shared edge, awaits its inference and hands the reply to paho.
 """
 
 from __future__ import annotations
@@ -446,9 +440,7 @@ class MqttAdapter:
         delivery.ended = True
         self._refusing -= delivery.refusal
         self._awaiting -= delivery.acknowledged
-        if not acknowledge:
-            # Its reply may be lost: the broker redelivers the request unless it holds the
-            # acknowledgement, and a redelivery must then be answered, not taken for a repeat.
+        if not acknowledge:  # a redelivery must be answered, not taken for a repeat
             self._seen.forget(delivery.key)
         elif not delivery.acknowledged:
             self._acknowledge(delivery.connection, delivery.mid, delivery.qos)
@@ -459,10 +451,8 @@ class MqttAdapter:
             connection.client.ack(mid, qos)
 
     def _has_slot(self) -> bool:
-        """Whether another request may be taken: fewer than ``receive_maximum`` being served
-        (inference running, or its reply not yet handed over), and fewer than that many
-        replies awaiting their PUBACK, so paho's window for our replies
-        (``session._new_client``) always holds them."""
+        """Fewer than ``receive_maximum`` being served and as many replies awaiting their
+        PUBACK: paho's window for our replies (``session._new_client``) holds them all."""
         serving = self._in_flight - self._refusing - self._awaiting
         return serving < self._limit and self._awaiting < self._limit
 
