@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from benchmarks.find.plan import TARGET_P99, TARGET_SETTLE_S, TARGET_THROUGHPUT, WITHIN
 from benchmarks.judging import judge
@@ -120,8 +120,8 @@ def adjacent(run: dict[str, Any], closed: bool) -> tuple[float, float] | None:
     scores = [_score(r, closed) for r in pair["runs"]]
     if len(scores) != 2 or any(x is None or x <= 0 for x in scores):
         return None
-    a, b = (float(x) for x in scores if x is not None)
-    static = statistics.fmean((a, b))
+    a, b = cast(list[float], scores)
+    static = (a + b) / 2
     if closed:
         ratio = run["measured"]["rate_per_s"] / static
     else:

@@ -335,9 +335,9 @@ class Policy:
         key, budget = self._key(), self.budget
         if (searched := self._searched.get(key, 0)) >= self.settings.measured_trials:
             return None, f"the measured search ran its {searched} trials in this state", False
-        # What lies beyond a candidate that led comes first: ties in the ranking go to it.
         if closed and (shorter := self._shorter_wait(key)) is not None:
             return *shorter, True
+        # What lies beyond a candidate that led comes first: ties in the ranking go to it.
         further = [c for c in self._further.get(key, []) if c != self.incumbent]
         near = neighbours(self.space, self.incumbent, self.cores)
         leads = self._closed_loop_leads(key) if closed else []
@@ -385,8 +385,6 @@ class Policy:
         (``bench find`` run 8). Its trial keeps it on a tie (``Trial.keep_on_tie``)."""
         assert self.incumbent is not None
         inc = self.incumbent
-        if inc.batch_timeout_ms <= 0:
-            return None
         shorter = [
             c
             for c in dict.fromkeys(
@@ -396,18 +394,10 @@ class Policy:
             )
             if c != inc and not self.memory.was_rejected(key, c)
         ]
-        population = self.load_kind.population
-        mine, *theirs = self.queue_model.closed_loop_many([inc, *shorter], population)
-        if mine is None:
-            return None
-        tied = [
-            (c.batch_timeout_ms, c, ms)
-            for c, ms in zip(shorter, theirs, strict=True)
-            if ms is not None and ms <= mine * (1.0 + SAME_PREDICTION)
-        ]
+        tied = self._no_slower(shorter)
         if not tied:
             return None
-        _, best, ms = min(tied)
+        (ms, best), mine = min(tied[1:], key=lambda h: h[1].batch_timeout_ms), tied[0][0]
         return best, (
             f"a shorter timeout: {best} predicted {ms:.1f}ms per request by the closed-loop "
             f"simulation against the incumbent's {mine:.1f}ms; kept unless it measures slower"
@@ -423,9 +413,25 @@ class Policy:
             return False
         if candidate.with_changes({"batch_timeout_ms": inc.batch_timeout_ms}) != inc:
             return False
+        return bool(self._no_slower([candidate]))
+
+    def _no_slower(self, configs: list[Knobs]) -> list[tuple[float, Knobs]]:
+        """(predicted ms, config) of the incumbent first, then of each of ``configs`` the
+        closed-loop simulation predicts no slower than it (within ``SAME_PREDICTION``); empty
+        when none is, or nothing is predicted."""
+        assert self.incumbent is not None
+        if not configs:
+            return []
         population = self.load_kind.population
-        mine, theirs = self.queue_model.closed_loop_many([inc, candidate], population)
-        return mine is not None and theirs is not None and theirs <= mine * (1.0 + SAME_PREDICTION)
+        mine, *theirs = self.queue_model.closed_loop_many([self.incumbent, *configs], population)
+        if mine is None:
+            return []
+        tied = [
+            (ms, c)
+            for c, ms in zip(configs, theirs, strict=True)
+            if ms is not None and ms <= mine * (1.0 + SAME_PREDICTION)
+        ]
+        return [(mine, self.incumbent), *tied] if tied else []
 
     def _closed_loop_pick(self, pool: list[Knobs]) -> tuple[Knobs, str]:
         """The configuration the closed-loop simulation predicts fastest per request, and why."""
