@@ -8,8 +8,8 @@ elsewhere; ``uvloop`` insists on it; ``asyncio`` is the standard loop, exactly a
 
 Everything the gateway does on its loop works on both: aiohttp's server, paho-mqtt's sockets
 (aiomqtt's reader and writer callbacks), ``run_in_executor``, ``call_soon_threadsafe``, signal
-handlers, and the embedded mosquitto child (``asyncio.create_subprocess_exec`` with a
-``preexec_fn``, which uvloop runs in the child as asyncio does).
+handlers, and the embedded mosquitto child (``asyncio.create_subprocess_exec`` through
+``setpriv``, see ``gateway.children``).
 """
 
 from __future__ import annotations

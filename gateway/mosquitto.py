@@ -12,19 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 import fcntl
 import logging
 import os
 import pwd
 import shutil
-import signal
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
+from gateway.children import dying_with_parent
 from gateway.lifecycle import StartupError
 
 log = logging.getLogger("gateway.broker")
@@ -39,7 +35,6 @@ MAX_QUEUED_MESSAGES = 1_000_000
 MAX_QUEUED_BYTES = 256 * 1024 * 1024
 _START_TIMEOUT_S = 10.0
 _STOP_TIMEOUT_S = 5.0
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def broker_dir(cache_dir: Path, port: int) -> Path:
@@ -53,28 +48,6 @@ def find_mosquitto() -> str | None:
         if found:
             return found
     return None
-
-
-def die_with_parent() -> None:
-    """Runs in the child between fork and exec. Without it a SIGKILLed gateway would leave its
-    broker running and holding the port, so the next start fails. The kernel sends the signal
-    when the *thread* that forked exits; the event loop's thread forks here, and it lives as
-    long as the gateway. Only the prctl call runs here: after a fork in a threaded process the
-    child may take no lock another thread held."""
-    if _prctl is not None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-
-
-def _load_prctl() -> Callable[..., int] | None:
-    # Looked up in the parent: the child must not load libraries between fork and exec.
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
-    libc = ctypes.CDLL(name, use_errno=True)
-    return getattr(libc, "prctl", None)
-
-
-_prctl = _load_prctl() if sys.platform.startswith("linux") else None
 
 
 class MosquittoBroker:
@@ -189,14 +162,13 @@ class MosquittoBroker:
 
     async def _start_process(self, config: Path) -> None:
         with self.log_file.open("wb") as out:
+            argv, preexec = dying_with_parent([self.binary, "-c", str(config)])
             self._process = await asyncio.create_subprocess_exec(
-                self.binary,
-                "-c",
-                str(config),
+                *argv,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=out,
                 stderr=asyncio.subprocess.STDOUT,
-                preexec_fn=die_with_parent,
+                preexec_fn=preexec,
             )
         try:
             await self._wait_listening()

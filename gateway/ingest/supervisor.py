@@ -1,7 +1,7 @@
 """Starts the ingest processes, restarts one that exits (with backoff, so a process that cannot
 start does not spin), and stops them: SIGTERM first, so each answers what it took, then SIGKILL
 after the grace period. Each dies with the serving process even when that one is SIGKILLed
-(``PR_SET_PDEATHSIG``), so none is left holding the port."""
+(``gateway.children``), so none is left holding the port."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from gateway.mosquitto import die_with_parent
+from gateway.children import dying_with_parent
 
 log = logging.getLogger("gateway.ingest")
 
@@ -57,9 +57,8 @@ class IngestSupervisor:
         backoff = _BACKOFF_FIRST_S
         while not self._stopping:
             started = time.monotonic()
-            proc = await asyncio.create_subprocess_exec(
-                *self._argv, "--index", str(index), preexec_fn=die_with_parent
-            )
+            argv, preexec = dying_with_parent([*self._argv, "--index", str(index)])
+            proc = await asyncio.create_subprocess_exec(*argv, preexec_fn=preexec)
             self._procs[index] = proc
             code = await proc.wait()
             if self._stopping:
