@@ -21,9 +21,11 @@
   measured, even at the most favourable ratio it has shown (the configuration it was most
   pessimistic about), cannot win a trial: the search rests instead of measuring it. Each miss
   in that direction widens the band, so a simulation that has been wrong in a neighbour's
-  favour loses its veto by itself. The band is kept per kind of batching (eager, or with a
-  timeout): the simulation under-predicts eager batches (16 rows measured at 32 connections
-  where it forms 1), and that error says nothing about how wrong it is about timeouts.
+  favour loses its veto by itself. The band is kept per kind of configuration: per kind of
+  batching (eager, or with a timeout: the simulation under-predicts eager batches, 16 rows
+  measured at 32 connections where it forms 1, and that error says nothing about how wrong it
+  is about timeouts) and per split of the cores (instances, threads each: the event loop's
+  share of the cores, which the simulation does not see, differs between splits).
 - **The measured neighbourhood** (``neighbours``): the configurations one notch from the
   incumbent on each axis, the same cores split the other way (instances and threads swapped),
   plus the corners that matter on a small box (the largest batch with
@@ -210,7 +212,8 @@ class LoadKind:
 class ClosedLoopBand:
     """How far the closed-loop simulation's time per request has been from the measured one,
     per configuration measured in this workload state (``measured / predicted``, each
-    configuration's median over its windows: one noisy window does not make a band)."""
+    configuration's median over its windows: one noisy window does not make a band), judged
+    per kind of configuration (``_kind``): its error on one kind shows nothing of another."""
 
     least: int = 3
     """Configurations measured before the band may rule a neighbour out: fewer do not show
@@ -232,15 +235,15 @@ class ClosedLoopBand:
     def lowest_ratio(self, like: Knobs | None = None) -> float | None:
         """The most favourable ratio shown (the simulation's largest overestimate), None
         before ``least`` configurations were measured; with ``like``, over the configurations
-        of its kind of batching only (eager, or with a timeout)."""
-        seen = [w for c, w in self._seen.items() if like is None or _eager(c) == _eager(like)]
+        of its kind (``_kind``) only."""
+        seen = [w for c, w in self._seen.items() if like is None or _kind(c) == _kind(like)]
         if len(seen) < self.least:
             return None
         return min(statistics.median(r for r, _ in w) for w in seen)
 
     def configurations_like(self, like: Knobs) -> int:
-        """Configurations of ``like``'s kind of batching measured in this state."""
-        return sum(_eager(c) == _eager(like) for c in self._seen)
+        """Configurations of ``like``'s kind (``_kind``) measured in this state."""
+        return sum(_kind(c) == _kind(like) for c in self._seen)
 
     def measured_ms(self, config: Knobs) -> float | None:
         """The median measured time per request of ``config`` in this state, if measured."""
@@ -251,8 +254,7 @@ class ClosedLoopBand:
         self, candidate: Knobs, predicted_ms: float, incumbent: Knobs, margin: float
     ) -> bool:
         """Whether ``candidate``, predicted at ``predicted_ms``, cannot beat ``incumbent``'s
-        measured time by ``margin`` even at the most favourable ratio shown for its kind of
-        batching."""
+        measured time by ``margin`` even at the most favourable ratio shown for its kind."""
         lowest, mine = self.lowest_ratio(candidate), self.measured_ms(incumbent)
         if lowest is None or mine is None:
             return False
@@ -263,8 +265,17 @@ class ClosedLoopBand:
         self._seen.clear()
 
 
-def _eager(config: Knobs) -> bool:
-    return config.batch_timeout_ms <= 0
+def _kind(config: Knobs) -> tuple[bool, int, int]:
+    """What the closed-loop simulation's error depends on: the kind of batching (eager, or
+    with a timeout: it under-predicts eager batches) and the split of the cores (instances,
+    intra-op threads each). The simulation runs a split's measured batch service times behind
+    the event loop's cost per request as measured, and what a split changes most is the
+    loop's share of the cores: with one instance's two threads on both cores the loop decodes
+    only when a core is free. sensor_mlp at 32 connections (``bench find`` run 10) rested on
+    1 ms, one instance of two threads at 4,845 answers a second, ruled out by a band of the
+    two-thread timeouts it measured, while 2 ms on one single-thread instance, a split it had
+    measured only eagerly, served 5,480 right after."""
+    return config.batch_timeout_ms <= 0, config.concurrency, config.intra_op_threads
 
 
 AXES = ("max_batch_size", "batch_timeout_ms", "concurrency", "intra_op_threads")

@@ -139,8 +139,7 @@ class Policy:
         self.trial: Trial | None = None
         self.workload: WorkloadState | None = None
         self.verdict: Verdict | None = None
-        self.last_rebuild_end = -float("inf")
-        self.last_rebuild_s = 0.0
+        self.last_rebuild_end, self.last_rebuild_s = -float("inf"), 0.0
         self._after: tuple[str, str] | None = None  # (kind, reason) of the interval after a trial
         self._recall: Knobs | None = None
         self._baseline: Window | None = None  # the incumbent's last window in this state
@@ -156,6 +155,7 @@ class Policy:
         self._gated_at = -math.inf
         self.rest = Rest(s.rest, s.interval_s)
         self._asked: tuple[StateKey, Knobs] | None = None  # where the gate let nothing through
+        self._rests_on = ""  # why nothing is left to try there: what a rest's decisions repeat
         self._pending: list[tuple[Knobs, Arrivals, Measurement]] = []
         self.trust = ModelTrust(kappa=s.gate.kappa)
         self._searched: dict[StateKey, int] = {}  # measured-search trials per state
@@ -260,6 +260,7 @@ class Policy:
             if concluded and not held_back:
                 # Nothing to try at this load (and no cores wanted from the budget): rest.
                 self._asked = (self._key(), self.incumbent)
+                self._rests_on = not_tried.removeprefix("; ") or verdict.reason
             reason = verdict.reason + not_tried + held_back
             return Step(self.incumbent, "exploit", reason, verdict.incumbent, verdict)
         return self._start_trial(candidate, verdict.reason, verdict)
@@ -351,9 +352,10 @@ class Policy:
         if not pool:
             return None, "every neighbour lost a measured trial in this state", False
         if closed:
-            best, why = self._closed_loop_pick(pool)
-            if (out := self._beyond_the_band(best, len(pool))) is not None:
-                return None, out, False
+            pick, why = self._closed_loop_pick(pool)
+            if pick is None:
+                return None, why, False
+            best = pick
         elif not self.trust.trusted or unproven:
             best = min(pool, key=lambda c: _or_inf(self.tuner.predict(c)))
             why = f"{self._why_untrusted(unproven)}: candidates are tried on measurement"
@@ -433,40 +435,44 @@ class Policy:
         ]
         return [(mine, self.incumbent), *tied] if tied else []
 
-    def _closed_loop_pick(self, pool: list[Knobs]) -> tuple[Knobs, str]:
-        """The configuration the closed-loop simulation predicts fastest per request, and why."""
+    def _closed_loop_pick(self, pool: list[Knobs]) -> tuple[Knobs | None, str]:
+        """The neighbour the closed-loop simulation predicts fastest per request among those
+        its band (``rrl.agent.evidence.ClosedLoopBand``) does not rule out, and why; (None, why
+        not) when it rules out every one: even at the most favourable ratio of measured to
+        predicted time the simulation has shown in this state for a neighbour's kind, it is no
+        faster than the incumbent measured by the trial's margin. Each neighbour is judged by
+        its own kind's band: one the band cannot judge (a kind measured too little) is kept."""
         assert self.incumbent is not None
         population = self.load_kind.population
         mine, *theirs = self.queue_model.closed_loop_many([self.incumbent, *pool], population)
-        ms, best = min(zip(theirs, pool, strict=True), key=lambda h: _or_inf(h[0]))
+        ranked = sorted(zip(theirs, pool, strict=True), key=lambda h: _or_inf(h[0]))
+        # The smallest margin a trial asks for, not the incumbent's noise: a noisy incumbent
+        # must not make a neighbour easier to rule out.
+        margin, band = self.settings.trial_margin, self.band
+        kept = [
+            (ms, c)
+            for ms, c in ranked
+            if ms is None or not band.rules_out(c, ms, self.incumbent, margin)
+        ]
+        if not kept:
+            ms, best = ranked[0]
+            assert ms is not None
+            lowest, measured = band.lowest_ratio(best), band.measured_ms(self.incumbent)
+            assert lowest is not None and measured is not None
+            return None, (
+                f"not tried: {len(pool)} untried neighbour(s), each ruled out by the band of "
+                f"its kind; the best, {best}, predicted {ms:.1f}ms per request by the "
+                "closed-loop simulation: at its most favourable error on the "
+                f"{band.configurations_like(best)} configurations of its kind measured here "
+                f"(measured {lowest:.2f}x predicted) none beats the incumbent's measured "
+                f"{measured:.1f}ms by the margin ({margin:.0%})"
+            )
+        ms, best = kept[0]
         predicted = "unknown" if ms is None else f"{ms:.1f}ms"
         against = "" if mine is None else f" against the incumbent's {mine:.1f}ms"
         return best, (
             f"closed loop of {population} requests (the open-loop model does not apply): "
             f"{best} predicted {predicted} per request by the closed-loop simulation{against}"
-        )
-
-    def _beyond_the_band(self, best: Knobs, untried: int) -> str | None:
-        """Why ``best``, the neighbour the closed-loop simulation ranks first, is not measured:
-        even at the most favourable ratio of measured to predicted time the simulation has
-        shown in this state (``rrl.agent.evidence.ClosedLoopBand``), it is no faster than the
-        incumbent measured by the trial's margin; None when it may be."""
-        assert self.incumbent is not None
-        predicted = self.queue_model.closed_loop_ms(best, self.load_kind.population)
-        # The smallest margin a trial asks for, not the incumbent's noise: a noisy incumbent
-        # must not make a neighbour easier to rule out.
-        margin, band = self.settings.trial_margin, self.band
-        if predicted is None or not band.rules_out(best, predicted, self.incumbent, margin):
-            return None
-        lowest, mine = band.lowest_ratio(best), band.measured_ms(self.incumbent)
-        assert lowest is not None and mine is not None
-        return (
-            f"not tried: {untried} untried neighbour(s), the best {best} predicted "
-            f"{predicted:.1f}ms per request by the closed-loop simulation; at its most "
-            f"favourable error on the {band.configurations_like(best)} configurations of its "
-            "kind of batching measured here "
-            f"(measured {lowest:.2f}x predicted) none beats the incumbent's measured "
-            f"{mine:.1f}ms by the margin ({margin:.0%})"
         )
 
     def _closed_loop_leads(self, key: StateKey) -> list[Knobs]:
@@ -751,9 +757,9 @@ class Policy:
             self._gated_at = -math.inf  # the gate asked again; a "no" rests again, longer
             return None
         reason = (
-            f"resting since {self._clock() - rest.since:.0f}s: the gate let nothing through "
-            f"at this load and the incumbent meets the SLO with margin; next window "
-            f"{rest.interval_s:g}s"
+            f"resting since {self._clock() - rest.since:.0f}s, the incumbent meeting the SLO "
+            f"with margin: {self._rests_on or 'the gate let nothing through at this load'}; "
+            f"next window {rest.interval_s:g}s"
         )
         return Step(
             self.incumbent, "exploit", reason, self.queue_model.cached(self.incumbent, arrivals)

@@ -407,7 +407,7 @@ def test_no_configuration_measured_within_the_slo_means_no_fall_back() -> None:
 
 def test_the_closed_loop_band_is_the_most_favourable_ratio_over_enough_configurations() -> None:
     band = ClosedLoopBand(least=3)
-    a, b, c = Knobs(8, 0.0, 2, 1, 1), Knobs(16, 0.0, 2, 1, 1), Knobs(32, 0.0, 1, 2, 1)
+    a, b, c = Knobs(8, 0.0, 2, 1, 1), Knobs(16, 0.0, 2, 1, 1), Knobs(32, 0.0, 2, 1, 1)
     band.observe(a, predicted_ms=50.0, measured_ms=60.0)
     band.observe(b, predicted_ms=40.0, measured_ms=70.0)
     assert band.lowest_ratio() is None  # two configurations do not show the simulation's error
@@ -428,7 +428,7 @@ def test_the_closed_loop_band_is_kept_per_kind_of_batching() -> None:
     """The simulation's error on eager batching (it under-predicts eager batches) does not
     widen the band a timeout is judged by, nor the other way round."""
     band = ClosedLoopBand(least=2)
-    eager = [Knobs(32, 0.0, 1, 1, 1), Knobs(16, 0.0, 2, 1, 1)]
+    eager = [Knobs(32, 0.0, 1, 1, 1), Knobs(16, 0.0, 1, 1, 1)]
     timed = [Knobs(32, 2.0, 1, 1, 1), Knobs(32, 4.0, 1, 1, 1)]
     for config in eager:
         band.observe(config, predicted_ms=15.0, measured_ms=6.6)  # measured 0.44x predicted
@@ -438,11 +438,52 @@ def test_the_closed_loop_band_is_kept_per_kind_of_batching() -> None:
     assert band.lowest_ratio(timed[0]) == pytest.approx(1.05)
     assert band.lowest_ratio(eager[0]) == pytest.approx(0.44)
     assert band.lowest_ratio() == pytest.approx(0.44)
-    slow_timeout, slow_eager = Knobs(128, 8.0, 2, 1, 1), Knobs(64, 0.0, 2, 1, 1)
+    slow_timeout, slow_eager = Knobs(128, 8.0, 1, 1, 1), Knobs(64, 0.0, 1, 1, 1)
     # 8.7 ms predicted for a timeout, at the timeouts' 1.05: 9.1 ms, no faster than 6.3 ms.
     assert band.rules_out(slow_timeout, 8.7, timed[0], margin=0.05)
     # The same prediction for eager batching, at eager's 0.44: 3.8 ms, maybe faster.
     assert not band.rules_out(slow_eager, 8.7, timed[0], margin=0.05)
+
+
+def test_the_closed_loop_band_is_kept_per_split_of_the_cores() -> None:
+    """Timeouts measured on one instance of two threads (the loop waits for a core there) say
+    nothing of the simulation's error on one single-thread instance: a neighbour of that split
+    stays to be measured until its own kind was measured, and is then judged by its own band."""
+    band = ClosedLoopBand(least=3)
+    two_threads = [Knobs(32, t, 1, 2, 1) for t in (1.0, 2.0)] + [Knobs(64, 1.0, 1, 2, 1)]
+    for config in two_threads:
+        band.observe(config, predicted_ms=5.7, measured_ms=6.3)  # 1.11x predicted
+    incumbent, one_thread = two_threads[0], Knobs(32, 2.0, 1, 1, 1)
+    assert band.rules_out(Knobs(128, 1.0, 1, 2, 1), 5.7, incumbent, margin=0.05)
+    assert band.lowest_ratio(one_thread) is None and band.configurations_like(one_thread) == 0
+    assert not band.rules_out(one_thread, 5.7, incumbent, margin=0.05)
+    for config in (Knobs(32, t, 1, 1, 1) for t in (1.0, 4.0, 8.0)):
+        band.observe(config, predicted_ms=5.7, measured_ms=5.1)  # 0.89x predicted
+    assert band.lowest_ratio(one_thread) == pytest.approx(0.895, rel=1e-2)
+    assert not band.rules_out(one_thread, 5.7, incumbent, margin=0.05)  # 5.1 ms beats 6.3
+
+
+def test_a_closed_loop_search_measures_the_fastest_neighbour_its_kinds_band_leaves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The simulation ranks a two-thread timeout first, but three of that kind measured 10%
+    slower than it predicts rule it out; the next, one single-thread instance with a timeout,
+    a kind not measured here, is measured rather than the search resting."""
+    incumbent = Knobs(32, 1.0, 1, 2, 1)
+    measured = [incumbent, Knobs(32, 2.0, 1, 2, 1), Knobs(64, 1.0, 1, 2, 1)]
+    first, second = Knobs(128, 1.0, 1, 2, 1), Knobs(32, 1.0, 1, 1, 1)
+    predicted = {**{c: 5.7 for c in measured}, first: 5.6, second: 5.65}
+    policy = closed_loop_policy(monkeypatch, predicted)
+    policy.begin(incumbent)
+    for config in measured:
+        policy.learn(Step(config, "exploit" if config == incumbent else "explore"), served(6.3))
+        if config != incumbent:
+            policy.memory.reject(policy._key(), config)
+    assert policy.band.rules_out(first, 5.6, incumbent, policy.settings.trial_margin)
+    pick, why = policy._closed_loop_pick([first, second])
+    assert pick == second, why
+    pick, why = policy._closed_loop_pick([first])
+    assert pick is None and "each ruled out by the band of its kind" in why
 
 
 def closed_loop_policy(monkeypatch: pytest.MonkeyPatch, predicted_ms: dict[Knobs, float]) -> Policy:
@@ -484,22 +525,38 @@ def searched_closed_loop(monkeypatch: pytest.MonkeyPatch, measured_b_ms: float) 
 def test_a_closed_loop_search_rests_when_the_simulation_within_its_band_rules_all_out(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Three configurations measured within 10% of the simulation: a neighbour it puts 30%
-    slower than the incumbent is not measured, and the search says why."""
+    """Three configurations of a kind measured within 10% of the simulation: a neighbour of
+    that kind it puts 30% slower than the incumbent is not measured; once every untried
+    neighbour's kind is so measured, the search rests and says why."""
     policy = searched_closed_loop(monkeypatch, measured_b_ms=75.0)
     assert policy.band.configurations == 3 and policy.band.lowest_ratio() == pytest.approx(
         1.04, rel=1e-2
     )
-    # The three are eager batching: they show nothing of the simulation's error on a timeout,
-    # so the neighbour with one is measured, however slow it is predicted.
+    # The three are eager batching on one single-thread instance: they show nothing of the
+    # simulation's error on a timeout, so the neighbour with one is measured, however slow it
+    # is predicted; nor of it on another split of the cores.
     timed = next(c for c in neighbours(SPACE, INCUMBENT, 2) if c.batch_timeout_ms > 0)
     step = policy.choose()
     assert step.kind == "explore" and step.config == timed, step.reason
     policy.trial = None
     policy.memory.reject(policy._key(), timed)  # it lost its trial
     step = policy.choose()
+    assert step.kind == "explore", step.reason
+    assert (step.config.concurrency, step.config.intra_op_threads) != (1, 1)
+    policy.trial = None
+    # Three of each other split measured at 0.9x the simulation's 100 ms: each remaining
+    # neighbour, predicted 65 ms, would measure 58.5, not under 52 ms less 5%.
+    for split in ((2, 1), (1, 2)):
+        for batch in (2, 8, 16):
+            policy.learn(Step(Knobs(batch, 0.0, *split, 1), "explore"), served(90.0))
+    step = policy.choose()
     assert step.kind == "exploit" and step.config == INCUMBENT, step.reason
+    assert "each ruled out by the band of its kind" in step.reason
     assert "none beats the incumbent's measured 52.0ms by the margin (5%)" in step.reason
+    policy.learn(Step(INCUMBENT, "exploit"), served(30.0))  # within half the 100 ms SLO
+    assert policy.rest.resting
+    rest = policy.rest_step()  # each decision of the rest names what it rests on
+    assert rest is not None and "each ruled out by the band of its kind" in rest.reason
 
 
 def test_a_simulation_that_was_wrong_in_a_neighbours_favour_loses_its_veto(
