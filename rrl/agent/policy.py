@@ -72,7 +72,7 @@ from rrl.agent.memory import StateKey, StateMemory
 from rrl.agent.queueing import OVERLOADED, Arrivals, Prediction, QueueModel
 from rrl.agent.resting import Rest
 from rrl.agent.settings import ONLINE_TUNERS, AgentSettings
-from rrl.agent.trial import Outcome, Trial, Window, relative_noise
+from rrl.agent.trial import BASELINE_WINDOWS, Outcome, Trial, Window, relative_noise
 from rrl.tuners.ask_tell import PerWorkload, TuningProblem
 from rrl.tuners.measurement import Measurement
 from rrl.tuners.objective import at_slo, make_objective
@@ -142,7 +142,7 @@ class Policy:
         self.last_rebuild_end, self.last_rebuild_s = -float("inf"), 0.0
         self._after: tuple[str, str] | None = None  # (kind, reason) of the interval after a trial
         self._recall: Knobs | None = None
-        self._baseline: Window | None = None  # the incumbent's last window in this state
+        self._baseline: deque[Window] = deque(maxlen=BASELINE_WINDOWS)  # its last windows here
         self._since_trial = s.trial_gap
         self._last_measured: LastWindow | None = None
         self._incumbent_values: deque[float] = deque(maxlen=8)
@@ -212,7 +212,8 @@ class Policy:
         config, median = found
         self.memory.reject(key, incumbent)
         self.memory.forgive(key, config)
-        self.incumbent, self._violating, self._baseline = config, 0, None
+        self.incumbent, self._violating = config, 0
+        self._baseline.clear()
         self._incumbent_values.clear()
         self._since_trial = 0
         reason = (
@@ -298,7 +299,7 @@ class Policy:
         self.trial = Trial(
             self.incumbent,
             candidate,
-            self._baseline,
+            tuple(self._baseline),
             interleave=not rebuild,
             margin=self._trial_margin() * (2.0 if blind else 1.0),
             predicted_gain=verdict.gain,
@@ -623,7 +624,7 @@ class Policy:
                 self.trial = Trial(
                     self.incumbent,
                     config,
-                    self._baseline,
+                    tuple(self._baseline),
                     interleave=False,
                     margin=self._trial_margin(),
                     accept_below=limit,
@@ -940,7 +941,7 @@ class Policy:
         outcome = trial.record(config, value, load, self._normalise)
         # Beyond the safety limit a candidate goes back at once, unless the incumbent's last
         # window measured worse still (an overloaded incumbent: the candidate may be the way out).
-        base = trial.baseline
+        base = trial.baseline[-1] if trial.baseline else None
         unsafe = value > self._unsafe_value(config) and (base is None or value >= base.objective)
         if outcome is None and config == trial.candidate and unsafe:
             outcome = Outcome(
@@ -960,7 +961,9 @@ class Policy:
             self.memory.reject(key, trial.incumbent)  # it lost: not tried again in this state
             self.incumbent, self._violating = trial.candidate, 0
             self.memory.remember(key, trial.candidate, outcome.candidate)
-            self._baseline = Window(trial.candidate, value, load)
+            # Its trial windows are the new incumbent's first measurements here.
+            won = [w for w in trial.windows if w.config == trial.candidate]
+            self._baseline = deque(won[-BASELINE_WINDOWS:], maxlen=BASELINE_WINDOWS)
             self._incumbent_values.clear()
             self._after = ("accept", outcome.reason)
         else:
@@ -973,7 +976,7 @@ class Policy:
         return outcome
 
     def _incumbent_window(self, config: Knobs, value: float, rate: float) -> None:
-        self._baseline = Window(config, value, rate)
+        self._baseline.append(Window(config, value, rate))
         self._violating = self._violating + 1 if self._violates(config, value) else 0
         self._incumbent_values.append(value)
         self._since_trial += 1
@@ -1022,7 +1025,7 @@ class Policy:
         assert self.workload is not None
         self.tuner.set_workload(self.workload)
         self._draining = False
-        self._baseline = None
+        self._baseline.clear()
         self._incumbent_values.clear()
         self._violating = 0
         self._gated_at = -math.inf
