@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.deploy.conftest import DEPLOY
@@ -54,7 +56,7 @@ async def test_dashboard_metrics_and_probes_exist_on_a_live_gateway(
     repo = make_repo(tmp_path / "repo", demo_repo, {"sensor_mlp": None})
     (sts,) = [d for d in render(K8S / "base") if d["kind"] == "StatefulSet"]
     (container,) = sts["spec"]["template"]["spec"]["containers"]
-    probes = [container[p]["httpGet"]["path"] for p in ("readinessProbe", "livenessProbe")]
+    probes = [container[p] for p in ("startupProbe", "readinessProbe", "livenessProbe")]
     async with (
         running_gateway(repo, tmp_path / "cache") as gw,
         aiohttp.ClientSession() as http,
@@ -62,9 +64,17 @@ async def test_dashboard_metrics_and_probes_exist_on_a_live_gateway(
         async with http.get(base_url(gw) + "/metrics") as r:
             assert r.status == 200
             exposition = await r.text()
-        for path in probes:
-            async with http.get(base_url(gw) + path) as r:
-                assert r.status == 200, path
+        for probe in probes:
+            if "grpc" in probe:  # as the kubelet asks: Check, no TLS, no token
+                assert gw.grpc is not None
+                async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.grpc.port}") as channel:
+                    health: Any = health_pb2_grpc.HealthStub(channel)  # the stubs type no calls
+                    ask = health_pb2.HealthCheckRequest(service=probe["grpc"].get("service", ""))
+                    reply = await health.Check(ask, timeout=10)
+                assert reply.status == health_pb2.HealthCheckResponse.SERVING, probe
+                continue
+            async with http.get(base_url(gw) + probe["httpGet"]["path"]) as r:
+                assert r.status == 200, probe
     exposed = exposed_names(exposition)
     queried = {
         name

@@ -62,7 +62,8 @@ def test_grace_period_covers_the_pre_stop_hook_and_the_drain() -> None:
     pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[0] == "sleep"
     assert pod["terminationGracePeriodSeconds"] > float(pre_stop[1]) + drain_s
-    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    # Readiness over grpc.health.v1 on the gRPC port, the server as a whole ("" service).
+    assert container["readinessProbe"]["grpc"] == {"port": GrpcSettings().port}
     assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     # gRPC on the gateway's own default port (it listens on http.host, 0.0.0.0 here).
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
