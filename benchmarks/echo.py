@@ -23,7 +23,7 @@ from aiohttp import web
 from benchmarks.mqtt_clients import CORRELATION_DATA, Packed, connect, mqtt_string, receive_with
 from benchmarks.servers import HOST, HTTP_ECHO_READY, MQTT_ECHO_READY
 from gateway.codecs.oip import HEADER_LENGTH
-from gateway.mqtt import Message
+from gateway.mqtt.paho_seam import Message
 
 
 async def _echo(request: web.Request) -> web.Response:

@@ -25,7 +25,8 @@ from paho.mqtt.properties import VariableByteIntegers
 
 from benchmarks.common import machine_busy_seconds, process_cpu_seconds
 from benchmarks.loadgen import LoadJob, run_http_job
-from gateway.mqtt import Message, parse_publish
+from gateway.mqtt.paho_seam import Message
+from gateway.mqtt.wire import parse_publish
 
 # MQTT 5 property identifiers written here.
 RESPONSE_TOPIC = b"\x08"

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from gateway.broker import EmbeddedBroker, embedded_broker
+from gateway.brokers.embedded import EmbeddedBroker, embedded_broker
 from gateway.edge import Edge
 from gateway.http import build_app
 from gateway.http_security import http_runner, server_ssl_context
@@ -27,7 +27,8 @@ from gateway.ingest.supervisor import IngestSupervisor
 from gateway.lifecycle import InFlight, Readiness, StartupError, models_check
 from gateway.metrics import GatewayMetrics
 from gateway.model_loading import resolve_model_repo
-from gateway.mqtt import BrokerAddress, MqttAdapter
+from gateway.mqtt.adapter import MqttAdapter
+from gateway.mqtt.session import BrokerAddress
 from gateway.ports import check_ports
 from gateway.service import InferenceService
 from gateway.settings import GatewaySettings

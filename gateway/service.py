@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gateway.batching.instances import StuckCalls
 from gateway.codecs.datatypes import dtype_label
 from gateway.errors import (
     BadRequest,
@@ -30,7 +31,6 @@ from gateway.errors import (
     NotFound,
     PayloadTooLarge,
 )
-from gateway.instances import StuckCalls
 from gateway.metrics import GatewayMetrics
 from gateway.model_host import (
     Fingerprint,

@@ -19,7 +19,7 @@ from pydantic_settings import (
 )
 
 from gateway.codecs.limits import DecodeLimits
-from gateway.mqtt_trust import check_pattern
+from gateway.mqtt.trust import check_pattern
 from gateway.settings_security import (
     check_admin_exposure,
     check_tls_pair,

@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 
 from gateway.lifecycle import Readiness
-from gateway.mqtt import BrokerAddress
-from gateway.mqtt_trust import ReplyNamespace
+from gateway.mqtt.session import BrokerAddress
+from gateway.mqtt.trust import ReplyNamespace
 from gateway.service import InferenceService, VersionStatus
 from gateway.settings import GatewaySettings
 

@@ -26,7 +26,8 @@ from gateway.ingest import proxy
 from gateway.ingest.remote import RemoteService
 from gateway.lifecycle import InFlight
 from gateway.logs import configure_logging
-from gateway.mqtt import BrokerAddress, MqttAdapter
+from gateway.mqtt.adapter import MqttAdapter
+from gateway.mqtt.session import BrokerAddress
 from gateway.settings import GatewaySettings
 
 log = logging.getLogger("gateway.ingest")

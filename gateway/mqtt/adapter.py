@@ -24,7 +24,7 @@ import aiomqtt
 import paho.mqtt.client as paho
 from paho.mqtt.properties import Properties
 
-from gateway.answer_lag import AnswerLag
+from gateway.batching.answer_lag import AnswerLag
 from gateway.codecs import json_codec, oip
 from gateway.core import ServingCore
 from gateway.edge import Edge, Phase, error_document

@@ -1,6 +1,6 @@
 """Trust refusals told to the operator: a request refused for its route (a Response Topic
 outside the device's reply namespace, a publisher identity that does not match,
-``gateway/mqtt_trust.py``) is answered with a 403 on the device's default reply topic, which an
+``gateway/mqtt/trust.py``) is answered with a 403 on the device's default reply topic, which an
 MQTT 5 requester reading only its Response Topic never sees. Without a log line the device just
 times out and nobody can tell why, so the first refusal of each device is logged at INFO, with
 the device, what it asked for, the rule and where the 403 went.

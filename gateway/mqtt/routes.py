@@ -1,5 +1,5 @@
 """Where a request comes from and where its reply goes: the request topic parsed (cached,
-bounded), the Response Topic checked against the device's trust rules (``gateway/mqtt_trust.py``),
+bounded), the Response Topic checked against the device's trust rules (``gateway/mqtt/trust.py``),
 and the key a request is known by for duplicate detection."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from gateway.edge import OFFLOAD_BYTES
 from gateway.errors import GatewayError
 from gateway.mqtt.paho_seam import Message
 from gateway.mqtt.refusals import RefusalLog
-from gateway.mqtt_trust import DeviceTrust, ReplyNamespace
+from gateway.mqtt.trust import DeviceTrust, ReplyNamespace
 from gateway.settings import MqttSettings
 
 _ROUTE_CACHE_ENTRIES = 4096
@@ -24,7 +24,7 @@ class Route:
 
     ``refusal`` is set when the request may not be served as sent (a Response Topic outside the
     device's reply namespace, a publisher identity that does not match the topic's device,
-    gateway/mqtt_trust.py); ``reply_topic`` is then the device's own default reply topic. The
+    gateway/mqtt/trust.py); ``reply_topic`` is then the device's own default reply topic. The
     request path calls ``raise_if_refused`` before decoding, so the refusal is answered like any
     other ``GatewayError`` (a 403 error reply on ``reply_topic``) and acknowledged."""
 

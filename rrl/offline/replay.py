@@ -144,7 +144,8 @@ def simulate(
 
 
 RATE_WINDOW = 64
-"""Arrivals the gateway's batcher estimates the arrival rate from (``gateway.arrivals``)."""
+"""Arrivals the gateway's batcher estimates the arrival rate from
+(``gateway.batching.arrivals``)."""
 RATE_PRIOR = 3.0
 """Arrivals it adds to what it watched: an upper estimate, so a short watch keeps the wait."""
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.amqtt_auth import MosquittoPbkdf2Hasher
+from gateway.brokers.amqtt_auth import MosquittoPbkdf2Hasher
 
 
 def test_a_hash_it_writes_verifies_and_a_wrong_password_does_not() -> None:

@@ -11,7 +11,7 @@ import aiomqtt
 import pytest
 import pytest_asyncio
 
-from gateway.broker import AmqttBroker
+from gateway.brokers.embedded import AmqttBroker
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

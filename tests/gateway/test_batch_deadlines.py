@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.answer_lag import AnswerLag
+from gateway.batching.answer_lag import AnswerLag
+from gateway.batching.service_time import STALE_AFTER_S
 from gateway.errors import GatewayError
-from gateway.service_time import STALE_AFTER_S
 from gateway.types import InferenceRequest
 from models.runtime import Runtime
 from tests.gateway.gated_runtime import (  # noqa: F401 (*_fixture: pytest fixtures)

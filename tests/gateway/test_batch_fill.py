@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gateway.arrivals import ArrivalEstimate
-from gateway.batcher import BatchRecord
+from gateway.batching.arrivals import ArrivalEstimate
+from gateway.batching.batcher import BatchRecord
 from gateway.service import InferenceService
 from gateway.types import InferenceRequest
 from models.runtime import Runtime

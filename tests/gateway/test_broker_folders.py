@@ -1,4 +1,4 @@
-"""The embedded Mosquitto's folder (gateway/mosquitto.py): one per listener port under the
+"""The embedded Mosquitto's folder (gateway/brokers/mosquitto.py): one per listener port under the
 cache directory, locked while its broker runs, so a second gateway can neither rewrite a
 running broker's configuration nor share its store; a random port's folder goes at stop; the
 store of the single folder of earlier versions moves to its port's folder. Real Mosquitto
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from gateway.brokers.mosquitto import MosquittoBroker, broker_dir
 from gateway.lifecycle import StartupError
-from gateway.mosquitto import MosquittoBroker, broker_dir
 from tests.brokers import free_port, mosquitto_binary
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

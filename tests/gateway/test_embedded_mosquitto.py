@@ -16,7 +16,7 @@ import aiomqtt
 import numpy as np
 import pytest
 
-from gateway.mosquitto import broker_dir
+from gateway.brokers.mosquitto import broker_dir
 from tests.brokers import free_port
 from tests.gateway.helpers import make_repo
 from tests.gateway.mqtt_client import NODELAY, Device, json_payload, outputs_of

@@ -16,7 +16,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from gateway.mosquitto import broker_dir
+from gateway.brokers.mosquitto import broker_dir
 from tests.brokers import free_port, mosquitto
 from tests.gateway.helpers import json_request, make_repo
 from tests.gateway.mqtt_client import device, json_payload, outputs_of

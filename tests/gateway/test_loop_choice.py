@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from gateway import event_loop
-from gateway.mosquitto import broker_dir
+from gateway.brokers.mosquitto import broker_dir
 from tests.brokers import free_port
 from tests.gateway.helpers import GENEROUS_TIMEOUT_US, Reference, json_request, make_repo
 from tests.gateway.mqtt_client import device, framed_binary_request, json_payload, outputs_of

@@ -264,7 +264,7 @@ async def test_reply_properties_match_paho_serialisation(
     from paho.mqtt.packettypes import PacketTypes
     from paho.mqtt.properties import Properties
 
-    from gateway.mqtt import BINARY_CONTENT_TYPE, JSON_CONTENT_TYPE, reply_properties
+    from gateway.mqtt.wire import BINARY_CONTENT_TYPE, JSON_CONTENT_TYPE, reply_properties
 
     want = Properties(PacketTypes.PUBLISH)
     want.ContentType = BINARY_CONTENT_TYPE if binary else JSON_CONTENT_TYPE
@@ -284,7 +284,7 @@ async def test_request_publish_parser_agrees_with_paho() -> None:
     from paho.mqtt.packettypes import PacketTypes
     from paho.mqtt.properties import Properties
 
-    from gateway.mqtt import parse_publish
+    from gateway.mqtt.wire import parse_publish
 
     def publish(qos: int, props: Properties | None, topic: str = "iotgw/infer/m/req/d") -> bytes:
         t = topic.encode()

@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from gateway.mqtt.refusals import RefusalLog
-from gateway.mqtt_trust import ForbiddenResponseTopic
+from gateway.mqtt.trust import ForbiddenResponseTopic
 
 
 class Clock:

@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from gateway.main import Gateway
 from gateway.mqtt.routes import Route, dedupe_key
-from gateway.mqtt_trust import DeviceTrust, ReplyNamespace
+from gateway.mqtt.trust import DeviceTrust, ReplyNamespace
 from gateway.settings import GatewaySettings, MqttSettings
 from tests.brokers import Broker, mosquitto
 from tests.gateway.helpers import Reference, random_inputs

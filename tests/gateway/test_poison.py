@@ -311,9 +311,9 @@ async def test_a_reply_the_broker_keeps_refusing_ends_as_an_error_not_a_loop(
     """Defence in depth, with the topic check switched off (fault injection): a reply whose
     publish makes the broker drop the gateway would come back after every reconnect. After a
     few lost replies the request is answered with a 502 on the device's own reply topic."""
-    import gateway.mqtt_trust
+    import gateway.mqtt.trust
 
-    monkeypatch.setattr(gateway.mqtt_trust, "MAX_REPLY_TOPIC_LEVELS", 100_000)
+    monkeypatch.setattr(gateway.mqtt.trust, "MAX_REPLY_TOPIC_LEVELS", 100_000)
     deep = f"iotgw/infer/{MODEL}/res/dev-loop/" + "x/" * 250 + "end"
     body = json.dumps(_good_body(reference, "loop")).encode()
     reply = await _publish_with_response_topic(broker.port, "dev-loop", deep, body)

@@ -2,7 +2,7 @@
 
 A dispatch loop takes an idle runtime instance, waits at most ``batch_timeout`` (counted from the
 arrival of the oldest waiting request) for ``max_batch_size`` rows, but not while fewer than one
-more request is expected in what is left of that window (``gateway.arrivals``: a lone
+more request is expected in what is left of that window (``gateway.batching.arrivals``: a lone
 closed-loop client is served at once), runs the batch off the event loop, and fans the outputs
 (or the error) back to every caller. Knobs are read once per batch, so they can change at any
 moment. A request that cannot meet its deadline is refused rather than served late: at once when
@@ -29,8 +29,10 @@ from typing import Literal
 
 import numpy as np
 
-from gateway.answer_lag import AnswerLag
-from gateway.arrivals import ArrivalEstimate
+from gateway.batching.answer_lag import AnswerLag
+from gateway.batching.arrivals import ArrivalEstimate
+from gateway.batching.instances import Instance, InstancePool
+from gateway.batching.service_time import STALE_AFTER_S, ServiceTimeEstimate
 from gateway.errors import (
     BatchTimeout,
     DeadlineUnmeetable,
@@ -38,8 +40,6 @@ from gateway.errors import (
     InternalError,
     Overloaded,
 )
-from gateway.instances import Instance, InstancePool
-from gateway.service_time import STALE_AFTER_S, ServiceTimeEstimate
 from models.knobs import Knobs
 
 log = logging.getLogger("gateway.batcher")

@@ -1,7 +1,8 @@
 """Password-file authentication for the amqtt embedded broker that also reads the hashes
 ``mosquitto_passwd`` writes, so one password file serves whichever embedded broker runs.
 
-Loaded by amqtt from its configuration by dotted path (``gateway.amqtt_auth.PasswordFilePlugin``).
+Loaded by amqtt from its configuration by dotted path
+(``gateway.brokers.amqtt_auth.PasswordFilePlugin``).
 """
 
 from __future__ import annotations

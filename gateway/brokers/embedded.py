@@ -1,5 +1,5 @@
 """The embedded MQTT broker that ``iotgw serve`` starts when no ``--broker`` is given: a managed
-Mosquitto child (MQTT 5, shared subscriptions; gateway/mosquitto.py) when one is installed,
+Mosquitto child (MQTT 5, shared subscriptions; gateway/brokers/mosquitto.py) when one is installed,
 else amqtt in-process (MQTT 3.1.1) so the gateway works with nothing else installed. Either
 binds 127.0.0.1 only, and takes a password file (mosquitto_passwd's format) when one is set.
 Production uses an external MQTT 5 broker (``--broker``)."""
@@ -14,8 +14,8 @@ import socket
 from pathlib import Path
 from typing import Any, Protocol
 
+from gateway.brokers.mosquitto import MosquittoBroker, broker_dir, find_mosquitto
 from gateway.lifecycle import StartupError
-from gateway.mosquitto import MosquittoBroker, broker_dir, find_mosquitto
 from gateway.settings import MqttSettings
 
 log = logging.getLogger("gateway.broker")
@@ -126,7 +126,11 @@ class AmqttBroker:
         if self.password_file is None:
             return {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}}
         # Without the anonymous plugin a client with no user name gets no verdict: refused.
-        return {"gateway.amqtt_auth.PasswordFilePlugin": {"password_file": str(self.password_file)}}
+        return {
+            "gateway.brokers.amqtt_auth.PasswordFilePlugin": {
+                "password_file": str(self.password_file)
+            }
+        }
 
     async def start(self) -> None:
         from amqtt.broker import Broker  # imported here: only this embedded mode needs it
