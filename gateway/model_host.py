@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from gateway.batcher import Batcher, BatchRecord
+from gateway.batching.batcher import Batcher, BatchRecord
+from gateway.batching.instances import InstancePool, RuntimeFactory, StuckCalls
 from gateway.errors import BadRequest, InternalError, ModelUnavailable
-from gateway.instances import InstancePool, RuntimeFactory, StuckCalls
+from gateway.inference_stats import InferenceStatistics
 from gateway.metrics import GatewayMetrics
 from gateway.request_stats import RequestStats
 from models.knobs import InvalidKnobs, KnobLimits, Knobs
@@ -117,6 +118,7 @@ class ModelHost:
         """Requests that reached ``infer`` since the start (the tuner's loop meter)."""
         self.batches_total = 0
         """Batches run since the start (the tuner's loop meter)."""
+        self.statistics = InferenceStatistics()  # since loaded, as Triton's ModelStatistics
         # Requests inside ``infer``: a version swapped out is closed only once they are answered.
         self._in_flight = 0
         self._idle = asyncio.Event()
@@ -328,6 +330,7 @@ class ModelHost:
         counter, latency = children
         counter.inc()
         latency.observe(seconds)
+        self.statistics.request(outcome == "ok", seconds)
         self._queue_depth_gauge.set(self._batcher.queue_depth)
 
     def _record_batch(self, record: BatchRecord) -> None:
@@ -336,6 +339,7 @@ class ModelHost:
         self._compute_seconds.observe(record.compute_s)
         for q in record.queue_s:
             self._queue_seconds.observe(q)
+        self.statistics.batch(record.rows, record.queue_s, record.compute_s)
         self._queue_depth_gauge.set(self._batcher.queue_depth)
 
     def _batch_stuck(self) -> None:

@@ -41,6 +41,14 @@ _ModelStreamInferResponse = _M("inference.ModelStreamInferResponse")
 _RepositoryIndexResponse = _M("inference.RepositoryIndexResponse")
 _RepositoryModelLoadResponse = _M("inference.RepositoryModelLoadResponse")
 _RepositoryModelUnloadResponse = _M("inference.RepositoryModelUnloadResponse")
+_ModelConfigResponse = _M("inference.ModelConfigResponse")
+_ModelStatisticsResponse = _M("inference.ModelStatisticsResponse")
+
+
+def _triton_type(dtype: str) -> str:
+    """Triton's DataType name of a numpy dtype (BYTES is its TYPE_STRING)."""
+    label = dtype_label(np.dtype(dtype))
+    return "TYPE_STRING" if label == "BYTES" else f"TYPE_{label}"
 
 
 async def guarded(edge: Edge, context: Context, model: str, call: Awaitable[_T]) -> _T:
@@ -132,6 +140,67 @@ class InferenceServicer:
         for spec, into in ((md.inputs, reply.inputs), (md.outputs, reply.outputs)):
             for t in spec:
                 into.add(name=t.name, datatype=dtype_label(np.dtype(t.dtype)), shape=t.shape)
+        return reply
+
+    async def ModelConfig(self, request: Any, context: Context) -> Any:
+        return await guarded(self.edge, context, request.name, self._config(request))
+
+    async def _config(self, request: Any) -> Any:
+        """What ``/v2/models/{m}/config`` says, as Triton's ModelConfig: the knobs as its
+        dynamic batcher's and instance group's, the threads as parameters."""
+        view = self.service.describe(request.name, request.version or None)
+        md = self.service.metadata(request.name, request.version or None)
+        reply = _ModelConfigResponse()
+        config, knobs = reply.config, view.knobs
+        config.name, config.platform = view.name, md.platform
+        config.backend = md.platform.split("_")[0]  # onnxruntime, tensorflow
+        config.max_batch_size = view.max_batch_size
+        batched = view.max_batch_size > 0
+        for spec, into in ((md.inputs, config.input), (md.outputs, config.output)):
+            for t in spec:
+                dims = t.shape[1:] if batched and t.shape else t.shape
+                into.add(name=t.name, data_type=_triton_type(t.dtype), dims=dims)
+        batching = config.dynamic_batching
+        batching.preferred_batch_size.append(knobs.max_batch_size)
+        batching.max_queue_delay_microseconds = round(knobs.batch_timeout_ms * 1000)
+        config.instance_group.add(count=knobs.concurrency, kind="KIND_AUTO")
+        for name, value in (
+            ("intra_op_threads", knobs.intra_op_threads),
+            ("inter_op_threads", knobs.inter_op_threads),
+            ("slo_ms", view.slo_ms),
+            ("max_queue_size", view.max_queue_size),
+        ):
+            config.parameters[name].string_value = f"{value:g}"
+        return reply
+
+    async def ModelStatistics(self, request: Any, context: Context) -> Any:
+        return await guarded(self.edge, context, request.name, self._statistics(request))
+
+    async def _statistics(self, request: Any) -> Any:
+        """Every version of every model (no name), of one model, or one version, as Triton
+        answers; an unknown model or version is NOT_FOUND."""
+        if request.version and not request.name:
+            raise BadRequest("a version needs a model name")
+        reply = _ModelStatisticsResponse()
+        for name in [request.name] if request.name else sorted(self.service.model_names()):
+            if request.version:
+                hosts = [self.service.host(name, request.version)]
+            else:
+                self.service.host(name)  # NOT_FOUND for a model it does not serve
+                hosts = [h for _, h in sorted(self.service.versions(name).items())]
+            for host in hosts:
+                s = host.statistics
+                entry = reply.model_stats.add(
+                    name=host.name,
+                    version=str(host.version),
+                    last_inference=s.last_inference_ms,
+                    inference_count=s.inference_count,
+                    execution_count=s.execution_count,
+                )
+                stats = entry.inference_stats
+                for field in ("success", "fail", "queue", "compute_infer"):
+                    ours, theirs = getattr(s, field), getattr(stats, field)
+                    theirs.count, theirs.ns = ours.count, ours.ns
         return reply
 
     # -- inference -------------------------------------------------------------------------
@@ -255,6 +324,10 @@ def method_handlers(servicer: InferenceServicer) -> dict[str, grpc.RpcMethodHand
             s.ModelStreamInfer,
             request_deserializer=messages.parser("inference.ModelInferRequest"),
             response_serializer=_ModelStreamInferResponse.SerializeToString,
+        ),
+        "ModelConfig": unary(s.ModelConfig, "inference.ModelConfigRequest", _ModelConfigResponse),
+        "ModelStatistics": unary(
+            s.ModelStatistics, "inference.ModelStatisticsRequest", _ModelStatisticsResponse
         ),
         "RepositoryIndex": unary(
             s.RepositoryIndex, "inference.RepositoryIndexRequest", _RepositoryIndexResponse

@@ -19,7 +19,7 @@ import tritonclient.grpc.aio as triton_aio
 import tritonclient.http as triton_http
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from tritonclient.grpc import service_pb2
+from tritonclient.grpc import model_config_pb2, service_pb2
 from tritonclient.utils import InferenceServerException
 
 from tests.gateway.grpc_serve import GrpcServe, add_variant, grpc_serve
@@ -120,6 +120,63 @@ def test_server_and_models_answer_as_triton_asks(client: triton.InferenceServerC
     md = client.get_model_metadata(CNN)
     assert md.versions == ["1"] and md.inputs[0].datatype == "FP32"
     assert list(md.inputs[0].shape) == [-1, 32, 32, 3]
+
+
+def test_model_config_says_what_http_config_says_in_tritons_form(
+    gateway: GrpcServe, client: triton.InferenceServerClient
+) -> None:
+    config = client.get_model_config(CNN).config
+    over_http = triton_http.InferenceServerClient(gateway.http)
+    try:
+        http = over_http.get_model_config(CNN)
+    finally:
+        over_http.close()
+    assert (config.name, config.max_batch_size) == (CNN, http["max_batch_size"])
+    assert (config.platform, config.backend) == ("onnxruntime_onnx", "onnxruntime")
+    assert [(t.name, list(t.dims)) for t in config.input] == [("image", [32, 32, 3])]
+    assert config.input[0].data_type == model_config_pb2.TYPE_FP32
+    batching = config.dynamic_batching
+    assert list(batching.preferred_batch_size) == [
+        http["dynamic_batching"]["preferred_max_batch_size"]
+    ]
+    assert (
+        batching.max_queue_delay_microseconds
+        == (http["dynamic_batching"]["max_queue_delay_microseconds"])
+    )
+    assert [g.count for g in config.instance_group] == [http["instance_group"][0]["count"]]
+    threads = config.parameters["intra_op_threads"].string_value
+    assert threads == str(http["parameters"]["intra_op_threads"])
+    with pytest.raises(InferenceServerException) as caught:
+        client.get_model_config("no_such_model")
+    assert caught.value.status() == "StatusCode.NOT_FOUND"
+
+
+def test_model_statistics_count_what_the_model_served(client: triton.InferenceServerClient) -> None:
+    def stats() -> Any:
+        (entry,) = client.get_inference_statistics(MLP_TF, model_version="1").model_stats
+        return entry
+
+    before = stats()
+    client.infer(MLP_TF, _inputs(_features(3, seed=5)))
+    with pytest.raises(InferenceServerException):  # a wrong shape: a failed request
+        client.infer(MLP_TF, _inputs(np.zeros((1, 31), np.float32)))
+    after = stats()
+    assert (after.name, after.version) == (MLP_TF, "1")
+    inference = after.inference_stats
+    assert inference.success.count == before.inference_stats.success.count + 1
+    assert inference.fail.count == before.inference_stats.fail.count + 1
+    assert after.inference_count >= before.inference_count + 3  # rows
+    assert after.execution_count >= before.execution_count + 1  # batches
+    assert inference.success.ns > before.inference_stats.success.ns
+    assert inference.compute_infer.count == inference.queue.count >= 1
+    assert after.last_inference > 0
+    every = client.get_inference_statistics().model_stats
+    assert {(s.name, s.version) for s in every} == {
+        (name, "1") for name in (MLP, MLP_TF, CNN, TINY_QUEUE)
+    }
+    with pytest.raises(InferenceServerException) as caught:
+        client.get_inference_statistics("no_such_model")
+    assert caught.value.status() == "StatusCode.NOT_FOUND"
 
 
 def test_repository_index_lists_every_model(client: triton.InferenceServerClient) -> None:

@@ -77,6 +77,8 @@ def test_open_inference_protocol_messages_and_paths_match_tritonclient() -> None
         "ModelMetadata",
         "ModelInfer",
         "ModelStreamInfer",
+        "ModelConfig",
+        "ModelStatistics",
         "RepositoryIndex",
         "RepositoryModelLoad",
         "RepositoryModelUnload",
