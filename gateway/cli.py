@@ -29,7 +29,7 @@ def _add_version(parser: argparse.ArgumentParser) -> None:
 
 
 def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from gateway.settings_cli import add_settings_arguments
+    from gateway.settings.cli import add_settings_arguments
 
     p = sub.add_parser(
         "serve",
@@ -50,8 +50,8 @@ def _run_serve(args: argparse.Namespace) -> int:
     from gateway.codecs import json_codec
     from gateway.logs import configure_logging
     from gateway.main import serve
-    from gateway.settings import GatewaySettings
-    from gateway.settings_cli import settings_overrides
+    from gateway.settings.cli import settings_overrides
+    from gateway.settings.schema import GatewaySettings
 
     try:
         settings = GatewaySettings.load(args.config, **settings_overrides(args))

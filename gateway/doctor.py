@@ -282,7 +282,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     # The report is the output: TensorFlow's import banners (and its warnings) are not.
     quiet_libraries()
-    from gateway.settings import GatewaySettings
+    from gateway.settings.schema import GatewaySettings
 
     serving = GatewaySettings.load(args.config).serving
     repo = args.model_repo or serving.model_repo or default_repository(serving.cache_dir)

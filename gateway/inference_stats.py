@@ -2,13 +2,18 @@
 (``ModelStatistics`` over gRPC, which tritonclient's ``get_inference_statistics`` and Triton's
 performance tools read): counts and total nanoseconds per request, batches run and rows
 inferred. Plain integers kept beside the Prometheus metrics, so a reply is one consistent set
-read without parsing the exposition; each request and batch adds a few of them."""
+read without parsing the exposition; each request and batch adds a few of them.
+
+``InferenceService.statistics`` picks the versions a request names; ``report`` is the reply both
+transports send: over HTTP as Triton's JSON (``GET /v2/models[/{m}[/versions/{v}]]/stats``), over
+gRPC parsed into its message."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 _NS = 1_000_000_000
 
@@ -53,3 +58,22 @@ class InferenceStatistics:
             self.queue.add(waited)
         self.compute_infer.add(compute_s, times=len(queue_s))
         self.last_inference_ms = int(time.time() * 1000)
+
+    def as_doc(self, name: str, version: int) -> dict[str, Any]:
+        """One entry of Triton's ``model_stats``, with its field names."""
+        durations = ("success", "fail", "queue", "compute_infer")
+        return {
+            "name": name,
+            "version": str(version),
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {
+                d: {"count": getattr(self, d).count, "ns": getattr(self, d).ns} for d in durations
+            },
+        }
+
+
+def report(versions: Sequence[tuple[str, int, InferenceStatistics]]) -> dict[str, Any]:
+    """Triton's statistics reply, ``{"model_stats": [...]}``, for (name, version, statistics)."""
+    return {"model_stats": [s.as_doc(name, version) for name, version, s in versions]}

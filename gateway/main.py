@@ -20,8 +20,8 @@ from aiohttp import web
 
 from gateway.brokers.embedded import EmbeddedBroker, embedded_broker
 from gateway.edge import Edge
-from gateway.http import build_app
-from gateway.http_security import http_runner, server_ssl_context
+from gateway.http.app import build_app
+from gateway.http.security import http_runner, server_ssl_context
 from gateway.ingest.hub import IngestHub
 from gateway.ingest.supervisor import IngestSupervisor
 from gateway.lifecycle import InFlight, Readiness, StartupError, models_check
@@ -31,7 +31,7 @@ from gateway.mqtt.adapter import MqttAdapter
 from gateway.mqtt.session import BrokerAddress
 from gateway.ports import check_ports
 from gateway.service import InferenceService
-from gateway.settings import GatewaySettings
+from gateway.settings.schema import GatewaySettings
 from gateway.startup_log import announce_ready, endpoints, ready_line, serving, until_loaded
 from gateway.tuning import TuningService
 from models.repository import RepositoryError, scan_repository

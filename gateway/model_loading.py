@@ -21,7 +21,7 @@ from gateway.errors import BadRequest, NotFound
 from gateway.lifecycle import StartupError
 from gateway.model_host import Fingerprint, ModelHost, ModelState, folder_fingerprint
 from gateway.service import InferenceService, VersionStatus
-from gateway.settings import GatewaySettings
+from gateway.settings.schema import GatewaySettings
 from models.repository import (
     BrokenVersion,
     ModelVersion,

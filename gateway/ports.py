@@ -10,7 +10,7 @@ import errno
 import socket
 
 from gateway.lifecycle import StartupError
-from gateway.settings import GatewaySettings
+from gateway.settings.schema import GatewaySettings
 
 
 def check_ports(settings: GatewaySettings) -> None:

@@ -31,6 +31,7 @@ from gateway.errors import (
     NotFound,
     PayloadTooLarge,
 )
+from gateway.inference_stats import InferenceStatistics
 from gateway.metrics import GatewayMetrics
 from gateway.model_host import (
     Fingerprint,
@@ -39,7 +40,7 @@ from gateway.model_host import (
     Watchdog,
     folder_fingerprint,
 )
-from gateway.settings import ServingSettings
+from gateway.settings.schema import ServingSettings
 from gateway.types import InferenceRequest, InferenceResponse
 from gateway.versions import Catalog, CatalogEntry, pick_version, unloaded
 from models.knobs import KnobLimits, Knobs
@@ -334,6 +335,18 @@ class InferenceService:
 
     def metadata(self, model: str, version: int | str | None = None) -> ModelMetadata:
         return self.host(model, version).metadata
+
+    def statistics(self, model: str, version: str) -> list[tuple[str, int, InferenceStatistics]]:
+        """(name, version, statistics since loaded) of every version of every model (no name),
+        every version of one model, or one version, as Triton's statistics extension answers;
+        ``NotFound`` for a model or version not served."""
+        if version and not model:
+            raise BadRequest("a version needs a model name")
+        hosts: list[ModelHost] = []
+        for name in [model] if model else sorted(self.model_names()):
+            first = self.host(name, version or None)  # NotFound for one not served
+            hosts += [first] if version else [h for _, h in sorted(self.versions(name).items())]
+        return [(h.name, h.version, h.statistics) for h in hosts]
 
     # -- inference -------------------------------------------------------------------------
 

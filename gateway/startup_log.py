@@ -18,7 +18,7 @@ from gateway.lifecycle import Readiness
 from gateway.mqtt.session import BrokerAddress
 from gateway.mqtt.trust import ReplyNamespace
 from gateway.service import InferenceService, VersionStatus
-from gateway.settings import GatewaySettings
+from gateway.settings.schema import GatewaySettings
 
 log = logging.getLogger("gateway")
 

@@ -31,7 +31,7 @@ from gateway.loop_meter import LoopMeter
 from gateway.metrics import GatewayMetrics
 from gateway.model_host import ModelHost
 from gateway.service import InferenceService
-from gateway.settings import TunerSettings
+from gateway.settings.schema import TunerSettings
 from models.extras import TUNER_MODULES, install_hint, missing
 from models.knobs import Knobs
 from models.machine import usable_cores as _usable_cores

@@ -24,7 +24,7 @@ from benchmarks.chaos.gateway_side import gateway_side
 from benchmarks.chaos.netns import Host, Network
 from benchmarks.chaos.scenarios import Action, Case, Load
 from benchmarks.chaos.stack import Gateway, Mosquitto
-from gateway.settings import MqttSettings
+from gateway.settings.schema import MqttSettings
 
 # Mosquitto closes a connection it heard nothing on for one and a half keep-alives.
 BROKER_TIMEOUT_FACTOR = 1.5

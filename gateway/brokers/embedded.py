@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from gateway.brokers.mosquitto import MosquittoBroker, broker_dir, find_mosquitto
 from gateway.lifecycle import StartupError
-from gateway.settings import MqttSettings
+from gateway.settings.schema import MqttSettings
 
 log = logging.getLogger("gateway.broker")
 

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import grpc
 import numpy as np
+from google.protobuf import json_format
 
 from gateway import __version__
 from gateway.codecs.datatypes import dtype_label
@@ -20,6 +21,7 @@ from gateway.edge import Edge
 from gateway.errors import BadRequest, GatewayError, ModelUnavailable
 from gateway.grpc import messages, oip_codec
 from gateway.grpc.status import DeadlinePassed, status_code, trailers
+from gateway.inference_stats import report
 from gateway.lifecycle import Readiness
 from gateway.model_loading import load_model
 from gateway.service import InferenceService
@@ -177,31 +179,8 @@ class InferenceServicer:
         return await guarded(self.edge, context, request.name, self._statistics(request))
 
     async def _statistics(self, request: Any) -> Any:
-        """Every version of every model (no name), of one model, or one version, as Triton
-        answers; an unknown model or version is NOT_FOUND."""
-        if request.version and not request.name:
-            raise BadRequest("a version needs a model name")
-        reply = _ModelStatisticsResponse()
-        for name in [request.name] if request.name else sorted(self.service.model_names()):
-            if request.version:
-                hosts = [self.service.host(name, request.version)]
-            else:
-                self.service.host(name)  # NOT_FOUND for a model it does not serve
-                hosts = [h for _, h in sorted(self.service.versions(name).items())]
-            for host in hosts:
-                s = host.statistics
-                entry = reply.model_stats.add(
-                    name=host.name,
-                    version=str(host.version),
-                    last_inference=s.last_inference_ms,
-                    inference_count=s.inference_count,
-                    execution_count=s.execution_count,
-                )
-                stats = entry.inference_stats
-                for field in ("success", "fail", "queue", "compute_infer"):
-                    ours, theirs = getattr(s, field), getattr(stats, field)
-                    theirs.count, theirs.ns = ours.count, ours.ns
-        return reply
+        doc = report(self.service.statistics(request.name, request.version))
+        return json_format.ParseDict(doc, _ModelStatisticsResponse())
 
     # -- inference -------------------------------------------------------------------------
 

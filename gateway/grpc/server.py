@@ -32,7 +32,7 @@ from gateway.edge import Edge
 from gateway.grpc import messages, oip_service, tfs_service
 from gateway.lifecycle import InFlight, Readiness, StartupError
 from gateway.service import InferenceService
-from gateway.settings import GrpcSettings, HttpSettings
+from gateway.settings.schema import GrpcSettings, HttpSettings
 
 log = logging.getLogger("gateway.grpc")
 

@@ -17,7 +17,7 @@ from typing import Any
 from gateway.edge import as_gateway_error
 from gateway.ingest import counts, frames
 from gateway.service import InferenceService
-from gateway.settings import GatewaySettings
+from gateway.settings.schema import GatewaySettings
 from gateway.types import InferenceRequest
 from gateway.versions import Catalog
 

@@ -18,17 +18,24 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway import event_loop, http_security
+from gateway import event_loop
 from gateway.codecs import json_codec
 from gateway.edge import Edge
-from gateway.http import CORE_KEY, EDGE_KEY, SETTINGS_KEY, add_inference_routes, error_middleware
+from gateway.http import security as http_security
+from gateway.http.app import (
+    CORE_KEY,
+    EDGE_KEY,
+    SETTINGS_KEY,
+    add_inference_routes,
+    error_middleware,
+)
 from gateway.ingest import proxy
 from gateway.ingest.remote import RemoteService
 from gateway.lifecycle import InFlight
 from gateway.logs import configure_logging
 from gateway.mqtt.adapter import MqttAdapter
 from gateway.mqtt.session import BrokerAddress
-from gateway.settings import GatewaySettings
+from gateway.settings.schema import GatewaySettings
 
 log = logging.getLogger("gateway.ingest")
 

@@ -41,7 +41,7 @@ from gateway.mqtt.routes import Route, Router, dedupe_key, peek_id, unread_id
 from gateway.mqtt.seen import MAX_REPLY_ATTEMPTS, Earlier, SeenRequests, digest
 from gateway.mqtt.session import BrokerAddress, BrokerSession
 from gateway.mqtt.wire import reply_properties, with_status
-from gateway.settings import MqttSettings
+from gateway.settings.schema import MqttSettings
 from gateway.types import InferenceRequest
 
 log = logging.getLogger("gateway.mqtt")

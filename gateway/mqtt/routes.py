@@ -13,7 +13,7 @@ from gateway.errors import GatewayError
 from gateway.mqtt.paho_seam import Message
 from gateway.mqtt.refusals import RefusalLog
 from gateway.mqtt.trust import DeviceTrust, ReplyNamespace
-from gateway.settings import MqttSettings
+from gateway.settings.schema import MqttSettings
 
 _ROUTE_CACHE_ENTRIES = 4096
 

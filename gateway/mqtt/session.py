@@ -20,7 +20,7 @@ import aiomqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from gateway.settings import MqttSettings
+from gateway.settings.schema import MqttSettings
 
 log = logging.getLogger("gateway.mqtt")
 

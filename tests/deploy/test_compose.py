@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gateway.settings import GatewaySettings, GrpcSettings
+from gateway.settings.schema import GatewaySettings, GrpcSettings
 from tests.deploy.conftest import DEPLOY, load_one
 
 COMPOSE = DEPLOY / "compose.yaml"

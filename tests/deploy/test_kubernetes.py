@@ -16,7 +16,7 @@ import pytest
 import yaml
 from cloudcoil.models.prometheus_operator.v1 import ServiceMonitor
 
-from gateway.settings import GrpcSettings, ServingSettings
+from gateway.settings.schema import GrpcSettings, ServingSettings
 from tests.deploy.conftest import DEPLOY, load_one, lost, program
 
 K8S = DEPLOY / "k8s"

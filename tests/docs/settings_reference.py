@@ -20,8 +20,8 @@ from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from gateway.settings import GatewaySettings
-from gateway.settings_cli import flag_forms
+from gateway.settings.cli import flag_forms
+from gateway.settings.schema import GatewaySettings
 from models.repository import BatchingDefaults, ModelConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +30,7 @@ PAGE = ROOT / "docs" / "settings.md"
 _INTRO = """\
 # Settings reference
 
-<!-- Generated from gateway/settings.py and models/repository.py by
+<!-- Generated from gateway/settings/schema.py and models/repository.py by
      `python -m tests.docs.settings_reference`; tests/docs/test_settings_reference.py checks
      that it matches. Edit the field descriptions there, not this page. -->
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from gateway.settings import GatewaySettings
+from gateway.settings.schema import GatewaySettings
 from tests.docs.settings_reference import PAGE, render
 
 

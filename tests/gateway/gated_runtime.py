@@ -17,7 +17,7 @@ import pytest
 
 from gateway.metrics import GatewayMetrics
 from gateway.service import InferenceService
-from gateway.settings import ServingSettings
+from gateway.settings.schema import ServingSettings
 from models.backends import load_runtime
 from models.repository import ModelVersion, scan_repository
 from models.runtime import ModelMetadata, Runtime, Threads

@@ -14,7 +14,7 @@ import aiohttp
 import numpy as np
 
 from gateway.main import Gateway
-from gateway.settings import GatewaySettings
+from gateway.settings.schema import GatewaySettings
 from models.backends import load_runtime
 from models.demo import config_toml
 from models.repository import CONFIG_FILE, ModelConfig, ModelVersion, read_config, scan_repository

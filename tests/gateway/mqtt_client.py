@@ -18,7 +18,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from gateway.main import Gateway
-from gateway.settings import GatewaySettings
+from gateway.settings.schema import GatewaySettings
 from tests.gateway.helpers import GENEROUS_TIMEOUT_US, json_request
 
 NODELAY = ((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from gateway.main import Gateway
-from gateway.settings import GatewaySettings
+from gateway.settings.schema import GatewaySettings
 from tests.gateway.helpers import GENEROUS_TIMEOUT_US, make_repo
 
 

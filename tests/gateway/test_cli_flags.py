@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import build_parser, main
-from gateway.settings import GatewaySettings
-from gateway.settings_cli import FLAG_NAMES, OFF_HELP, SECTIONS, flag_of, settings_overrides
+from gateway.settings.cli import FLAG_NAMES, OFF_HELP, SECTIONS, flag_of, settings_overrides
+from gateway.settings.schema import GatewaySettings
 
 
 def _serve_parser() -> argparse.ArgumentParser:

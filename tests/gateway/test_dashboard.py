@@ -18,7 +18,7 @@ import pytest
 import pytest_asyncio
 
 from gateway.main import Gateway
-from gateway.settings import GatewaySettings
+from gateway.settings.schema import GatewaySettings
 from tests.brokers import free_port, mosquitto
 from tests.gateway.helpers import base_url, infer_binary, make_repo, random_inputs, running_gateway
 from tests.gateway.mqtt_client import device, json_payload

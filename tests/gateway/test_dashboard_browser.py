@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from gateway.main import Gateway
-from gateway.settings import GatewaySettings
+from gateway.settings.schema import GatewaySettings
 from tests.brokers import mosquitto
 from tests.gateway.helpers import base_url, infer_binary, make_repo, random_inputs
 

@@ -151,7 +151,9 @@ def test_model_config_says_what_http_config_says_in_tritons_form(
     assert caught.value.status() == "StatusCode.NOT_FOUND"
 
 
-def test_model_statistics_count_what_the_model_served(client: triton.InferenceServerClient) -> None:
+def test_model_statistics_count_what_the_model_served(
+    gateway: GrpcServe, client: triton.InferenceServerClient
+) -> None:
     def stats() -> Any:
         (entry,) = client.get_inference_statistics(MLP_TF, model_version="1").model_stats
         return entry
@@ -177,6 +179,29 @@ def test_model_statistics_count_what_the_model_served(client: triton.InferenceSe
     with pytest.raises(InferenceServerException) as caught:
         client.get_inference_statistics("no_such_model")
     assert caught.value.status() == "StatusCode.NOT_FOUND"
+    # The same figures over HTTP, as Triton's statistics extension (no request in between).
+    over_http = triton_http.InferenceServerClient(gateway.http)
+    try:
+        (doc,) = over_http.get_inference_statistics(MLP_TF, model_version="1")["model_stats"]
+        with pytest.raises(InferenceServerException) as caught:
+            over_http.get_inference_statistics("no_such_model")
+        assert caught.value.status() == "404"
+        everything = over_http.get_inference_statistics()["model_stats"]
+    finally:
+        over_http.close()
+    assert (doc["name"], doc["version"], doc["last_inference"]) == (
+        MLP_TF,
+        "1",
+        after.last_inference,
+    )
+    assert (doc["inference_count"], doc["execution_count"]) == (
+        after.inference_count,
+        after.execution_count,
+    )
+    for field in ("success", "fail", "queue", "compute_infer"):
+        ours = getattr(after.inference_stats, field)
+        assert doc["inference_stats"][field] == {"count": ours.count, "ns": ours.ns}
+    assert {(s["name"], s["version"]) for s in everything} == {(s.name, s.version) for s in every}
 
 
 def test_repository_index_lists_every_model(client: triton.InferenceServerClient) -> None:

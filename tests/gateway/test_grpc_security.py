@@ -20,7 +20,7 @@ from tritonclient.grpc import service_pb2
 
 from gateway.lifecycle import StartupError
 from gateway.main import Gateway
-from gateway.settings import GatewaySettings
+from gateway.settings.schema import GatewaySettings
 from tests.gateway.certificates import server_certificate
 from tests.gateway.helpers import make_repo, running_gateway
 

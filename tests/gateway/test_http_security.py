@@ -20,8 +20,8 @@ import trustme
 from pydantic import ValidationError
 
 from gateway.main import Gateway
-from gateway.settings import GatewaySettings
-from gateway.settings_security import is_loopback_host
+from gateway.settings.schema import GatewaySettings
+from gateway.settings.security import is_loopback_host
 from tests.brokers import free_port
 from tests.gateway.certificates import server_certificate
 from tests.gateway.helpers import (

@@ -12,7 +12,7 @@ import pytest
 import pytest_asyncio
 
 from gateway.main import Gateway
-from gateway.settings import GatewaySettings
+from gateway.settings.schema import GatewaySettings
 from tests.brokers import Broker
 from tests.gateway.helpers import Reference, metric_samples, random_inputs
 from tests.gateway.mqtt_client import (

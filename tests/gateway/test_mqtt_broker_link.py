@@ -19,7 +19,7 @@ import pytest
 import trustme
 
 from gateway.main import Gateway
-from gateway.settings import GatewaySettings
+from gateway.settings.schema import GatewaySettings
 from tests.brokers import Broker, free_port, mosquitto
 from tests.gateway.helpers import Reference, make_repo, metric_samples, random_inputs
 from tests.gateway.mqtt_client import NODELAY, Device, device, json_payload, outputs_of

@@ -17,7 +17,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from gateway.main import Gateway
-from gateway.settings import GatewaySettings
+from gateway.settings.schema import GatewaySettings
 from tests.brokers import Broker
 from tests.gateway.helpers import Reference, make_repo, random_inputs
 from tests.gateway.mqtt_client import (

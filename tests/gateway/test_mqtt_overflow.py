@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from gateway.main import Gateway
-from gateway.settings import GatewaySettings
+from gateway.settings.schema import GatewaySettings
 from tests.brokers import mosquitto
 from tests.gateway.helpers import Reference, make_repo, random_inputs
 from tests.gateway.mqtt_client import flood

@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from gateway.main import Gateway
 from gateway.mqtt.routes import Route, dedupe_key
 from gateway.mqtt.trust import DeviceTrust, ReplyNamespace
-from gateway.settings import GatewaySettings, MqttSettings
+from gateway.settings.schema import GatewaySettings, MqttSettings
 from tests.brokers import Broker, mosquitto
 from tests.gateway.helpers import Reference, random_inputs
 from tests.gateway.mqtt_client import NODELAY, decode_reply, json_payload

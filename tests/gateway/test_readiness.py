@@ -71,7 +71,7 @@ async def test_unloading_a_model_does_not_hold_readiness_back(
         assert await _get(f"{url}/v2/health/ready") == (200, {"ready": True})
 
 
-def test_the_first_ready_answer_runs_the_ready_callbacks_once_whoever_asks() -> None:
+async def test_the_first_ready_answer_runs_the_ready_callbacks_once_whoever_asks() -> None:
     """The ready line is logged by the first answer with nothing waiting, a health probe's
     included: a client that read 200 finds the line in the log already."""
     waiting = ["models: loading"]

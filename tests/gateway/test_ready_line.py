@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gateway.main import Gateway
-from gateway.settings import GatewaySettings
+from gateway.settings.schema import GatewaySettings
 from gateway.startup_log import announce_ready, endpoints, ready_line, serving
 from tests.brokers import free_port, mosquitto
 from tests.gateway.helpers import make_repo

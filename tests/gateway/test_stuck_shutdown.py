@@ -28,7 +28,7 @@ SCRIPT = textwrap.dedent(
 
     import models.backends
     from gateway.main import serve
-    from gateway.settings import GatewaySettings
+    from gateway.settings.schema import GatewaySettings
 
     HANG_ROWS = 3
     real_loader = models.backends.load_runtime

@@ -14,7 +14,7 @@ import aiohttp
 import numpy as np
 
 from gateway.main import Gateway
-from gateway.settings import GatewaySettings
+from gateway.settings.schema import GatewaySettings
 from gateway.tuning import AgentControl
 from rrl.agent.decisions import log_line
 from rrl.agent.model_agent import AgentSettings, ModelAgent

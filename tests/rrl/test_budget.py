@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gateway.main import Gateway
-from gateway.settings import GatewaySettings
+from gateway.settings.schema import GatewaySettings
 from gateway.tuning import AgentControl
 from models.knobs import Knobs
 from rrl.agent.budget import CoreBudget, threads_of

@@ -19,7 +19,7 @@ from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from gateway.settings import GatewaySettings
+from gateway.settings.schema import GatewaySettings
 
 # section -> (flag prefix, group title, group description)
 SECTIONS: dict[str, tuple[str, str, str | None]] = {

@@ -5,7 +5,7 @@ model while the gateway serves.
 new versions are added, changed ones rebuilt and swapped in once warm, removed ones retired,
 unchanged ones left alone (``gateway.model_loading``). ``.../unload`` stops serving every version
 of the model; requests already taken are answered first. Both are operator actions: when an
-admin token is set they need it (``gateway.http_security``).
+admin token is set they need it (``gateway.http.security``).
 """
 
 from __future__ import annotations

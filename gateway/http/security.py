@@ -33,8 +33,8 @@ from aiohttp.typedefs import Handler, Middleware
 from pydantic import SecretStr
 
 from gateway.metrics import GatewayMetrics
-from gateway.settings import HttpSettings
-from gateway.settings_security import tls_server_context
+from gateway.settings.schema import HttpSettings
+from gateway.settings.security import tls_server_context
 
 TRANSPORT = "http"
 # Answered even on a connection beyond the cap: a liveness probe must not restart a gateway

@@ -1,9 +1,9 @@
 """Checks behind the security settings: secrets read from files, TLS certificate/key pairs, and
 refusing to expose an unauthenticated admin API beyond this machine.
 
-Kept apart from ``gateway.settings`` so the settings module stays a list of fields; these run
-inside its validators, so a mistake ends ``iotgw serve`` with "invalid settings" before anything
-starts.
+Kept apart from ``gateway.settings.schema`` so that module stays a list of fields; these run
+inside its validators, so a mistake ends ``iotgw serve`` with "invalid settings" before
+anything starts.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from pydantic_settings import (
 
 from gateway.codecs.limits import DecodeLimits
 from gateway.mqtt.trust import check_pattern
-from gateway.settings_security import (
+from gateway.settings.security import (
     check_admin_exposure,
     check_tls_pair,
     resolve_secret_files,

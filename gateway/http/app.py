@@ -19,7 +19,7 @@ import numpy as np
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from gateway import __version__, dashboard, http_security, repository_api
+from gateway import __version__
 from gateway.codecs import oip, tfserving
 from gateway.codecs.datatypes import dtype_label
 from gateway.codecs.limits import DEFAULT_LIMITS, DecodeLimits
@@ -32,9 +32,11 @@ from gateway.errors import (
     PayloadTooLarge,
     Unauthorized,
 )
+from gateway.http import dashboard, repository_api, security
+from gateway.inference_stats import report
 from gateway.lifecycle import Readiness, models_check
 from gateway.service import InferenceService
-from gateway.settings import HttpSettings
+from gateway.settings.schema import HttpSettings
 from gateway.tuning import TuningService
 
 log = logging.getLogger("gateway.http")
@@ -130,6 +132,12 @@ async def ready(request: web.Request) -> web.Response:
     if not waiting:
         return _json({"ready": True})
     return _json({"ready": False, "waiting_for": waiting}, status=503)
+
+
+async def model_stats(request: web.Request) -> web.Response:
+    """Triton's statistics extension (``gateway.inference_stats``)."""
+    model, version = request.match_info.get("model", ""), _version(request) or ""
+    return _json(report(request.app[SERVICE_KEY].statistics(model, version)))
 
 
 async def model_metadata(request: web.Request) -> web.Response:
@@ -458,7 +466,7 @@ def build_app(
         readiness.require(models_check(service))
     app[READINESS_KEY] = readiness
     app[EDGE_KEY] = Edge(service=service, executor=executor, limits=limits, transport=TRANSPORT)
-    http_security.install(app, settings, service.metrics)  # tokens, connection cap, body deadline
+    security.install(app, settings, service.metrics)  # tokens, connection cap, body deadline
     if tuning is not None:
         app[TUNING_KEY] = tuning
     app[CORE_KEY] = service
@@ -469,7 +477,9 @@ def build_app(
     r.add_get("/v2/health/ready", ready)
     r.add_post("/v2/repository/index", repository_index)
     repository_api.add_routes(app, service, executor)  # load, unload
+    r.add_get("/v2/models/stats", model_stats)  # before /v2/models/{model}: every model's
     for base in _OIP_MODEL_PATHS:
+        r.add_get(f"{base}/stats", model_stats)
         r.add_get(base, model_metadata)
         r.add_get(f"{base}/ready", model_ready)
         r.add_get(f"{base}/config", model_config)
