@@ -21,8 +21,6 @@ MAX_FUNCTION_LINES = 60
 
 # "path" -> why the module is one unit although it is longer.
 LONG_MODULES: dict[str, str] = {
-    "gateway/service.py": "InferenceService is the one transport-free surface every adapter "
-    "calls (lookup, request checks, byte budget, control), as MLServer's DataPlane is",
     "rrl/agent/policy.py": "the online agent's decision rule: choose, learn, rest and wake, read "
     "top to bottom in one place, with the state only it changes",
     "rrl/agent/queueing.py": "the queueing model: the service times and loop cost it is fed, the "
