@@ -271,10 +271,7 @@ def _kind(config: Knobs) -> tuple[bool, int, int]:
     intra-op threads each). The simulation runs a split's measured batch service times behind
     the event loop's cost per request as measured, and what a split changes most is the
     loop's share of the cores: with one instance's two threads on both cores the loop decodes
-    only when a core is free. sensor_mlp at 32 connections (``bench find`` run 10) rested on
-    1 ms, one instance of two threads at 4,845 answers a second, ruled out by a band of the
-    two-thread timeouts it measured, while 2 ms on one single-thread instance, a split it had
-    measured only eagerly, served 5,480 right after."""
+    only when a core is free (rrl/README has the run that showed it)."""
     return config.batch_timeout_ms <= 0, config.concurrency, config.intra_op_threads
 
 

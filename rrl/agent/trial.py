@@ -7,9 +7,8 @@ A trial starts from the incumbent's last windows in the workload state (the base
   incumbent, candidate: interleaved windows, so a drift of the load or of the machine hits
   both sides alike; of the baseline only its last window joins the incumbent's side;
 - for a candidate that rebuilds sessions: two candidate windows (switching back and forth
-  would rebuild four times), against the whole baseline. One incumbent window would let its
-  noise decide: sensor_mlp at 32 connections, an incumbent measuring 6.0-6.6 ms a request
-  read 8.0 in the window before a trial, and a candidate at 6.3 was kept as 21% better.
+  would rebuild four times), against the whole baseline: one incumbent window would let its
+  noise decide (rrl/README has the trial that showed it).
 
 Windows at different arrival rates do not compare configurations, so every window's measured
 objective is normalised to the trial's common rate (the mean of its windows' rates) by the
