@@ -451,8 +451,10 @@ async def serve(settings: GatewaySettings) -> int:
         if await until_loaded(gw.wait_models(), stop, gw.service):
             grpc = gw.grpc.port if gw.grpc is not None else None
             where = endpoints(gw.settings, gw.http_port, gw.broker_address, grpc)
-            line = ready_line(where, serving(gw.service))
-            announcing = asyncio.create_task(announce_ready(gw.readiness, line), name="ready")
+            announcing = asyncio.create_task(
+                announce_ready(gw.readiness, lambda: ready_line(where, serving(gw.service))),
+                name="ready",
+            )
             await stop.wait()
             announcing.cancel()
         grace = settings.serving.shutdown_grace_s

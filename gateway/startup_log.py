@@ -11,7 +11,7 @@ import asyncio
 import gc
 import logging
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from gateway.lifecycle import Readiness
@@ -121,13 +121,14 @@ def _permanent(waiting: Sequence[str]) -> bool:
 
 
 async def announce_ready(
-    readiness: Readiness, line: str, *, patience_s: float = READY_PATIENCE_S
+    readiness: Readiness, line: Callable[[], str], *, patience_s: float = READY_PATIENCE_S
 ) -> None:
-    """Log ``line`` once ``readiness`` is ready; warn once meanwhile if it is not, saying what
+    """Log ``line()`` once ``readiness`` is ready (made then: the models serving then, one
+    loaded into an empty repository included); warn once meanwhile if it is not, saying what
     it waits for. Returns after the ready line (cancel it at shutdown)."""
     started = time.monotonic()
     warned = False
-    readiness.when_ready(lambda: log.info("%s", line))
+    readiness.when_ready(lambda: log.info("%s", line()))
     while True:
         waiting = readiness.waiting_for()  # the first answer with nothing waiting logs the line
         if not waiting:
@@ -146,7 +147,8 @@ def _hint(waiting: Sequence[str]) -> str:
     if any(w == "models: the repository is empty" for w in waiting):
         return (
             " (put <model>/<version>/ folders in the repository, then POST "
-            "/v2/repository/index; or leave out --model-repo to serve the demo models)"
+            "/v2/repository/models/<model>/load; or leave out --model-repo to serve the demo "
+            "models)"
         )
     if any(w.startswith("model ") for w in waiting):
         return (

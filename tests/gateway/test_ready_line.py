@@ -2,15 +2,17 @@
 ``/v2/health/ready`` turns 200, naming where devices publish and read replies; a warning
 instead while it cannot be ready, at once when waiting cannot end by itself (an empty
 repository, a required model that failed), after the patience otherwise (a broker that does
-not answer), and the ready line after all once the broker is up. Real gateways in-process, a
-real Mosquitto; the patience is passed in."""
+not answer), and the ready line after all once the broker is up, counting the models serving
+then. Real gateways in-process, a real Mosquitto; the patience is passed in."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from gateway.main import Gateway
@@ -31,9 +33,9 @@ def _settings(repo: Path, cache: Path, *, broker: str | None) -> GatewaySettings
     )
 
 
-def _line(gw: Gateway) -> str:
+def _line(gw: Gateway) -> Callable[[], str]:
     where = endpoints(gw.settings, gw.http_port, gw.broker_address)
-    return ready_line(where, serving(gw.service))
+    return lambda: ready_line(where, serving(gw.service))
 
 
 def _messages(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
@@ -82,8 +84,27 @@ async def test_an_empty_repository_is_told_at_once_and_never_ready(
         await asyncio.sleep(0.3)  # far below the patience: the warning does not wait for it
         announcing.cancel()
     [warning] = _messages(caplog, logging.WARNING)
-    assert "models: the repository is empty" in warning and "POST /v2/repository/index" in warning
+    assert "models: the repository is empty" in warning
+    assert "POST /v2/repository/models/<model>/load" in warning  # what loads a model put there
     assert not any(m.startswith("ready:") for m in _messages(caplog, logging.INFO))
+
+
+@on_session_loop
+async def test_a_model_loaded_into_an_empty_repository_makes_it_ready_and_is_counted(
+    demo_repo: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="gateway")
+    (tmp_path / "repo").mkdir()
+    async with Gateway(_settings(tmp_path / "repo", tmp_path / "cache", broker=None)) as gw:
+        await gw.wait_loaded()
+        announcing = asyncio.create_task(announce_ready(gw.readiness, _line(gw), patience_s=60))
+        make_repo(tmp_path / "repo", demo_repo, {"sensor_mlp": None})
+        url = f"http://127.0.0.1:{gw.http_port}/v2/repository/models/sensor_mlp/load"
+        async with aiohttp.ClientSession() as http, http.post(url) as reply:
+            assert reply.status == 200
+        await asyncio.wait_for(announcing, 30)
+    [ready] = [m for m in _messages(caplog, logging.INFO) if m.startswith("ready:")]
+    assert "serves 1 model version (MQTT off)" in ready  # the models serving when it came
 
 
 def test_the_ready_line_without_mqtt_says_so() -> None:
