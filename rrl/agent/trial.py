@@ -21,19 +21,27 @@ Rules:
 - **revert within one window**: after the candidate's first window, if its normalised objective
   is worse than the baseline's by more than the noise margin, the next window runs the
   incumbent again: a worse candidate costs one window;
-- **accept**: at the end, the candidate's mean normalised objective beats the incumbent's by
+- **accept**: at the end, the candidate's median normalised objective beats the incumbent's by
   more than the margin; otherwise the incumbent stays (a tie keeps what is known), except for
   a candidate that only shortens the batch timeout and is predicted no slower
   (``keep_on_tie``): it is kept unless it measured slower, since a longer timeout that fills
   the same batches gains nothing and waits out its whole length whenever a batch cannot fill;
 - **extend**: a candidate ahead at the end but not by the margin runs another round (one more
   window a side, or one more candidate window after a rebuild), up to ``max_windows``: the
-  margin is for one window a side and shrinks as the means hold more windows (by the standard
+  margin is for one window a side and shrinks as the sides hold more windows (by the standard
   error of a difference of means, ``sqrt((1/n_c + 1/n_i) / 2)``), so a gain smaller than one
   window's noise is resolved by measuring longer rather than given up.
 
+Each side is read by its **median** window (the mean of two): one window in a few carries the
+machine's hiccups or a change's aftermath (a rebuild's first requests, a backlog the last
+configuration left, a burst of late answers that the SLO's penalty doubles), and a mean lets
+that one window decide the trial either way.
+
 The margin is ``max(min_margin, noise)``, noise the relative spread of the incumbent's recent
-windows (twice that for a candidate no prediction stands behind, ``rrl.agent.policy``).
+windows read the same robust way (the median absolute deviation scaled to a standard
+deviation), twice that for a candidate no prediction stands behind (``rrl.agent.policy``): one
+outlier window would otherwise widen the margin for the next eight trials until no real gain
+clears it.
 """
 
 from __future__ import annotations
@@ -181,17 +189,24 @@ class Trial:
         everything = ours + theirs
         common = sum(w.rate_per_s for w in everything) / len(everything)
 
-        def mean(ws: list[Window]) -> float:
-            values = [norm(w.config, w.objective, w.rate_per_s, common) for w in ws]
-            return sum(values) / len(values)
+        def centre(ws: list[Window]) -> float:
+            return statistics.median(norm(w.config, w.objective, w.rate_per_s, common) for w in ws)
 
-        return mean(ours), mean(theirs), common
+        return centre(ours), centre(theirs), common
+
+
+MAD_TO_SD = 1.4826
+"""The median absolute deviation of normal noise times this is its standard deviation."""
 
 
 def relative_noise(values: Sequence[float], floor: float) -> float:
-    """The relative standard deviation of an incumbent's windows, at least ``floor`` (and
-    ``floor`` itself before there are three)."""
+    """The relative spread of an incumbent's windows (the median absolute deviation as a
+    standard deviation, over the median), at least ``floor`` (and ``floor`` itself before
+    there are three)."""
     if len(values) < 3:
         return floor
-    mean = statistics.fmean(values)
-    return max(floor, statistics.stdev(values) / mean if mean > 0 else 0.0)
+    middle = statistics.median(values)
+    if middle <= 0:
+        return floor
+    spread = MAD_TO_SD * statistics.median(abs(v - middle) for v in values)
+    return max(floor, spread / middle)
