@@ -63,6 +63,8 @@ def configure_logging(level: str, fmt: Literal["text", "json"] = "text") -> None
         logging.getLogger(name).setLevel(quiet)
     if logging.getLevelName(level) >= logging.WARNING:
         quiet_libraries(logging.getLevelName(level))
+    elif level != "DEBUG":  # TensorFlow's import banners are a library's detail: DEBUG's
+        tf_env.filter_native_import_lines()
 
 
 def quiet_libraries(level: int = logging.ERROR) -> None:

@@ -58,6 +58,15 @@ def quiet_native_logs() -> None:
         return
     if _OPERATOR_LEVEL is None:
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    filter_native_import_lines()
+
+
+def filter_native_import_lines() -> None:
+    """Run the first ``import tensorflow`` with its stderr filtered by the TF_CPP_MIN_LOG_LEVEL
+    in force, without changing it (at the gateway's INFO: 2, so absl's banner and the oneDNN
+    INFO line, which TensorFlow 2.21 prints whatever the level says, are left out too)."""
+    if sys.modules.get("tensorflow") is not None:
+        return
     try:
         level = int(os.environ["TF_CPP_MIN_LOG_LEVEL"])
     except ValueError:

@@ -115,3 +115,23 @@ def test_tensorflow_native_logs_are_quiet_at_warning(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == seen
+
+
+@pytest.mark.parametrize(("level", "hidden"), [("INFO", "IW"), ("WARNING", "IWE"), ("DEBUG", "")])
+def test_tensorflow_import_lines_are_filtered_below_debug(level: str, hidden: str) -> None:
+    """TensorFlow 2.21 prints absl's banner and the oneDNN INFO line at import whatever
+    TF_CPP_MIN_LOG_LEVEL says; at INFO too the first import runs filtered by the level in force
+    (2: INFO and WARNING lines), and only DEBUG lets a library's detail through."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    code = (
+        "import sys\n"
+        "from gateway.logs import configure_logging\n"
+        f"configure_logging({level!r})\n"
+        "from models.tf_env import _QuietImport\n"
+        "print(''.join(f._hidden for f in sys.meta_path if isinstance(f, _QuietImport)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == hidden
