@@ -13,7 +13,7 @@ from models.runtime import ModelMetadata
 _T = TypeVar("_T")
 
 # Models an unknown-model refusal names at most: an edge gateway serves a handful, and a reply
-# stays short where one serves hundreds (GET /v2/repository/index lists them all).
+# stays short where one serves hundreds (POST /v2/repository/index lists them all).
 MAX_LISTED = 20
 
 
@@ -34,7 +34,7 @@ def unknown_model(model: str, served: Iterable[str] | None = None) -> NotFound:
         return NotFound(f"unknown model {model!r}; the gateway serves no models")
     listed = ", ".join(names[:MAX_LISTED])
     if len(names) > MAX_LISTED:
-        listed += f" and {len(names) - MAX_LISTED} more (GET /v2/repository/index)"
+        listed += f" and {len(names) - MAX_LISTED} more (POST /v2/repository/index)"
     return NotFound(f"unknown model {model!r}; served: {listed}")
 
 

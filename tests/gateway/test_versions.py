@@ -52,7 +52,7 @@ def test_the_served_names_are_asked_only_for_an_unknown_model() -> None:
 def test_the_listing_is_bounded_and_says_where_the_rest_are() -> None:
     names = [f"model_{i:03d}" for i in range(MAX_LISTED + 5)]
     message = str(unknown_model("x", names))
-    assert message.endswith(f"model_{MAX_LISTED - 1:03d} and 5 more (GET /v2/repository/index)")
+    assert message.endswith(f"model_{MAX_LISTED - 1:03d} and 5 more (POST /v2/repository/index)")
     assert f"model_{MAX_LISTED:03d}" not in message
     assert str(unknown_model("x", [])) == "unknown model 'x'; the gateway serves no models"
     assert str(unknown_model("x")) == "unknown model 'x'"  # no names given: none listed
