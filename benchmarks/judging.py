@@ -10,6 +10,8 @@ two apart in that run, and the results file says so rather than passing or faili
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 def judge(value: float | None, target: float, floor: float | None, *, at_least: bool) -> str:
     """``value`` against ``target`` (``at_least``: the figure must reach it; else stay at or
@@ -30,3 +32,25 @@ def judge(value: float | None, target: float, floor: float | None, *, at_least: 
     if missed:
         return "missed"
     return f"unresolved: within the noise floor ({f:.3f}x between the same knobs twice)"
+
+
+def judge_each(
+    figures: Sequence[tuple[float, float | None]], target: float, *, at_least: bool
+) -> tuple[str, float | None, float | None]:
+    """Many runs' figures, each with the floor of its own comparison, judged together: missed
+    when any run missed even after its own floor, met when every run met after its own floor,
+    else unresolved. Returns (verdict, the deciding figure, its floor): the worst missed run,
+    else the worst unresolved one, else the worst run. A wide floor beside one comparison
+    does not excuse another run measured against a tight one."""
+    if not figures:
+        return judge(None, target, None, at_least=at_least), None, None
+    verdicts = [(judge(v, target, f, at_least=at_least), v, f) for v, f in figures]
+
+    def worst(rows: list[tuple[str, float, float | None]]) -> tuple[str, float, float | None]:
+        return (min if at_least else max)(rows, key=lambda row: row[1])
+
+    for kind in ("missed", "unresolved"):
+        of_kind = [row for row in verdicts if row[0].startswith(kind)]
+        if of_kind:
+            return worst(of_kind)
+    return worst(verdicts)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from benchmarks.find.plan import TARGET_P99, TARGET_SETTLE_S, TARGET_THROUGHPUT, WITHIN
-from benchmarks.judging import judge
+from benchmarks.judging import judge_each
 from models.knobs import Knobs
 
 
@@ -172,23 +172,11 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if paired is not None:
             near[closed].append(paired)
         entry["runs"][f"{r['start']}#{r['repeat']}"] = _run_entry(r, ratio, paired, settle)
-    worst_t = min(tput, default=None, key=lambda x: x[0])
-    worst_p = max(p99, default=None, key=lambda x: x[0])
-    t_floor = max((f for _, f in tput), default=None)
-    p_floor = max((f for _, f in p99), default=None)
     never = any(s is None for s in settles)
     worst_settle = None if never or not settles else max(s for s in settles if s is not None)
     return {
-        "worst_throughput_vs_best_static": None if worst_t is None else round(worst_t[0], 4),
-        "throughput_noise_floor": t_floor,
-        "throughput_target": judge(
-            None if worst_t is None else worst_t[0], TARGET_THROUGHPUT, t_floor, at_least=True
-        ),
-        "worst_p99_vs_best_static": None if worst_p is None else round(worst_p[0], 4),
-        "p99_noise_floor": p_floor,
-        "p99_target": judge(
-            None if worst_p is None else worst_p[0], TARGET_P99, p_floor, at_least=False
-        ),
+        **_worst_case(tput, "throughput", "best_static", "noise_floor", TARGET_THROUGHPUT, True),
+        **_worst_case(p99, "p99", "best_static", "noise_floor", TARGET_P99, False),
         **_adjacent_summary(near),
         "worst_settle_s": worst_settle,
         "settle_never": never,
@@ -200,19 +188,37 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _adjacent_summary(near: dict[bool, list[tuple[float, float]]]) -> dict[str, Any]:
-    """The worst case against the statics measured right after each run, with the widest of
-    their pairs' floors, judged like the figures above."""
-    out: dict[str, Any] = {}
-    kinds = ((True, "throughput", TARGET_THROUGHPUT), (False, "p99", TARGET_P99))
-    for closed, name, target in kinds:
-        pairs = near[closed]
-        worst = (min if closed else max)(pairs, default=None, key=lambda x: x[0])
-        floor = max((f for _, f in pairs), default=None)
-        value = None if worst is None else round(worst[0], 4)
-        out[f"worst_{name}_vs_adjacent_static"] = value
-        out[f"{name}_adjacent_floor"] = None if floor is None else round(floor, 4)
-        out[f"{name}_adjacent_target"] = judge(value, target, floor, at_least=closed)
-    return out
+    """The worst case against the statics measured right after each run, judged like the
+    figures against the best static."""
+    return {
+        **_worst_case(
+            near[True], "throughput", "adjacent_static", "adjacent_floor", TARGET_THROUGHPUT, True
+        ),
+        **_worst_case(near[False], "p99", "adjacent_static", "adjacent_floor", TARGET_P99, False),
+    }
+
+
+def _worst_case(
+    pairs: Sequence[tuple[float, float]],
+    name: str,
+    against: str,
+    floor_key: str,
+    target: float,
+    at_least: bool,
+) -> dict[str, Any]:
+    """The worst run's figure and the floor of its own comparison, and the target judged run
+    by run (``benchmarks.judging.judge_each``): each run against its own floor, so the widest
+    floor of the lot does not excuse a run whose comparison was tight."""
+    worst = (min if at_least else max)(pairs, default=None, key=lambda x: x[0])
+    verdict, decided_by, its_floor = judge_each(pairs, target, at_least=at_least)
+    if decided_by is not None and worst is not None and decided_by != worst[0]:
+        verdict += f" (decided by a run at {decided_by:.4f}, floor {its_floor or 1.0:.4f})"
+    target_key = f"{name}_target" if against == "best_static" else f"{name}_adjacent_target"
+    return {
+        f"worst_{name}_vs_{against}": None if worst is None else round(worst[0], 4),
+        f"{name}_{floor_key}": None if worst is None else round(worst[1], 4),
+        target_key: verdict,
+    }
 
 
 def print_report(summary: dict[str, Any]) -> None:

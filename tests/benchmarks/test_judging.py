@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.judging import judge
+from benchmarks.judging import judge, judge_each
 from benchmarks.tuner.report import targets
 
 
@@ -60,3 +60,18 @@ def test_the_tuner_bench_targets_are_judged_against_its_floor() -> None:
     assert bad["violations_vs_best_static_at_most_1"] == "missed"
     assert bad["settle_s_at_most_10"] == "missed"
     assert targets(summary(noise_floor=None))["settle_s_at_most_10"].startswith("unresolved")
+
+
+def test_runs_are_judged_each_against_its_own_floor() -> None:
+    """0.90 measured against a pair of statics 1% apart misses 0.95 whatever the noise; a
+    wider floor beside another run (1.10) does not make it unresolved, as judging the worst
+    figure against the widest floor did."""
+    verdict, figure, floor = judge_each([(0.93, 1.10), (0.90, 1.01)], 0.95, at_least=True)
+    assert (verdict, figure, floor) == ("missed", 0.90, 1.01)
+    assert judge(0.90, 0.95, 1.10, at_least=True).startswith("unresolved")
+    # Every run met after its own floor: met, reported at the worst run.
+    assert judge_each([(1.00, 1.02), (0.98, 1.01)], 0.95, at_least=True) == ("met", 0.98, 1.01)
+    # None missed, one unresolved: unresolved, decided by that run, not by the worst met one.
+    verdict, figure, _ = judge_each([(1.06, 1.01), (1.04, 1.08)], 1.1, at_least=False)
+    assert verdict.startswith("unresolved") and figure == 1.04
+    assert judge_each([], 1.1, at_least=False) == ("missed: no figure", None, None)
