@@ -22,6 +22,10 @@ settle period after the load (``settle_s``, ended early once every id has its re
   run repeats it with a short keep-alive and session expiry, so the cut member's session ends
   during the cut.
 
+In cases a and c, gRPC clients (``grpc_clients``: one round-robin channel over every gateway's
+gRPC port, gRPC's retry policy, ``wait_for_ready``) call the gateways beside the devices; their
+calls are accounted the same way, under each case's ``grpc`` and in ``lost_grpc``.
+
 ``--cases d`` (any letters of a-d and f) runs those cases only and writes
 ``chaos_<cases>.json``.
 Case d also records what the gateway itself saw (``gateway_side``: requests by outcome, its own
@@ -38,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.chaos.devices import run_devices
+from benchmarks.chaos.grpc_clients import run_grpc_clients
 from benchmarks.chaos.partition import (
     FULL_PARTITION,
     FULL_SHORT_SESSION,
@@ -64,6 +69,7 @@ from benchmarks.common import load_average, machine_info, note_if_quick, write_r
 from models.repository import read_config
 
 DEVICE_PROCESSES = 2
+GRPC_PROCESSES = 1
 
 
 CASES = "abcdf"
@@ -84,8 +90,11 @@ def run(
         folder = Path(tmp)
         repo = demo_repository(folder)
         slo_ms = read_config(repo / MODEL / "1" / "config.toml").slo_ms
-        with ClientProcesses(DEVICE_PROCESSES, run_devices, name="chaos-devices") as clients:
-            load = _load(clients, plan, repo, MODEL)
+        with (
+            ClientProcesses(DEVICE_PROCESSES, run_devices, name="chaos-devices") as clients,
+            ClientProcesses(GRPC_PROCESSES, run_grpc_clients, name="chaos-grpc") as grpc_clients,
+        ):
+            load = _load(clients, plan, repo, MODEL, grpc_clients)
             chaos = (("a", gateway_kills), ("b", broker_restart), ("c", replicas))
             for letter, scenario in chaos:
                 if letter in cases_run:
@@ -137,10 +146,16 @@ def parse_cases(text: str) -> str:
     return cases
 
 
-def _load(clients: ClientProcesses, plan: Plan, repo: Path, model: str) -> Load:
+def _load(
+    clients: ClientProcesses,
+    plan: Plan,
+    repo: Path,
+    model: str,
+    grpc_clients: ClientProcesses | None = None,
+) -> Load:
     slo_ms = read_config(repo / model / "1" / "config.toml").slo_ms
     body = request_body(np.random.default_rng(0), model)
-    return Load(clients, plan, body, slo_s=slo_ms / 1000.0, model=model)
+    return Load(clients, plan, body, slo_s=slo_ms / 1000.0, model=model, grpc_clients=grpc_clients)
 
 
 def _announce(case: Case) -> Case:

@@ -16,42 +16,58 @@ from benchmarks.common import format_table, percentiles
 SOAK_TAIL_S = 20 * 60  # rss_growth_last_20min: growth over the soak's last 20 minutes
 
 
-def account(case: Case, slo_ms: float) -> dict[str, Any]:
-    """One case's figures from its devices' ledgers."""
-    sent_at = np.array([t for led in case.ledgers for t in led["sent_at"]])
-    status = np.array([s for led in case.ledgers for s in led["status"]], dtype=np.int64)
-    replied = np.array(
-        [np.nan if t is None else t for led in case.ledgers for t in led["replied_at"]]
-    )
+def _columns(ledgers: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Send times, reply times (NaN: none) and statuses (0: none) of every request."""
+    sent_at = np.array([t for led in ledgers for t in led["sent_at"]])
+    status = np.array([s for led in ledgers for s in led["status"]], dtype=np.int64)
+    replied = np.array([np.nan if t is None else t for led in ledgers for t in led["replied_at"]])
+    return sent_at, replied, status
+
+
+def outcomes(ledgers: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every request of ``ledgers`` as answered, an error by reason, or lost; its latency."""
+    sent_at, replied, status = _columns(ledgers)
     reasons: Counter[str] = Counter()
-    for led in case.ledgers:
+    for led in ledgers:
         reasons.update(led["reasons"].values())
     ok = status == 200
     latency_ms = (replied[ok] - sent_at[ok]) * 1e3
     pct = percentiles(latency_ms, (50, 99))
-    start = float(sent_at.min()) if sent_at.size else 0.0
-    span = float(sent_at.max() - sent_at.min()) if sent_at.size > 1 else 0.0
-    out: dict[str, Any] = {
-        "case": case.name,
+    return {
         "sent": int(sent_at.size),
         "answered": int(ok.sum()),
         "errors": dict(sorted(reasons.items())),
         "lost": int((status == 0).sum()),
-        "duplicates": sum(led["duplicates"] for led in case.ledgers),
-        "unmatched_replies": sum(led["unmatched"] for led in case.ledgers),
-        "device_reconnects": sum(led["reconnects"] for led in case.ledgers),
-        "device_sessions_lost": sum(led["sessions_lost"] for led in case.ledgers),
+        "duplicates": sum(led["duplicates"] for led in ledgers),
+        "unmatched_replies": sum(led["unmatched"] for led in ledgers),
         "p50_ms": _round(pct["p50"]),
         "p99_ms": _round(pct["p99"]),
         "max_ms": _round(float(latency_ms.max())) if latency_ms.size else None,
+    }
+
+
+def account(case: Case, slo_ms: float) -> dict[str, Any]:
+    """One case's figures from its devices' ledgers (and its gRPC clients', under "grpc")."""
+    sent_at, replied, status = _columns(case.ledgers)
+    start = float(sent_at.min()) if sent_at.size else 0.0
+    span = float(sent_at.max() - sent_at.min()) if sent_at.size > 1 else 0.0
+    out: dict[str, Any] = {
+        "case": case.name,
+        **outcomes(case.ledgers),
+        "device_reconnects": sum(led["reconnects"] for led in case.ledgers),
+        "device_sessions_lost": sum(led["sessions_lost"] for led in case.ledgers),
         "offered_per_s": round(sent_at.size / span, 1) if span else None,
         "events": [{**e, "at": round(e["at"] - start, 3)} for e in case.events],
         **case.config,
     }
+    if case.grpc_ledgers:
+        out["grpc"] = outcomes(case.grpc_ledgers)
     if case.name.startswith("d_"):
         # The case's own model's SLO (case d may overload another model than a-c's).
         case_slo_ms = float(case.config.get("slo_ms", slo_ms))
-        out["admitted_p99_over_slo"] = _round(pct["p99"] / case_slo_ms, 3)
+        ok = status == 200
+        p99 = percentiles((replied[ok] - sent_at[ok]) * 1e3, (99,))["p99"]
+        out["admitted_p99_over_slo"] = _round(p99 / case_slo_ms, 3)
         out["errors_503"] = int((status == 503).sum())
         # What the devices really offered, in multiples of the capacity the ramp measured.
         capacity = case.config.get("capacity_ok_per_s")
@@ -108,9 +124,16 @@ def summarize(cases: list[dict[str, Any]]) -> dict[str, Any]:
         "rss_growth_last_20min": soak[0]["rss_growth_last_20min"] if soak else None,
         "duplicates": sum(c["duplicates"] for c in chaos),
         "accounted": all(
-            c["sent"] == c["answered"] + sum(c["errors"].values()) + c["lost"] for c in cases
+            part["sent"] == part["answered"] + sum(part["errors"].values()) + part["lost"]
+            for c in cases
+            for part in (c, c.get("grpc"))
+            if part is not None
         ),
     }
+    grpc = [c["grpc"] for c in cases if "grpc" in c]
+    # The gRPC clients' calls in cases a and c, accounted as the devices' requests are.
+    summary["grpc_sent"] = sum(g["sent"] for g in grpc) if grpc else None
+    summary["lost_grpc"] = sum(g["lost"] for g in grpc) if grpc else None
     for name, c in overload.items():
         summary[f"admitted_p99_over_slo_{name[2:]}"] = c["admitted_p99_over_slo"]
         summary[f"errors_503_{name[2:]}"] = c["errors_503"]
@@ -127,9 +150,11 @@ def summarize(cases: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def print_table(cases: list[dict[str, Any]]) -> None:
+    parts = [(c["case"], c) for c in cases]
+    parts += [(f"{c['case']} (gRPC)", c["grpc"]) for c in cases if "grpc" in c]
     rows = [
         [
-            c["case"],
+            name,
             c["sent"],
             c["answered"],
             ", ".join(f"{k} {v}" for k, v in c["errors"].items()) or "-",
@@ -138,7 +163,7 @@ def print_table(cases: list[dict[str, Any]]) -> None:
             c["p50_ms"] if c["p50_ms"] is not None else float("nan"),
             c["p99_ms"] if c["p99_ms"] is not None else float("nan"),
         ]
-        for c in cases
+        for name, c in parts
     ]
     print(
         format_table(

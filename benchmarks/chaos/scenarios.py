@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,6 +17,7 @@ import numpy as np
 
 from benchmarks.chaos.devices import DeviceJob
 from benchmarks.chaos.gateway_side import gateway_side, since
+from benchmarks.chaos.grpc_clients import GrpcJob
 from benchmarks.chaos.stack import MODEL, Gateway, Mosquitto, embedded_broker_kind, rss_bytes
 from benchmarks.clients import ClientProcesses
 from device_sim.wire import OipBody, encode_request
@@ -37,10 +38,11 @@ class Plan:
     soak_s: float
     soak_rate: float
     rss_every_s: float
+    grpc_rate: float  # gRPC calls per second beside the devices in cases a and c
 
 
-FULL = Plan(200, 60, 30, 4, (1, 4, 16), 4, 3.0, 30, 1800, 200, 10)
-QUICK = Plan(60, 12, 20, 2, (2, 8), 2, 3.0, 8, 0, 0, 10)
+FULL = Plan(200, 60, 30, 4, (1, 4, 16), 4, 3.0, 30, 1800, 200, 10, 50)
+QUICK = Plan(60, 12, 20, 2, (2, 8), 2, 3.0, 8, 0, 0, 10, 20)
 
 
 @dataclass
@@ -51,16 +53,21 @@ class Case:
     ledgers: list[dict[str, Any]]
     events: list[dict[str, Any]]
     config: dict[str, Any]
+    grpc_ledgers: list[dict[str, Any]] = field(default_factory=list)  # cases a and c
+
+
+def request_tensors(rng: np.random.Generator, model: str = MODEL) -> dict[str, np.ndarray]:
+    """Batch-1 FP32 inputs for the demo model ``model``."""
+    from models.demo import FLOAT_DEMO_MODELS
+
+    (spec,) = {m.spec for m in FLOAT_DEMO_MODELS if m.name == model}
+    return {i.name: rng.standard_normal((1, *i.shape)).astype(np.float32) for i in spec.inputs}
 
 
 def request_body(rng: np.random.Generator, model: str = MODEL) -> OipBody:
     """One binary-framed batch-1 FP32 request for the demo model ``model``; each device stamps
     the model's SLO on it as an absolute deadline (``deadline_unix_ms``) when it publishes."""
-    from models.demo import FLOAT_DEMO_MODELS
-
-    (spec,) = {m.spec for m in FLOAT_DEMO_MODELS if m.name == model}
-    tensors = {i.name: rng.standard_normal((1, *i.shape)).astype(np.float32) for i in spec.inputs}
-    return encode_request(tensors, binary=True)
+    return encode_request(request_tensors(rng, model), binary=True)
 
 
 class Load:
@@ -74,8 +81,10 @@ class Load:
         *,
         slo_s: float,
         model: str = MODEL,
+        grpc_clients: ClientProcesses | None = None,
     ) -> None:
         self.clients = clients
+        self.grpc_clients = grpc_clients
         self.plan = plan
         self.body = body
         self.slo_s = slo_s
@@ -116,17 +125,48 @@ class Load:
             for p in range(n)
         ]
 
+    def grpc_job(self, gateways: list[Gateway], like: DeviceJob) -> GrpcJob | None:
+        """gRPC calls at ``plan.grpc_rate`` to ``gateways`` over ``like``'s load window and
+        settle period (None without gRPC client processes)."""
+        if self.grpc_clients is None or self.plan.grpc_rate <= 0:
+            return None
+        ((name, tensor),) = request_tensors(np.random.default_rng(0), self.model).items()
+        return GrpcJob(
+            targets=tuple(g.grpc_address for g in gateways),
+            model=self.model,
+            input_name=name,
+            shape=tuple(tensor.shape),
+            tensor=np.ascontiguousarray(tensor, dtype="<f4").tobytes(),
+            rate=self.plan.grpc_rate,
+            duration_s=like.duration_s,
+            settle_s=like.settle_s,
+            start_at=like.start_at,
+            slo_s=self.slo_s,
+        )
+
     def run(
         self, jobs: list[DeviceJob], actions: list[Action] | None = None
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """Run ``jobs`` on the device processes while the timeline's actions happen at their
         fraction of the load window; returns the ledgers and what happened when."""
+        ledgers, events, _ = self.run_with_grpc(jobs, actions, None)
+        return ledgers, events
+
+    def run_with_grpc(
+        self, jobs: list[DeviceJob], actions: list[Action] | None, grpc_job: GrpcJob | None
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+        """``run``, with ``grpc_job`` on the gRPC client process beside the devices; returns
+        the gRPC clients' ledgers too."""
         job = jobs[0]
         budget = job.duration_s + job.settle_s + 300
-        with ThreadPoolExecutor(1, thread_name_prefix="chaos-load") as pool:
+        with ThreadPoolExecutor(2, thread_name_prefix="chaos-load") as pool:
             ledgers: Future[list[dict[str, Any]]] = pool.submit(self.clients.run, jobs, budget)
+            grpc_ledgers: Future[list[dict[str, Any]]] | None = None
+            if grpc_job is not None and self.grpc_clients is not None:
+                grpc_ledgers = pool.submit(self.grpc_clients.run, [grpc_job], budget)
             events = _play(actions or [], job.start_at, job.duration_s, ledgers)
-            return ledgers.result(), events
+            grpc = [] if grpc_ledgers is None else grpc_ledgers.result()
+            return ledgers.result(), events, grpc
 
 
 def _play(
@@ -155,7 +195,8 @@ def _restart(gateway: Gateway, sig: int) -> Callable[[], None]:
 
 def gateway_kills(load: Load, repo: Path, folder: Path) -> Case:
     """(a) One gateway SIGKILLed twice under QoS 1 load, restarted each time at once with the
-    same client id: what it had taken unacknowledged is redelivered to its next session."""
+    same client id: what it had taken unacknowledged is redelivered to its next session. gRPC
+    clients call it meanwhile (``benchmarks.chaos.grpc_clients``)."""
     plan = load.plan
     with Mosquitto(folder / "a") as broker:
         gateway = Gateway(repo, folder, client_id="chaos-a", broker=broker.url)
@@ -166,10 +207,12 @@ def gateway_kills(load: Load, repo: Path, folder: Path) -> Case:
                 (0.25, "gateway SIGKILL + restart", _restart(gateway, signal.SIGKILL)),
                 (0.6, "gateway SIGKILL + restart", _restart(gateway, signal.SIGKILL)),
             ]
-            ledgers, events = load.run(jobs, actions)
+            grpc_job = load.grpc_job([gateway], jobs[0])
+            ledgers, events, grpc = load.run_with_grpc(jobs, actions, grpc_job)
         finally:
             gateway.stop()
-    return Case("a_gateway_sigkill", ledgers, events, {"rate": plan.rate, "broker": "mosquitto"})
+    config = {"rate": plan.rate, "broker": "mosquitto", "grpc_rate": _rate(grpc_job)}
+    return Case("a_gateway_sigkill", ledgers, events, config, grpc)
 
 
 def broker_restart(load: Load, repo: Path, folder: Path) -> Case:
@@ -188,8 +231,9 @@ def broker_restart(load: Load, repo: Path, folder: Path) -> Case:
 
 
 def replicas(load: Load, repo: Path, folder: Path) -> Case:
-    """(c) Three replicas on one shared subscription: one SIGKILLed, one SIGTERMed, the third
-    serving throughout; both come back later with their client ids."""
+    """(c) Three replicas on one shared subscription: one SIGKILLed, one SIGTERMed (it
+    drains), the third serving throughout; both come back later with their client ids. gRPC
+    clients call all three through one round-robin channel meanwhile."""
     plan = load.plan
     with Mosquitto(folder / "c") as broker:
         gateways = [
@@ -206,11 +250,17 @@ def replicas(load: Load, repo: Path, folder: Path) -> Case:
                 (0.7, "replica 0 restart", killed.start),
                 (0.75, "replica 1 restart", termed.start),
             ]
-            ledgers, events = load.run(jobs, actions)
+            grpc_job = load.grpc_job(gateways, jobs[0])
+            ledgers, events, grpc = load.run_with_grpc(jobs, actions, grpc_job)
         finally:
             for gateway in gateways:
                 gateway.stop()
-    return Case("c_replicas", ledgers, events, {"rate": plan.rate, "replicas": 3})
+    config = {"rate": plan.rate, "replicas": 3, "grpc_rate": _rate(grpc_job)}
+    return Case("c_replicas", ledgers, events, config, grpc)
+
+
+def _rate(job: GrpcJob | None) -> float | None:
+    return None if job is None else job.rate
 
 
 def capacity(load: Load, port: int, protocol: Literal["5", "3.1.1"]) -> tuple[float, list[Any]]:

@@ -147,6 +147,8 @@ class Gateway:
         self.env = None if env is None else {**os.environ, **env}
         self.process: ServerProcess | None = None
         self.http_port = 0
+        # Chosen once: a restart listens where the gRPC clients' channel already points.
+        self.grpc_port = free_port()
 
     def start(self, timeout_s: float = 180) -> str:
         """Start and wait until it is subscribed; returns its log so far."""
@@ -160,7 +162,7 @@ class Gateway:
             "--http-port",
             str(self.http_port),
             "--grpc-port",
-            "0",  # replicas run side by side: each its own free gRPC port
+            str(self.grpc_port),
             *broker,
             "--mqtt-client-id",
             self.client_id,
@@ -175,6 +177,10 @@ class Gateway:
         self.process = ServerProcess(argv, log_path=log, env=self.env)
         self.process.wait_for_log(_READY, timeout_s)
         return self.process.log_text()
+
+    @property
+    def grpc_address(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
 
     @property
     def pid(self) -> int:

@@ -1,7 +1,9 @@
 """``iotgw bench chaos --quick --cases abcd``: the gateway SIGKILLed and restarted, the broker
 restarted, two of three replicas stopped, and overload, each under QoS 1 load from device
-processes that account for every request id they published. Nothing may be lost; overload must
-be answered (503 replies), not met with silence. No timing is asserted. Case f (partitions, on
+processes that account for every request id they published, and in the SIGKILL and replica
+cases (a, c) gRPC clients calling the gateways beside them, accounted the same way. Nothing may
+be lost; overload must be answered (503 replies), not met with silence. No timing is
+asserted. Case f (partitions, on
 network namespaces) has a test of its own: ``test_bench_chaos_partition_quick``."""
 
 from __future__ import annotations
@@ -44,3 +46,10 @@ def test_bench_chaos_quick_loses_no_request(tmp_path: Path) -> None:
     for name, case in cases.items():
         assert case["lost"] == 0, f"{name}: {case['lost']} requests without a reply"
     assert doc["summary"]["lost_qos1"] == 0
+    for name in ("a_gateway_sigkill", "c_replicas"):
+        grpc = cases[name]["grpc"]
+        assert grpc["sent"] > 0 and grpc["answered"] > 0, name
+        assert grpc["sent"] == grpc["answered"] + sum(grpc["errors"].values()) + grpc["lost"]
+        assert grpc["lost"] == 0, f"{name}: {grpc['lost']} gRPC calls without an answer"
+        assert grpc["unmatched_replies"] == 0, name
+    assert doc["summary"]["lost_grpc"] == 0 and doc["summary"]["grpc_sent"] > 0

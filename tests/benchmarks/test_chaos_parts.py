@@ -1,8 +1,11 @@
 """Parts of ``iotgw bench chaos`` that need no processes: what the overload case reads from the
 gateway's own ``/metrics`` (a real ``GatewayMetrics`` rendered), the choice of cases, and how
-the partition case reads failover from the devices' ledger."""
+the partition case reads failover from the devices' ledger, and the gRPC clients' calls accounted
+beside the devices' requests."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import pytest
@@ -10,6 +13,8 @@ import pytest
 from benchmarks.chaos import cli
 from benchmarks.chaos.gateway_side import gateway_side, since
 from benchmarks.chaos.partition import failover
+from benchmarks.chaos.report import account, summarize
+from benchmarks.chaos.scenarios import Case
 from gateway.metrics import GatewayMetrics
 
 MODEL = "sensor_mlp"
@@ -83,3 +88,34 @@ def test_failover_is_when_the_cut_replicas_share_stops_waiting() -> None:
     assert failover(sent, late, cut_at=2.0, restore_at=8.0)["held_for_cut_replica"] == 10
     # Nothing held at all: failover at the cut itself.
     assert failover(sent, prompt, cut_at=2.0, restore_at=8.0)["partition_failover_s"] == 0.0
+
+
+def _ledger(sent: list[float], replied: list[float | None], status: list[int]) -> dict[str, Any]:
+    reasons = {i: "deadline" for i, s in enumerate(status) if s not in (0, 200)}
+    return {
+        "sent_at": sent,
+        "replied_at": replied,
+        "status": status,
+        "reasons": reasons,
+        "duplicates": 0,
+        "unmatched": 0,
+        "reconnects": 0,
+        "sessions_lost": 0,
+    }
+
+
+def test_grpc_calls_are_accounted_as_the_devices_requests_are() -> None:
+    devices = _ledger([0.0, 0.1, 0.2], [0.01, 0.12, 0.22], [200, 200, 503])
+    grpc = _ledger([0.0, 0.5, 1.0], [0.02, None, 1.03], [200, 0, -1])
+    case = Case("a_gateway_sigkill", [devices], [], {"rate": 30.0}, [grpc])
+    figures = account(case, slo_ms=100.0)
+    assert (figures["sent"], figures["answered"], figures["lost"]) == (3, 2, 0)
+    assert figures["errors"] == {"deadline": 1}
+    assert figures["grpc"]["sent"] == 3 and figures["grpc"]["answered"] == 1
+    assert figures["grpc"]["errors"] == {"deadline": 1} and figures["grpc"]["lost"] == 1
+    summary = summarize([figures])
+    assert (summary["lost_qos1"], summary["lost_grpc"], summary["grpc_sent"]) == (0, 1, 3)
+    assert summary["accounted"] is True
+    no_grpc = account(Case("b_broker_restart", [devices], [], {}), slo_ms=100.0)
+    assert "grpc" not in no_grpc
+    assert summarize([no_grpc])["lost_grpc"] is None
