@@ -28,7 +28,10 @@ from benchmarks.servers import start_gateway
 
 MODEL = "sensor_mlp"
 CONCURRENCY = 16
-ARMS = ("grpc_loop", "http_loop", "http_ingest1")
+# Issue 33's target: gRPC at least as fast as the gateway's own HTTP JSON at 32 clients.
+TARGET_CONCURRENCY = 32
+ARMS = ("grpc_loop", "http_loop", "http_ingest1", "grpc_loop_c32", "http_json_loop_c32")
+GRPC_VS_HTTP_JSON_TARGET = 1.0
 START_TIMEOUT_S = 180.0
 _INFER = "/inference.GRPCInferenceService/ModelInfer"
 _TIMEOUT_US = 10_000_000  # the SLO is not what this measures
@@ -71,8 +74,31 @@ def _http_request(x: np.ndarray) -> tuple[bytes, dict[str, str]]:
     return header + x.tobytes(), {"Inference-Header-Content-Length": str(len(header))}
 
 
-async def _closed_loop(count: int, call: Callable[[], Awaitable[bool]]) -> dict[str, Any]:
-    """``count`` calls, ``CONCURRENCY`` at a time; their latencies and failures."""
+def concurrency(arm: str) -> int:
+    """Calls in flight for ``arm``: ``TARGET_CONCURRENCY`` for the ``_c32`` arms."""
+    return TARGET_CONCURRENCY if arm.endswith("_c32") else CONCURRENCY
+
+
+def _http_json_request(x: np.ndarray) -> tuple[bytes, dict[str, str]]:
+    """The same request as the Open Inference Protocol's JSON body, the reply JSON too."""
+    body = {
+        "inputs": [
+            {
+                "name": "features",
+                "datatype": "FP32",
+                "shape": list(x.shape),
+                "data": x.ravel().tolist(),
+            }
+        ],
+        "parameters": {"timeout": _TIMEOUT_US},
+    }
+    return json.dumps(body).encode(), {"Content-Type": "application/json"}
+
+
+async def _closed_loop(
+    count: int, call: Callable[[], Awaitable[bool]], clients: int
+) -> dict[str, Any]:
+    """``count`` calls, ``clients`` at a time; their latencies and failures."""
     latencies: list[float] = []
     failed = 0
     left = count
@@ -87,12 +113,12 @@ async def _closed_loop(count: int, call: Callable[[], Awaitable[bool]]) -> dict[
             failed += not ok
 
     started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+    await asyncio.gather(*(worker() for _ in range(clients)))
     elapsed = time.perf_counter() - started
     return {"elapsed_s": elapsed, "latencies_s": latencies, "failed": failed}
 
 
-async def _run_grpc(target: str, count: int, body: bytes) -> dict[str, Any]:
+async def _run_grpc(target: str, count: int, body: bytes, clients: int) -> dict[str, Any]:
     async with grpc.aio.insecure_channel(target) as channel:
         # Bytes in, bytes out: no client-side parsing in the measured loop.
         infer: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(_INFER)
@@ -104,14 +130,16 @@ async def _run_grpc(target: str, count: int, body: bytes) -> dict[str, Any]:
                 return False
             return True
 
-        await _closed_loop(CONCURRENCY, call)  # warm: connections, the first batches
-        return await _closed_loop(count, call)
+        await _closed_loop(clients, call, clients)  # warm: connections, the first batches
+        return await _closed_loop(count, call, clients)
 
 
-async def _run_http(base: str, count: int, request: tuple[bytes, dict[str, str]]) -> dict[str, Any]:
+async def _run_http(
+    base: str, count: int, request: tuple[bytes, dict[str, str]], clients: int
+) -> dict[str, Any]:
     body, headers = request
     url = f"{base}/v2/models/{MODEL}/infer"
-    connector = aiohttp.TCPConnector(limit=CONCURRENCY)
+    connector = aiohttp.TCPConnector(limit=clients)
     async with aiohttp.ClientSession(connector=connector) as session:
 
         async def call() -> bool:
@@ -119,26 +147,29 @@ async def _run_http(base: str, count: int, request: tuple[bytes, dict[str, str]]
                 await reply.read()
                 return reply.status == 200
 
-        await _closed_loop(CONCURRENCY, call)
-        return await _closed_loop(count, call)
+        await _closed_loop(clients, call, clients)
+        return await _closed_loop(count, call, clients)
 
 
 def _measure(arm: str, server: ServerProcess, where: str, plan: Plan, x: np.ndarray) -> dict:
+    clients = concurrency(arm)
     cpu_before = tree_cpu_seconds(server.pid)
-    if arm == "grpc_loop":
-        load = asyncio.run(_run_grpc(where, plan.requests, _grpc_request(x)))
+    if arm.startswith("grpc"):
+        load = asyncio.run(_run_grpc(where, plan.requests, _grpc_request(x), clients))
     else:
-        load = asyncio.run(_run_http(where, plan.requests, _http_request(x)))
+        request = _http_json_request(x) if arm.startswith("http_json") else _http_request(x)
+        load = asyncio.run(_run_http(where, plan.requests, request, clients))
     cpu = tree_cpu_seconds(server.pid) - cpu_before  # the warm-up's calls included
     lat = percentiles(load["latencies_s"])
     return {
         "arm": arm,
+        "concurrency": clients,
         "requests": plan.requests,
         "rps": plan.requests / load["elapsed_s"],
         "p50_ms": lat["p50"] * 1e3,
         "p99_ms": lat["p99"] * 1e3,
         "failed": load["failed"],
-        "cpu_ms_per_request": 1e3 * cpu / (plan.requests + CONCURRENCY),
+        "cpu_ms_per_request": 1e3 * cpu / (plan.requests + clients),
     }
 
 
@@ -169,6 +200,10 @@ def _summary(runs: list[dict[str, Any]]) -> tuple[dict[str, Any], list[list[str]
     summary["grpc_vs_http_binary_throughput_ratio"] = Repeated.of(
         g["rps"] / h["rps"] for g, h in pairs
     ).median
+    pairs = zip(by_arm["grpc_loop_c32"], by_arm["http_json_loop_c32"], strict=True)
+    ratio = Repeated.of(g["rps"] / h["rps"] for g, h in pairs).median
+    summary["grpc_vs_http_json_throughput_ratio_c32"] = ratio
+    summary["grpc_vs_http_json_throughput_ratio_c32_target_met"] = ratio >= GRPC_VS_HTTP_JSON_TARGET
     return summary, rows
 
 
@@ -195,6 +230,8 @@ def main(quick: bool = False, out_dir: Path | None = None) -> int:
                 "grpc_loop": (loop_gw, f"127.0.0.1:{port}"),
                 "http_loop": (loop_gw, loop_base),
                 "http_ingest1": (ingest_gw, ingest_base),
+                "grpc_loop_c32": (loop_gw, f"127.0.0.1:{port}"),
+                "http_json_loop_c32": (loop_gw, loop_base),
             }
             for round_no in range(plan.rounds):
                 for arm in ARMS:
@@ -210,6 +247,11 @@ def main(quick: bool = False, out_dir: Path | None = None) -> int:
     head = ["arm", "req/s", "p50 ms", "p99 ms", "CPU ms/req", "failed"]
     print(format_table(head, rows))
     print_summary(summary)
-    config = {"model": MODEL, "concurrency": CONCURRENCY, **plan.__dict__}
+    config = {
+        "model": MODEL,
+        "concurrency": {arm: concurrency(arm) for arm in ARMS},
+        "grpc_vs_http_json_target": GRPC_VS_HTTP_JSON_TARGET,
+        **plan.__dict__,
+    }
     run.write(summary=summary, runs=runs, config=config)
     return 0
