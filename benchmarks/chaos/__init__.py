@@ -100,11 +100,10 @@ def run(
                 if letter in cases_run:
                     cases.append(_announce(scenario(load, repo, folder)))
             if "d" in cases_run:
-                overload_repo = demo_repository(folder, overload_model)
-                flood = _load(clients, plan, overload_repo, overload_model)
+                repo_d = demo_repository(folder, overload_model)
+                flood = _load(clients, plan, repo_d, overload_model)
                 for embedded in (False, True):
-                    case = overload(flood, overload_repo, folder, embedded=embedded)
-                    cases.append(_announce(case))
+                    cases.append(_announce(overload(flood, repo_d, folder, embedded=embedded)))
             if "f" in cases_run:
                 plans = (QUICK_PARTITION,) if quick else (FULL_PARTITION, FULL_SHORT_SESSION)
                 for plan_f in plans:
