@@ -84,14 +84,14 @@ async def test_two_agents_never_grow_into_cores_the_other_keeps_busy(
 ) -> None:
     budget = CoreBudget(2)
     held: dict[str, int] = {}
-    growths: list[tuple[str, int, float]] = []  # (model, threads, the other's busy cores)
+    # Every decision: (model, threads before, threads after, the other's busy cores then).
+    decisions: list[tuple[str, int, int, float]] = []
 
     def listen(decision: Decision, agent: ModelAgent) -> None:
         threads = threads_of(decision.config)
-        if threads > held.get(agent.model, threads):
-            busy = busy_cores(budget)
-            other = sum(b for m, b in busy.items() if m != agent.model)
-            growths.append((agent.model, threads, other))
+        busy = busy_cores(budget)
+        other = sum(b for m, b in busy.items() if m != agent.model)
+        decisions.append((agent.model, held.get(agent.model, threads), threads, other))
         held[agent.model] = threads
 
     async with serving(two_models, tmp_path) as gw:
@@ -126,9 +126,16 @@ async def test_two_agents_never_grow_into_cores_the_other_keeps_busy(
         knobs = [gw.service.knobs(m) for m in MODELS]
     for statuses in results:
         assert set(statuses) == {200}, statuses
-    assert held, "no decision"
-    # Every model that grew did so into cores the other left idle.
-    assert all(threads <= 2 - round(other) for _, threads, other in growths), growths
+    # Both agents decided, and every decision kept within the budget as it stood: no more
+    # threads than the model held, or than the cores the other leaves idle. (Under this load
+    # neither model needs a second thread, so a growth is rare here; that a model grows into
+    # idle cores and is held back from busy ones is decided with scripted service times below,
+    # test_cores_another_model_leaves_idle_go_to_the_one_in_a_burst and
+    # test_a_held_back_model_gets_the_cores_another_yields.)
+    assert {model for model, *_ in decisions} == set(MODELS), decisions
+    assert all(after <= max(before, 2 - round(other)) for _, before, after, other in decisions), (
+        decisions
+    )
     busy = busy_cores(budget)
     assert set(busy) == set(MODELS)
     assert all(b <= threads_of(k) for b, k in zip([busy[m] for m in MODELS], knobs, strict=True))
