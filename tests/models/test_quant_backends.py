@@ -4,8 +4,7 @@ NumPy reference forward of the dequantized weights; weights kept quantized in me
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,8 +30,8 @@ from models.zoo import (
     reference_forward,
 )
 from models.zoo_checkpoint import dequantized_weights, uniform_policy, zoo_checkpoint, zoo_params
+from tests.benchmarks.bench_process import BENCH_LIMIT_S, run_bench
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 ONNX_QUANTIZED = [m.name for m in QUANTIZED_DEMO_MODELS if m.runtime == "onnxruntime"]
 TEST_ROWS = 64
 CNN_TEST_ROWS = 24  # NumPy's float64 convolutions are slow; the CNN's test set is smaller
@@ -337,6 +336,7 @@ MEMORY_SPEC = ModelSpec(
 def test_weights_stay_quantized_in_process_memory(tmp_path: Path) -> None:
     """Resident memory a fresh process gains by loading a 6.3M-weight model and running it once
     (the benchmark's method): int4 holds a fraction of fp32 on both runtimes."""
+    deadline = time.monotonic() + BENCH_LIMIT_S
     weights = init_weights(MEMORY_SPEC)
     paths = {
         precision: save_checkpoint(
@@ -377,14 +377,10 @@ def test_weights_stay_quantized_in_process_memory(tmp_path: Path) -> None:
     for job in jobs:
         # One fresh process per job: what one load leaves in an allocator (TF keeps its arenas)
         # must not be counted to, or hidden from, the next.
-        proc = subprocess.run(
-            [sys.executable, "-m", "benchmarks.quant", "--measure-memory", json.dumps([job])],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        # The four share one test, so one limit for them all, under pytest's: a job that hangs
+        # fails with its output.
+        left_s = max(1.0, deadline - time.monotonic())
+        proc = run_bench("benchmarks.quant", "--measure-memory", json.dumps([job]), limit_s=left_s)
         for line in proc.stdout.splitlines():
             if line.startswith("MEMORY "):
                 record = json.loads(line[7:])
