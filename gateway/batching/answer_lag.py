@@ -5,7 +5,7 @@ wait is a fraction of a millisecond; on a loop saturated by a flood (every pass 
 of packets) it was measured at 10-20 ms (p90-p99) and more, and a request admitted with less
 time left than that is answered late however fast its batch ran. Admission and the check at the
 start of a batch therefore plan with a high percentile of the recent waits. Waits recorded before
-a pause of ``STALE_AFTER_S`` without answers are forgotten (``gateway.batching.service_time``):
+a pause of ``STALE_AFTER_S`` without answers are forgotten (``models.batching_rule``):
 otherwise a flood's waits, once every request is refused for them, would never be corrected.
 """
 
@@ -16,7 +16,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from gateway.batching.service_time import STALE_AFTER_S
+from models.batching_rule import STALE_AFTER_S
 
 
 class AnswerLag:

@@ -2,7 +2,7 @@
 
 A dispatch loop takes an idle runtime instance, waits at most ``batch_timeout`` (counted from the
 arrival of the oldest waiting request) for ``max_batch_size`` rows, but not while fewer than one
-more request is expected in what is left of that window (``gateway.batching.arrivals``: a lone
+more request is expected in what is left of that window (``models.batching_rule``: a lone
 closed-loop client is served at once), runs the batch off the event loop, and fans the outputs
 (or the error) back to every caller. Knobs are read once per batch, so they can change at any
 moment. A request that cannot meet its deadline is refused rather than served late: at once when
@@ -20,7 +20,6 @@ import asyncio
 import heapq
 import itertools
 import logging
-import math
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -29,17 +28,16 @@ from typing import Literal
 
 import numpy as np
 
+from gateway.batching.admission import Admission
 from gateway.batching.answer_lag import AnswerLag
-from gateway.batching.arrivals import ArrivalEstimate
 from gateway.batching.instances import Instance, InstancePool
-from gateway.batching.service_time import STALE_AFTER_S, ServiceTimeEstimate
 from gateway.errors import (
     BatchTimeout,
     DeadlineUnmeetable,
     GatewayError,
     InternalError,
-    Overloaded,
 )
+from models.batching_rule import ArrivalEstimate, ServiceTimeEstimate
 from models.knobs import Knobs
 
 log = logging.getLogger("gateway.batcher")
@@ -117,9 +115,17 @@ class Batcher:
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
         self._dispatched = 0  # batches launched: tells the supervisor a restarted loop works
-        self.service_time = ServiceTimeEstimate(clock=clock)
+        self.admission = Admission(name, clock)
         self.arrivals = ArrivalEstimate()
-        self.answer_lag = AnswerLag(clock=clock)
+
+    @property
+    def service_time(self) -> ServiceTimeEstimate:
+        """The pace of recent batches, which admission plans with."""
+        return self.admission.service_time
+
+    @property
+    def answer_lag(self) -> AnswerLag:
+        return self.admission.answer_lag
 
     @property
     def queue_depth(self) -> int:
@@ -155,23 +161,18 @@ class Batcher:
         priority: int = 0,
     ) -> tuple[Outputs, float, float]:
         """Queue one request; returns (outputs, queue seconds, compute seconds)."""
+        knobs = self._knobs()
+        self.admission.check_arrival(
+            rows=rows,
+            deadline=deadline,
+            knobs=knobs,
+            queued=len(self._heap),
+            queued_rows=self._queued_rows,
+            max_queue_size=self.max_queue_size,
+            busy=self._pool.busy,
+            instances=self._pool.size,
+        )
         now = self._clock()
-        if len(self._heap) >= self.max_queue_size:
-            raise Overloaded(
-                f"model {self.name}: queue is full ({self.max_queue_size} requests waiting)",
-                retry_after=self._drain_time(),
-            )
-        remaining = deadline - now
-        if remaining <= 0:
-            raise DeadlineUnmeetable(f"model {self.name}: the request's deadline has passed")
-        estimate = None if self._pace_is_stale(self._pool.busy) else self._estimate_completion(rows)
-        if estimate is not None and estimate > remaining:
-            raise DeadlineUnmeetable(
-                f"model {self.name}: deadline cannot be met (estimated {estimate * 1e3:.1f} ms "
-                f"with {len(self._heap)} request(s) queued, {remaining * 1e3:.1f} ms left)",
-                # Retrying at once would meet the same queue: tell the client when it drains.
-                retry_after=self._drain_time(),
-            )
         level = priority if priority > 0 else DEFAULT_PRIORITY_LEVEL
         future: asyncio.Future[tuple[Outputs, float, float]] = (
             asyncio.get_running_loop().create_future()
@@ -189,34 +190,9 @@ class Batcher:
         finally:
             self.arrivals.left(self._clock())
 
-    def _pace_is_stale(self, running: int) -> bool:
-        """Whether the pace figures can no longer be corrected by what runs: no other batch
-        running and none measured for ``STALE_AFTER_S``. Refusing on them then could last for
-        good (after a stall, every request refused, so no batch runs to correct them): the
-        next batch runs as a probe, and its measurement starts the figures afresh."""
-        return running <= 0 and self._clock() - self.service_time.observed_at > STALE_AFTER_S
-
-    def _estimate_completion(self, rows: int) -> float | None:
-        """Seconds until a request of ``rows`` arriving now would be answered, pessimistically:
-        the batches ahead of it and in flight, in waves of ``concurrency``, each a full batch."""
-        knobs = self._knobs()
-        per_batch = self.service_time.predict(min(self._queued_rows + rows, knobs.max_batch_size))
-        if per_batch is None:
-            return None
-        batches = math.ceil((self._queued_rows + rows) / knobs.max_batch_size)
-        waves = math.ceil((batches + self._pool.busy) / max(self._pool.size, 1))
-        fill_wait = knobs.batch_timeout_s if self._queued_rows + rows < knobs.max_batch_size else 0
-        return waves * per_batch + fill_wait + self.answer_lag.high
-
     def drain_time(self) -> float:
         """Seconds until the queue, as it stands, is worked off (at least 1): a retry hint."""
-        return self._drain_time()
-
-    def _drain_time(self) -> float:
-        knobs = self._knobs()
-        per_batch = self.service_time.predict(knobs.max_batch_size) or 0.1
-        batches = math.ceil(self._queued_rows / knobs.max_batch_size)
-        return max(1.0, batches * per_batch / max(self._pool.size, 1))
+        return self.admission.drain_time(self._knobs(), self._queued_rows, self._pool.size)
 
     async def _supervise(self) -> None:
         """Run the dispatch loop; if a bug kills it, log that once and start it again. Without
@@ -344,17 +320,10 @@ class Batcher:
 
     def _refuse_late(self, batch: list[_Pending], now: float, rows: int) -> list[_Pending]:
         """Refuse (503 deadline, with a retry hint) the requests of a batch about to start that
-        it could answer after their deadlines at the recent pace of batches of its size (its
-        90th percentile) and of the event loop in resuming their callers (``answer_lag``):
-        admission plans with the fastest pace, so a request can reach its batch with less time
-        left than the batch takes. A late answer is an SLO violation all the same, and
-        refusing now tells the client while a retry can still help. The median pace left one
-        admitted answer in ten late whenever the queue ran up to the deadlines (overload)."""
-        high = self.service_time.high(rows) if batch else None
-        if high is None or self._pace_is_stale(self._pool.busy - 1):  # this one's instance
-            return batch
-        finish = now + high + self.answer_lag.high  # outputs back, then the caller resumed
-        if all(item.deadline >= finish for item in batch):
+        it would answer after their deadlines (``gateway.batching.admission``)."""
+        # The other batches in flight: this one's instance is held already.
+        finish = self.admission.answered_by(rows, now, self._pool.busy - 1) if batch else None
+        if finish is None or all(item.deadline >= finish for item in batch):
             return batch
         kept = []
         for item in batch:
@@ -362,14 +331,7 @@ class Batcher:
                 kept.append(item)
                 continue
             item.future.set_exception(
-                DeadlineUnmeetable(
-                    f"model {self.name}: a batch of {rows} rows takes up to about "
-                    f"{high * 1e3:.1f} ms and an answer then waits up to "
-                    f"{self.answer_lag.high * 1e3:.1f} ms for the event loop; "
-                    f"{(item.deadline - now) * 1e3:.1f} ms were left "
-                    f"after {(now - item.enqueued) * 1e3:.1f} ms in the queue",
-                    retry_after=self._drain_time(),
-                )
+                self.admission.late(rows, now, item.deadline, item.enqueued, self.drain_time())
             )
         return kept
 

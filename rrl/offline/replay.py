@@ -1,18 +1,18 @@
 """Trace replay: a configuration's latencies predicted by running arrival times through a model
 of the gateway's batcher, fed with service times measured on this machine.
 
-The model, a few dozen lines that mimic the serving path:
+The model:
 
 - **front end**: every request reaches the batcher ``per_request_s`` after it arrives (HTTP
   parsing, decoding, the reply), a delay the same under every configuration;
-- **batcher**: a FIFO queue and ``concurrency`` instances. A free instance takes the oldest
-  waiting request; with a zero timeout it leaves at once with whatever is queued (up to the max
-  batch), otherwise it waits until the batch is full or the oldest request has waited the
-  timeout, but not while no further request is expected in what is left of that window (the
-  gateway's batcher: the arrival rate of the last 64 arrivals, pessimistically, times the wait
-  left, below one: ``batch_start``). A request that has already waited longer than the SLO
-  when its batch forms is refused (the gateway refuses what cannot meet its deadline), so it
-  costs no service time;
+- **batcher**: the gateway's own rule on simulated time (``rrl.offline.batcher_sim`` with
+  ``models.batching_rule``): a queue in arrival order and ``concurrency`` instances; a batch
+  leaves when full, when the oldest request has waited the timeout, or when no other request is
+  expected in what is left of that window; a request is refused on arrival when even the
+  fastest recent pace cannot answer it in time, and when its batch starts when the batch's 90th
+  percentile pace would answer it late, so it costs no service time. ``tests/conformance``
+  holds it to the gateway's ``Batcher`` run on the same arrivals and batch times: the same
+  batches, refusals and latencies;
 - **service**: one batch of b rows takes a time drawn from those measured for the smallest
   measured batch size >= b, with ``concurrency`` instances of the same thread setting busy at
   once (so contention between instances is in the sample), plus ``per_batch_s`` of gateway
@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from models.knobs import Knobs
+from rrl.offline.batcher_sim import BatcherSim, BatchTimes
 
 ThreadSetting = tuple[int, int]  # (concurrency, intra-op threads)
 
@@ -85,9 +86,11 @@ class _Sampler:
     def __post_init__(self) -> None:
         self.sizes = sorted(self.by_size)
 
+    def _size(self, rows: int) -> int:
+        return self.sizes[min(bisect.bisect_left(self.sizes, rows), len(self.sizes) - 1)]
+
     def draw(self, rows: int) -> float:
-        i = min(bisect.bisect_left(self.sizes, rows), len(self.sizes) - 1)
-        size = self.sizes[i]
+        size = self._size(rows)
         seconds = self.rng.choice(self.by_size[size])
         # Rows beyond the largest measured batch: scale up linearly (an over-estimate).
         return seconds * max(1.0, rows / size)
@@ -102,7 +105,9 @@ def simulate(
     seed: int = 0,
     serial: bool = False,
 ) -> list[float]:
-    """Each request's latency in seconds (``inf``: refused) under ``config``.
+    """Each request's latency in seconds (``inf``: refused) under ``config``: the gateway's
+    batcher run over the trace on simulated time (``rrl.offline.batcher_sim``, the batching
+    rule's own decisions), each batch's time drawn from the measured samples.
 
     ``serial``: the gateway's costs are paid on its one event loop, one batch at a time, not
     as delays each instance pays in parallel: a batch forms only once the loop is free, and
@@ -111,36 +116,9 @@ def simulate(
     loop caps the throughput at any concurrency, and a lagging loop forms larger batches. The
     agent's prediction (``rrl.agent.queueing``); ``benchmarks.tuner.serial_loop`` models the same
     loop event by event, with the cores shared, for the bench's offline replay."""
-    ready = list(arrivals_s) if serial else _through_front_end(arrivals_s, times.per_request_s)
     sampler = times.sampler((config.concurrency, config.intra_op_threads), seed)
-    max_batch = config.max_batch_size
-    timeout_s = config.batch_timeout_ms / 1000.0
-    n = len(ready)
-    latencies = [math.inf] * n
-    free = [0.0] * config.concurrency  # when each instance is next free (a heap)
-    loop_free = 0.0
-    head = 0
-    while head < n:
-        start = batch_start(ready, head, heapq.heappop(free), max_batch, timeout_s)
-        if serial:
-            start = max(start, loop_free)
-        # Requests that already waited out their deadline are refused, not served.
-        while head < n and start - arrivals_s[head] > slo_s:
-            head += 1
-        if head >= n:
-            break
-        end_of_batch = min(bisect.bisect_right(ready, start, lo=head), head + max_batch)
-        rows = max(end_of_batch - head, 1)
-        if serial:
-            loop_free = start + times.per_batch_s + rows * times.per_request_s
-            done = loop_free + sampler.draw(rows)
-        else:
-            done = start + sampler.draw(rows) + times.per_batch_s
-        for i in range(head, head + rows):
-            latencies[i] = done - arrivals_s[i]
-        head += rows
-        heapq.heappush(free, done)
-    return latencies
+    batch_times = BatchTimes(sampler.draw, times.per_batch_s, times.per_request_s)
+    return BatcherSim(config, batch_times, slo_s=slo_s, serial=serial).run(arrivals_s)
 
 
 RATE_WINDOW = 64
@@ -182,14 +160,6 @@ def _rate_upper(ready: Sequence[float], i: int) -> float:
     j = max(0, i - RATE_WINDOW)
     span = ready[i] - ready[j]
     return (i - j + RATE_PRIOR) / span if span > 0 else math.inf
-
-
-def _through_front_end(arrivals_s: Sequence[float], per_request_s: float) -> list[float]:
-    """When each request reaches the batcher: after the front end's cost, as a delay. Not as a
-    queue: its cost is the same under every configuration, and a serial queue calibrated to the
-    whole machine's capacity (the load generator shares the cores) saturated at a burst that the
-    gateway measurably served, hiding every difference between configurations."""
-    return [a + per_request_s for a in arrivals_s]
 
 
 @dataclass(frozen=True)

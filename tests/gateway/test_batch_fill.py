@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from gateway.batching.arrivals import ArrivalEstimate
 from gateway.batching.batcher import BatchRecord
 from gateway.service import InferenceService
 from gateway.types import InferenceRequest
+from models.batching_rule import ArrivalEstimate
 from models.runtime import Runtime
 from tests.gateway.gated_runtime import (  # noqa: F401 (*_fixture: pytest fixtures)
     MODEL,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.batching.service_time import ServiceTimeEstimate
+from models.batching_rule import ServiceTimeEstimate
 
 
 def test_nothing_known_predicts_nothing() -> None:

@@ -45,11 +45,12 @@ def test_eager_batching_serves_a_trickle_one_by_one_without_waiting() -> None:
 
 
 def test_a_timeout_waits_only_while_another_request_is_expected() -> None:
-    # One request every 50 ms: once the batcher has watched the arrivals, no other is expected
-    # within a 4 ms window, so none waits (the gateway's batcher dispatches at once); the first
-    # waits the whole timeout (nothing watched yet).
+    # One request every 50 ms: once the batcher has watched enough busy time without another
+    # arrival, none is expected within a 4 ms window, so none waits (the gateway's batcher
+    # dispatches at once); the first three wait the whole timeout: 5 and 10 ms of busy time
+    # watched (3 arrivals of prior over it) still expect one in 4 ms, 15 ms no longer does.
     lat = simulate(trickle(), Knobs(32, 4.0, 1, 1, 1), TIMES, slo_s=SLO_S)
-    assert lat == pytest.approx([5 * MS] + [1 * MS] * 49)
+    assert lat == pytest.approx([5 * MS] * 3 + [1 * MS] * 47)
     # One every 1 ms: each batch of 4 waits for its 4th arrival, then 2 ms of service.
     dense = trickle(n=64, gap_s=1 * MS)
     lat = simulate(dense, Knobs(4, 4.0, 1, 1, 1), TIMES, slo_s=SLO_S)

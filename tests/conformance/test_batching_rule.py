@@ -1,0 +1,123 @@
+"""One owner for the batching rule: the simulation the agent predicts with
+(``rrl.offline.replay.simulate`` over ``rrl.offline.batcher_sim``) forms the batches, refuses the
+requests and gives the latencies of the gateway's own ``Batcher``, run in virtual time on the
+same arrivals and batch times (``tests.conformance.virtual_batcher``).
+
+Tolerance: batch starts and latencies within 2 ns (the virtual loop's clock counts whole
+nanoseconds); batch sizes and the set of refused requests exactly. Batch times are chosen off
+round numbers, so that no decision sits within a nanosecond of its threshold (a tie there may
+go either way, on the loop as in the simulation).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from models.knobs import Knobs
+from rrl.offline.batcher_sim import BatcherSim, BatchTimes
+from rrl.offline.replay import ServiceTimes, simulate
+from tests.conformance.virtual_batcher import CLOCK_RESOLUTION_S, BatcherRun, run_batcher
+
+CLOCK_S = 2 * CLOCK_RESOLUTION_S
+DEADLINE_S = 0.0503
+
+
+def two_cores(rows: int) -> float:
+    """A batch's runtime call: a fixed cost per call and a cost per row."""
+    return 0.00213 + 0.000487 * rows
+
+
+def poisson(rate_per_s: float, n: int, seed: int) -> list[float]:
+    rng = np.random.default_rng(seed)
+    return np.cumsum(rng.exponential(1.0 / rate_per_s, n)).tolist()
+
+
+def bursts(n: int, seed: int) -> list[float]:
+    """Bursts of 10-40 requests within a millisecond, 30-80 ms apart: queues that build at
+    once and drain between bursts."""
+    rng = np.random.default_rng(seed)
+    out: list[float] = []
+    t = 0.0
+    while len(out) < n:
+        size = int(rng.integers(10, 41))
+        out.extend(sorted(t + rng.uniform(0.0, 0.001, size)))
+        t += float(rng.uniform(0.03, 0.08))
+    return out[:n]
+
+
+CASES: dict[str, tuple[Callable[[], list[float]], Knobs]] = {
+    # Below capacity: the timeout, and the wait skipped once no other request is expected.
+    "300/s batch 8, 2 ms": (lambda: poisson(300, 600, 1), Knobs(8, 2.0, 1, 1, 1)),
+    "a trickle, batch 8, 8 ms": (lambda: poisson(40, 300, 2), Knobs(8, 8.0, 1, 1, 1)),
+    "900/s batch 32, 4 ms": (lambda: poisson(900, 900, 3), Knobs(32, 4.0, 1, 1, 1)),
+    "1500/s two instances, batch 4, 1 ms": (lambda: poisson(1500, 900, 4), Knobs(4, 1.0, 2, 1, 1)),
+    # Overload: refusals on arrival (the fastest pace cannot make it) and at a batch's start.
+    "1500/s eager batch 8": (lambda: poisson(1500, 900, 5), Knobs(8, 0.0, 1, 1, 1)),
+    "3000/s batch 32, 2 ms": (lambda: poisson(3000, 900, 6), Knobs(32, 2.0, 1, 1, 1)),
+    "bursts, two instances, batch 16, 2 ms": (lambda: bursts(900, 7), Knobs(16, 2.0, 2, 1, 1)),
+}
+
+
+@functools.cache
+def batcher_run(case: str) -> BatcherRun:
+    """The gateway's batcher over a case (each case runs once per session)."""
+    trace, knobs = CASES[case]
+    return run_batcher(trace(), knobs, two_cores, deadline_s=DEADLINE_S)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_simulation_batches_and_refuses_as_the_batcher_does(case: str) -> None:
+    trace, knobs = CASES[case]
+    arrivals = trace()
+    real = batcher_run(case)
+    simulated = BatcherSim(knobs, BatchTimes(two_cores), slo_s=DEADLINE_S)
+    latencies = simulated.run(arrivals)
+
+    assert real.batch_rows == [rows for _, rows in simulated.batches]
+    assert (
+        max(abs(a - b) for (a, _), (b, _) in zip(real.starts, simulated.batches, strict=True))
+        < CLOCK_S
+    )
+    refused = {i for i, s in enumerate(latencies) if math.isinf(s)}
+    assert refused == set(real.refusals)
+    served = [i for i in range(len(arrivals)) if i not in refused]
+    assert max(abs(real.latencies_s[i] - latencies[i]) for i in served) < CLOCK_S
+
+
+def test_each_case_exercises_what_it_is_named_for() -> None:
+    """The cases reach the rule's branches: batches that left full, on their timeout and with
+    no arrival expected; refusals on arrival and at a batch's start."""
+    triggers: set[str] = set()
+    reasons: set[str] = set()
+    for case in CASES:
+        run = batcher_run(case)
+        triggers |= {b.fill.trigger for b in run.batches}
+        reasons |= {_when_refused(why) for why in run.refusals.values()}
+    assert triggers == {"full", "timeout", "no_arrival_expected"}
+    assert reasons == {"on arrival", "at its batch's start"}
+
+
+def _when_refused(message: str) -> str:
+    if "deadline cannot be met" in message:
+        return "on arrival"
+    if "takes up to about" in message:
+        return "at its batch's start"
+    return message
+
+
+def test_the_replay_over_measured_samples_is_the_same_simulation() -> None:
+    """``replay.simulate`` (what the agent's queueing model calls) with one sample per batch
+    size is the batcher's run on those batch times."""
+    arrivals = poisson(1500, 900, 5)
+    knobs = Knobs(8, 1.0, 2, 1, 1)
+    samples = {(2, 1): {rows: [two_cores(rows)] for rows in range(1, 9)}}
+    replayed = simulate(arrivals, knobs, ServiceTimes(samples), slo_s=DEADLINE_S)
+    real = run_batcher(arrivals, knobs, two_cores, deadline_s=DEADLINE_S)
+    assert {i for i, s in enumerate(replayed) if math.isinf(s)} == set(real.refusals)
+    finite = [(a, b) for a, b in zip(real.latencies_s, replayed, strict=True) if math.isfinite(b)]
+    assert max(abs(a - b) for a, b in finite) < CLOCK_S

@@ -1,0 +1,169 @@
+"""The gateway's own ``Batcher`` run in virtual time: the reference the simulators of the
+batching rule are held to (``tests/conformance/test_batching_rule.py``).
+
+The batcher runs unchanged on an event loop whose clock moves only when every task waits
+(``looptime``), with the loop's clock as its own. Each batch's runtime call is scripted: it
+starts at once and its result arrives ``service_s(rows)`` later on that clock, reported as the
+call's duration, as a real call's ``perf_counter`` span would be. So a trace of arrivals gives
+the same batches, refusals and latencies on every machine, and a batch timeout, a deadline or
+a wave of instances are the batcher's own code deciding, not a copy of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import looptime
+import numpy as np
+
+from gateway.batching.batcher import Batcher, BatchRecord, _timed_call
+from gateway.batching.instances import InstancePool
+from gateway.errors import GatewayError
+from models.knobs import Knobs
+from models.runtime import ModelMetadata, TensorSpec, Threads
+
+CLOCK_RESOLUTION_S = 1e-9
+"""The virtual loop's clock counts whole nanoseconds: two events closer than that are one."""
+INPUT = "x"
+METADATA = ModelMetadata(
+    name="scripted",
+    version="1",
+    platform="onnxruntime_onnx",
+    inputs=(TensorSpec(INPUT, "float32", (-1, 1)),),
+    outputs=(TensorSpec(INPUT, "float32", (-1, 1)),),
+)
+
+
+class ScriptedRuntime:
+    """A runtime that answers each row with itself (the batch's time is the executor's)."""
+
+    def __init__(self, threads: Threads) -> None:
+        self._threads = threads
+
+    @property
+    def metadata(self) -> ModelMetadata:
+        return METADATA
+
+    @property
+    def threads(self) -> Threads:
+        return self._threads
+
+    @property
+    def device(self) -> str:
+        return "cpu"
+
+    def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {INPUT: inputs[INPUT]}
+
+    def close(self) -> None:
+        pass
+
+
+class ScriptedExecutor(concurrent.futures.Executor):
+    """Runs every call at once on the loop's thread; a batch's runtime call
+    (``gateway.batching.batcher._timed_call``) completes ``service_s(rows)`` later on the
+    loop's clock, the rest (building runtimes, closing them) at once."""
+
+    def __init__(self, service_s: Callable[[int], float]) -> None:
+        self.service_s = service_s
+        self.calls: list[tuple[float, int]] = []  # (started at, rows) of every batch
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        if fn is not _timed_call:
+            future.set_result(fn(*args, **kwargs))
+            return future
+        infer, inputs, on_start = args
+        on_start()
+        outputs = infer(inputs)
+        rows = len(inputs[INPUT])
+        seconds = self.service_s(rows)
+        loop = asyncio.get_running_loop()
+        self.calls.append((loop.time(), rows))
+        loop.call_later(seconds, future.set_result, (outputs, seconds))
+        return future
+
+
+@dataclass
+class BatcherRun:
+    """What the batcher did with a trace: each request's latency (``inf``: refused), the
+    refusal's message for a refused one, and every batch as it started."""
+
+    latencies_s: list[float]
+    refusals: dict[int, str] = field(default_factory=dict)
+    batches: list[BatchRecord] = field(default_factory=list)
+    starts: list[tuple[float, int]] = field(default_factory=list)  # (started at, rows)
+
+    @property
+    def batch_rows(self) -> list[int]:
+        return [rows for _, rows in self.starts]
+
+
+def run_batcher(
+    arrivals_s: Sequence[float],
+    knobs: Knobs,
+    service_s: Callable[[int], float],
+    *,
+    deadline_s: float,
+    max_queue_size: int = 4096,
+) -> BatcherRun:
+    """Every request of ``arrivals_s`` (seconds from the start, sorted) submitted to a real
+    ``Batcher`` at its time, one row each, with ``deadline_s`` to be answered."""
+    loop = looptime.new_event_loop(resolution=CLOCK_RESOLUTION_S)
+    try:
+        return loop.run_until_complete(
+            _run(arrivals_s, knobs, service_s, deadline_s, max_queue_size)
+        )
+    finally:
+        loop.close()
+
+
+async def _run(
+    arrivals_s: Sequence[float],
+    knobs: Knobs,
+    service_s: Callable[[int], float],
+    deadline_s: float,
+    max_queue_size: int,
+) -> BatcherRun:
+    loop = asyncio.get_running_loop()
+    executor = ScriptedExecutor(service_s)
+    pool = InstancePool(factory=ScriptedRuntime, executor=executor, warmup_batch_sizes=())
+    threads = Threads(knobs.intra_op_threads, knobs.inter_op_threads)
+    await pool.start(knobs.concurrency, threads)
+    run = BatcherRun([math.inf] * len(arrivals_s))
+    batcher = Batcher(
+        name="scripted",
+        pool=pool,
+        executor=executor,
+        knobs=lambda: knobs,
+        max_queue_size=max_queue_size,
+        on_batch=run.batches.append,
+        clock=loop.time,
+    )
+    batcher.start()
+    origin = loop.time()
+
+    async def one(i: int, arrived: float) -> None:
+        row = {INPUT: np.full((1, 1), float(i), dtype=np.float32)}
+        try:
+            outputs, _, _ = await batcher.submit(row, rows=1, deadline=arrived + deadline_s)
+        except GatewayError as refused:
+            run.refusals[i] = str(refused)
+            return
+        assert int(outputs[INPUT][0, 0]) == i  # its own row came back
+        run.latencies_s[i] = loop.time() - arrived
+
+    tasks = []
+    for i, at in enumerate(arrivals_s):
+        await asyncio.sleep(max(0.0, origin + at - loop.time()))
+        tasks.append(asyncio.create_task(one(i, origin + at)))
+    await asyncio.gather(*tasks)
+    await batcher.stop()
+    await pool.close()
+    run.starts = [(at - origin, rows) for at, rows in executor.calls]
+    return run
