@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from models.batching_rule import ArrivalEstimate
 from models.knobs import Knobs
 from rrl.offline.batcher_sim import BatcherSim, BatchTimes
 
@@ -286,13 +287,28 @@ def _closed_loop_answers(
     free = [0.0] * config.concurrency  # when each instance is next free (a heap)
     running: list[tuple[float, int]] = []  # (done at, rows) of the batches in flight (a heap)
     answered: list[tuple[float, int]] = []
+    # The batcher's own estimate of arrivals while it waits (``models.batching_rule``): a
+    # loop whose clients are all inside sends nothing a wait could collect (a lone client).
+    arrivals = ArrivalEstimate()
+    watch = timeout_s > 0  # eager batching never asks it
     while len(answered) < batches:
         decoded = max(loop_free, sending[0]) + per_request_s if sending else math.inf
         finish = running[0][0] if running else math.inf
         wake = _closed_loop_wake(queued, free[0], max_batch, timeout_s)
         # A timer come due waits for the requests that had arrived by then (``_closed_loop_wake``).
         timer = timeout_s > 0 and len(queued) < max_batch
-        decode_first = timer and sending and sending[0] <= wake
+        if timer and queued:
+            # The batcher asks once the loop's pass has read what was sent by then: while
+            # requests wait to be read, it does not run.
+            at = max(free[0], queued[0], now, loop_free)
+            unread = bool(sending) and sending[0] <= at
+            if not unread and at < wake and arrivals.expected(wake - at, at) < 1.0:
+                wake, timer = at, False  # no other request expected: it leaves at once
+        # A batch that leaves as its instance frees (its timeout run out before) leaves as
+        # that instance's batch ends, before the clients it answered send again; one that
+        # leaves on its timer waits for the loop's pass to read what was sent by then.
+        on_timer = bool(queued) and queued[0] + timeout_s > free[0]
+        decode_first = timer and sending and (sending[0] <= wake if on_timer else sending[0] < wake)
         start = math.inf if decode_first else max(wake, now, loop_free)
         now = min(finish, decoded, start)
         if now == math.inf:
@@ -301,11 +317,12 @@ def _closed_loop_answers(
             _, rows = heapq.heappop(running)
             sending.extend([now] * rows)
             answered.append((now, rows))
-        elif decoded == now:
-            sending.popleft()
-            loop_free = now
-            queued.append(now)
-        else:
+            for _ in range(rows if watch else 0):
+                arrivals.left(now)
+        elif start == now and (decoded > now or queued[0] < now):
+            # On a tie with a read, requests that waited for this instance leave first (the
+            # batcher, waiting for an instance, takes it as the batch before ends, before the
+            # clients that batch answered send again); an empty queue waits for the reads.
             rows = min(len(queued), max_batch)
             for _ in range(rows):
                 queued.popleft()
@@ -319,6 +336,12 @@ def _closed_loop_answers(
             loop_free = now + per_batch_s
             heapq.heapreplace(free, loop_free + seconds)
             heapq.heappush(running, (loop_free + seconds, rows))
+        else:
+            sending.popleft()
+            loop_free = now
+            queued.append(now)
+            if watch:
+                arrivals.arrived(now)
     return answered
 
 

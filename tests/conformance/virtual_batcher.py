@@ -29,6 +29,9 @@ from models.runtime import ModelMetadata, TensorSpec, Threads
 
 CLOCK_RESOLUTION_S = 1e-9
 """The virtual loop's clock counts whole nanoseconds: two events closer than that are one."""
+NOOP_CYCLES = 1
+"""Idle loop passes before the clock jumps to the next timer: nothing here runs in a thread
+(the scripted executor completes calls on the loop), so one pass is enough."""
 INPUT = "x"
 METADATA = ModelMetadata(
     name="scripted",
@@ -67,26 +70,44 @@ class ScriptedRuntime:
 class ScriptedExecutor(concurrent.futures.Executor):
     """Runs every call at once on the loop's thread; a batch's runtime call
     (``gateway.batching.batcher._timed_call``) completes ``service_s(rows)`` later on the
-    loop's clock, the rest (building runtimes, closing them) at once."""
+    loop's clock, the rest (building runtimes, closing them) at once. The loop hands it its
+    calls directly (``on_virtual_loop``): an executor's futures would make the virtual loop
+    wait for them in real time, as it must for a real thread."""
 
     def __init__(self, service_s: Callable[[int], float]) -> None:
         self.service_s = service_s
         self.calls: list[tuple[float, int]] = []  # (started at, rows) of every batch
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        raise TypeError("the scripted executor runs on the virtual loop only")
+
+    def run(self, loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> Any:
+        future = loop.create_future()
         if fn is not _timed_call:
-            future.set_result(fn(*args, **kwargs))
+            future.set_result(fn(*args))
             return future
         infer, inputs, on_start = args
         on_start()
         outputs = infer(inputs)
         rows = len(inputs[INPUT])
         seconds = self.service_s(rows)
-        loop = asyncio.get_running_loop()
         self.calls.append((loop.time(), rows))
         loop.call_later(seconds, future.set_result, (outputs, seconds))
         return future
+
+
+def on_virtual_loop() -> asyncio.AbstractEventLoop:
+    """A loop on virtual time (``looptime``) that runs a ``ScriptedExecutor``'s calls itself."""
+    loop = looptime.new_event_loop(resolution=CLOCK_RESOLUTION_S, noop_cycles=NOOP_CYCLES)
+    in_threads = loop.run_in_executor
+
+    def run_in_executor(executor: Any, func: Callable[..., Any], *args: Any) -> Any:
+        if isinstance(executor, ScriptedExecutor):
+            return executor.run(loop, func, *args)
+        return in_threads(executor, func, *args)
+
+    loop.run_in_executor = run_in_executor  # type: ignore[method-assign]
+    return loop
 
 
 @dataclass
@@ -114,7 +135,7 @@ def run_batcher(
 ) -> BatcherRun:
     """Every request of ``arrivals_s`` (seconds from the start, sorted) submitted to a real
     ``Batcher`` at its time, one row each, with ``deadline_s`` to be answered."""
-    loop = looptime.new_event_loop(resolution=CLOCK_RESOLUTION_S)
+    loop = on_virtual_loop()
     try:
         return loop.run_until_complete(
             _run(arrivals_s, knobs, service_s, deadline_s, max_queue_size)
@@ -163,6 +184,53 @@ async def _run(
         await asyncio.sleep(max(0.0, origin + at - loop.time()))
         tasks.append(asyncio.create_task(one(i, origin + at)))
     await asyncio.gather(*tasks)
+    await batcher.stop()
+    await pool.close()
+    run.starts = [(at - origin, rows) for at, rows in executor.calls]
+    return run
+
+
+def run_closed_loop(
+    clients: int, knobs: Knobs, service_s: Callable[[int], float], *, seconds: float
+) -> BatcherRun:
+    """``clients`` that each send their next request the moment the last is answered, through
+    a real ``Batcher`` for ``seconds`` of virtual time (a deadline none of them reaches)."""
+    loop = on_virtual_loop()
+    try:
+        return loop.run_until_complete(_closed(clients, knobs, service_s, seconds))
+    finally:
+        loop.close()
+
+
+async def _closed(
+    clients: int, knobs: Knobs, service_s: Callable[[int], float], seconds: float
+) -> BatcherRun:
+    loop = asyncio.get_running_loop()
+    executor = ScriptedExecutor(service_s)
+    pool = InstancePool(factory=ScriptedRuntime, executor=executor, warmup_batch_sizes=())
+    await pool.start(knobs.concurrency, Threads(knobs.intra_op_threads, knobs.inter_op_threads))
+    run = BatcherRun([])
+    batcher = Batcher(
+        name="scripted",
+        pool=pool,
+        executor=executor,
+        knobs=lambda: knobs,
+        max_queue_size=clients,
+        on_batch=run.batches.append,
+        clock=loop.time,
+    )
+    batcher.start()
+    origin = loop.time()
+    end = origin + seconds
+
+    async def client() -> None:
+        row = {INPUT: np.zeros((1, 1), dtype=np.float32)}
+        while loop.time() < end:
+            sent = loop.time()
+            await batcher.submit(row, rows=1, deadline=sent + 3600.0)
+            run.latencies_s.append(loop.time() - sent)
+
+    await asyncio.gather(*(client() for _ in range(clients)))
     await batcher.stop()
     await pool.close()
     run.starts = [(at - origin, rows) for at, rows in executor.calls]
