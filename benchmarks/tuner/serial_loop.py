@@ -4,8 +4,12 @@ costs, for every model of a gateway at once over a whole trace (the tuner bench,
 ``benchmarks.tuner.replay``). The online agent's prediction charges the same loop one batch at
 a time (``rrl.offline.replay.simulate`` with ``serial``), at a quarter of the CPU.
 
-The batcher is ``rrl.offline.replay``'s (eager or timed dispatch, early dispatch when no arrival is
-expected, refusal of what waited out its SLO), one lane per model, all lanes on one loop.
+Each lane is the gateway's batcher deciding with the batching rule's own objects
+(``models.batching_rule``, as ``rrl.offline.batcher_sim`` does: eager or timed dispatch, early
+dispatch when no other request is expected, refusal on arrival when even the fastest recent pace
+cannot answer in time and at a batch's start when its 90th percentile pace would answer late),
+one lane per model, all lanes on one loop; ``tests/conformance`` holds a lane with no loop costs
+to the real ``Batcher``.
 
 Why not ``rrl.offline.replay.simulate`` alone: it treats the gateway's per-request and per-batch
 costs as delays that take no core and that each instance pays in parallel. The gateway pays them on
@@ -43,8 +47,14 @@ from typing import Protocol
 
 import numpy as np
 
+from models.batching_rule import (
+    ArrivalEstimate,
+    ServiceTimeEstimate,
+    answered_by,
+    completion_estimate,
+)
 from models.knobs import Knobs
-from rrl.offline.replay import ServiceTimes, batch_start
+from rrl.offline.replay import ServiceTimes
 
 WINDOW_S = 0.25
 """The bins of the other processes' load."""
@@ -109,52 +119,111 @@ class _Machine:
 
 @dataclass
 class _Lane:
-    """One model's batcher: its queue (requests the loop has decoded), its idle instances and
-    the one dispatch it may have pending (the batcher's loop waits for one batch at a time)."""
+    """One model's batcher: its queue (requests the loop has decoded), its idle instances, the
+    batch it is collecting (the batcher's loop waits for one batch at a time) and the rule's
+    estimates, fed as the events happen (``models.batching_rule``)."""
 
     stream: Traffic
     config: Knobs
     samples: dict[int, list[float]]
     rng: np.random.Generator
-    ready: list[float]
-    """When each request reaches the queue: an estimate (arrival + decoding) until the loop
-    has decoded it, which the timed dispatch reads ahead."""
     idle: int = 0
-    pending: bool = False
+    collecting: bool = False
+    """An instance is held and the batch waits for rows (or its dispatch is queued)."""
+    leaving: bool = False
+    fill_deadline: float = np.inf
+    running: int = 0
     batches: int = 0
+    now: float = 0.0
     queue: deque[int] = field(default_factory=deque)
     done: list[float] = field(init=False)
+    enqueued: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.idle = self.config.concurrency
         self.sizes = sorted(self.samples)
-        self.done = [np.inf] * len(self.ready)
+        self.done = [np.inf] * len(self.stream.arrivals_s)
+        self.pace = ServiceTimeEstimate(clock=lambda: self.now)
+        self.arrivals = ArrivalEstimate()
 
     def draw(self, rows: int) -> float:
         i = min(bisect.bisect_left(self.sizes, rows), len(self.sizes) - 1)
         drawn = self.samples[self.sizes[i]]
         return drawn[int(self.rng.random() * len(drawn))] * max(1.0, rows / self.sizes[i])
 
-    def leave_at(self, t: float) -> float:
-        """When an instance free at ``t`` leaves with the queue's head (``rrl.offline.replay``)."""
-        cfg = self.config
-        return batch_start(
-            self.ready, self.queue[0], t, cfg.max_batch_size, cfg.batch_timeout_ms / 1e3
+    def deadline(self, i: int) -> float:
+        return float(self.stream.arrivals_s[i]) + self.stream.slo_s
+
+    def admit(self, i: int, t: float) -> bool:
+        """Request ``i`` reaches the batcher at ``t``: queued, or refused (False) as the
+        batcher's admission refuses it."""
+        self.now = t
+        cfg, queued = self.config, len(self.queue)
+        remaining = self.deadline(i) - t
+        busy = self.running + self.collecting
+        if remaining <= 0:
+            return False
+        per_batch = None
+        if not self.pace.stale(t, busy):
+            per_batch = self.pace.predict(min(queued + 1, cfg.max_batch_size))
+        if per_batch is not None:
+            estimate = completion_estimate(
+                per_batch_s=per_batch,
+                queued_rows=queued,
+                rows=1,
+                max_batch_size=cfg.max_batch_size,
+                batch_timeout_s=cfg.batch_timeout_ms / 1e3,
+                busy=busy,
+                instances=cfg.concurrency,
+                answer_lag_s=0.0,
+            )
+            if estimate > remaining:
+                return False
+        self.queue.append(i)
+        self.enqueued[i] = t
+        self.arrivals.arrived(t)
+        return True
+
+    def leaves(self, t: float) -> bool:
+        """Whether the batch being collected leaves at ``t``: full, its timeout run out, or no
+        other request expected in what is left of it (the batcher's ``_collect``)."""
+        self.now = t
+        wait = self.fill_deadline - t
+        return (
+            len(self.queue) >= self.config.max_batch_size
+            or wait <= 0
+            or self.arrivals.expected(wait, t) < 1.0
         )
 
     def take(self, t: float) -> tuple[list[int], int]:
-        """(the requests of a batch formed at ``t``, how many were refused instead: they had
-        waited past the SLO)."""
-        arrivals, slo = self.stream.arrivals_s, self.stream.slo_s
+        """(the requests of a batch formed at ``t``, how many were refused instead: past their
+        deadline, or answered late at the batch's 90th percentile pace)."""
+        self.now = t
         rows: list[int] = []
         refused = 0
         while self.queue and len(rows) < self.config.max_batch_size:
             i = self.queue.popleft()
-            if t - arrivals[i] > slo:
+            if t >= self.deadline(i):
                 refused += 1  # refused: the gateway answers it at once, no service time
+                self.arrivals.left(t)
             else:
                 rows.append(i)
+        high = self.pace.high(len(rows)) if rows else None
+        if high is not None and not self.pace.stale(t, self.running):
+            finish = answered_by(t, high, 0.0)
+            late = [i for i in rows if self.deadline(i) < finish]
+            for _ in late:
+                self.arrivals.left(t)
+            refused += len(late)
+            rows = [i for i in rows if self.deadline(i) >= finish]
         return rows, refused
+
+    def finished(self, t: float, rows: int, seconds: float) -> None:
+        """A batch of ``rows`` that ran ``seconds`` is answered at ``t``."""
+        self.now = t
+        self.pace.observe(rows, seconds)
+        for _ in range(rows):
+            self.arrivals.left(t)
 
 
 def full_speed(times: ServiceTimes, setting: tuple[int, int], cores: int) -> dict[int, list[float]]:
@@ -164,7 +233,7 @@ def full_speed(times: ServiceTimes, setting: tuple[int, int], cores: int) -> dic
     return {b: [s / factor for s in v] for b, v in times.samples[setting].items()}
 
 
-_ARRIVE, _COMPLETE, _TRY, _DISPATCH = range(4)
+_ARRIVE, _COMPLETE, _ENQUEUE, _TRY, _TIMER, _DISPATCH = range(6)
 """Event kinds; at equal times a completion frees its instance before a dispatch is tried."""
 
 
@@ -189,11 +258,10 @@ def replay(
     the cores other processes use per ``WINDOW_S`` bin from the start (none by default)."""
     machine = _Machine(cores, background if background is not None else np.zeros(1))
     rng = np.random.default_rng(seed)
-    lanes = []
-    for s, cfg in zip(streams, configs, strict=True):
-        samples = full_speed(s.times, (cfg.concurrency, cfg.intra_op_threads), cores)
-        ready = (s.arrivals_s + INGRESS_SHARE * s.times.per_request_s).tolist()
-        lanes.append(_Lane(s, cfg, samples, rng, ready))
+    lanes = [
+        _Lane(s, cfg, full_speed(s.times, (cfg.concurrency, cfg.intra_op_threads), cores), rng)
+        for s, cfg in zip(streams, configs, strict=True)
+    ]
     seq = itertools.count()
     events: list[tuple[float, int, int, int, object]] = [
         (float(a), _ARRIVE, next(seq), k, i)
@@ -202,34 +270,60 @@ def replay(
     ]
     heapq.heapify(events)
 
-    def try_dispatch(k: int, t: float) -> None:
+    def push(t: float, kind: int, k: int, data: object = None) -> None:
+        heapq.heappush(events, (t, kind, next(seq), k, data))
+
+    def collect(k: int, t: float) -> None:
+        """The lane's batcher waits for rows, or leaves now (the batcher's ``_collect``)."""
         lane = lanes[k]
-        if lane.idle and not lane.pending and lane.queue:
-            lane.pending = True
-            lane.idle -= 1
-            heapq.heappush(events, (max(t, lane.leave_at(t)), _DISPATCH, next(seq), k, None))
+        if lane.leaves(t):
+            lane.leaving = True
+            push(t, _DISPATCH, k)
+        else:
+            push(lane.fill_deadline, _TIMER, k, lane.fill_deadline)
 
     while events:
         t, kind, _, k, data = heapq.heappop(events)
         lane = lanes[k]
         times = lane.stream.times
-        if kind == _ARRIVE:
-            assert isinstance(data, int)
+        reply = (1.0 - INGRESS_SHARE) * times.per_request_s
+        if kind == _ARRIVE:  # decoded on the loop, then it reaches the batcher
             machine.loop(t, INGRESS_SHARE * times.per_request_s)
-            lane.ready[data] = machine.loop_free
-            lane.queue.append(data)
-            heapq.heappush(events, (machine.loop_free, _TRY, next(seq), k, None))
+            push(machine.loop_free, _ENQUEUE, k, data)
+        elif kind == _ENQUEUE:
+            assert isinstance(data, int)
+            if not lane.admit(data, t):
+                machine.loop(t, reply)  # refused: answered at once, no service time
+            elif lane.collecting and not lane.leaving:
+                collect(k, t)  # an arrival wakes the waiting batcher
+            else:
+                push(t, _TRY, k)
         elif kind == _TRY:
-            try_dispatch(k, t)
+            if lane.idle and not lane.collecting and lane.queue:
+                lane.idle -= 1
+                lane.collecting = True
+                timeout_s = lane.config.batch_timeout_ms / 1e3
+                lane.fill_deadline = lane.enqueued[lane.queue[0]] + timeout_s
+                collect(k, t)
+        elif kind == _TIMER:
+            if lane.collecting and not lane.leaving and data == lane.fill_deadline:
+                lane.leaving = True
+                push(t, _DISPATCH, k)
         elif kind == _DISPATCH:
-            _dispatch(machine, lane, t, events, seq, k)
+            launched = _dispatch(machine, lane, t, reply)
+            if launched is not None:
+                push(launched[0], _COMPLETE, k, launched[1])
+            push(machine.loop_free, _TRY, k)  # the batcher's loop goes round
         else:
-            assert isinstance(data, list)
-            _complete(machine, lane, t, data)
+            assert isinstance(data, tuple)
+            rows, seconds = data
+            _complete(machine, lane, t, rows)
+            lane.finished(t, len(rows), seconds)
+            lane.running -= 1
             lane.idle += 1
             # The batcher releases the instance before the fan-out: the next dispatch is
             # queued on the loop behind this completion.
-            heapq.heappush(events, (machine.loop_free, _TRY, next(seq), k, None))
+            push(machine.loop_free, _TRY, k)
     return Replayed(
         [np.asarray(lane.done) - lane.stream.arrivals_s for lane in lanes],
         [lane.batches for lane in lanes],
@@ -238,31 +332,25 @@ def replay(
 
 
 def _dispatch(
-    machine: _Machine,
-    lane: _Lane,
-    t: float,
-    events: list[tuple[float, int, int, int, object]],
-    seq: itertools.count[int],
-    k: int,
-) -> None:
-    """The batcher's loop takes a batch: what the loop has decoded by the time it runs this."""
+    machine: _Machine, lane: _Lane, t: float, reply: float
+) -> tuple[float, tuple[list[int], float]] | None:
+    """The batcher's loop takes a batch: what the loop has decoded by the time it runs this;
+    its requests refused instead are answered at once. (When it ends, (its requests, its
+    runtime seconds)), or None when no request was left to run."""
     times = lane.stream.times
-    lane.pending = False
+    lane.collecting = lane.leaving = False
     start = max(t, machine.loop_free)
     rows, refused = lane.take(start)
-    reply = (1.0 - INGRESS_SHARE) * times.per_request_s
     if not rows:  # every request it held was refused: the instance goes back
         machine.loop(t, refused * reply)
         lane.idle += 1
-        heapq.heappush(events, (machine.loop_free, _TRY, next(seq), k, None))
-        return
+        return None
     machine.loop(t, DISPATCH_SHARE * times.per_batch_s + refused * reply)
     lane.batches += 1
-    threads = lane.config.intra_op_threads
-    end = machine.compute(machine.loop_free, lane.draw(len(rows)), threads)
-    heapq.heappush(events, (end, _COMPLETE, next(seq), k, rows))
-    # The batcher's loop goes round: another idle instance may take what is still queued.
-    heapq.heappush(events, (machine.loop_free, _TRY, next(seq), k, None))
+    lane.running += 1
+    begins = machine.loop_free
+    end = machine.compute(begins, lane.draw(len(rows)), lane.config.intra_op_threads)
+    return end, (rows, end - begins)
 
 
 def _complete(machine: _Machine, lane: _Lane, t: float, rows: list[int]) -> None:

@@ -122,47 +122,6 @@ def simulate(
     return BatcherSim(config, batch_times, slo_s=slo_s, serial=serial).run(arrivals_s)
 
 
-RATE_WINDOW = 64
-"""Arrivals the gateway's batcher estimates the arrival rate from
-(``gateway.batching.arrivals``)."""
-RATE_PRIOR = 3.0
-"""Arrivals it adds to what it watched: an upper estimate, so a short watch keeps the wait."""
-
-
-def batch_start(
-    ready: Sequence[float], head: int, free_at: float, max_batch: int, timeout_s: float
-) -> float:
-    """When an instance free at ``free_at`` leaves with the batch headed by ``ready[head]``: at
-    once with a zero timeout; else when the batch is full or ``timeout_s`` after the head's
-    arrival, but at once while fewer than one more request is expected in what is left of that
-    window (the gateway's batcher: a wait that cannot fill the batch only adds latency)."""
-    start = max(free_at, ready[head])
-    if timeout_s <= 0:
-        return start
-    n = len(ready)
-    deadline = ready[head] + timeout_s
-    last = head + max_batch - 1
-    leave = min(deadline, ready[last] if last < n else math.inf)
-    t = start
-    seen = bisect.bisect_right(ready, t, lo=head) - 1  # the last arrival by t
-    while t < leave:
-        if _rate_upper(ready, seen) * (deadline - t) < 1.0:
-            return t
-        seen += 1
-        if seen >= n:
-            break
-        t = ready[seen]
-    return max(start, leave)
-
-
-def _rate_upper(ready: Sequence[float], i: int) -> float:
-    """The arrival rate the batcher would see at ``ready[i]``: the last ``RATE_WINDOW``
-    arrivals plus the prior, over their span."""
-    j = max(0, i - RATE_WINDOW)
-    span = ready[i] - ready[j]
-    return (i - j + RATE_PRIOR) / span if span > 0 else math.inf
-
-
 @dataclass(frozen=True)
 class Figures:
     requests: int

@@ -1,7 +1,14 @@
-"""One owner for the batching rule: the simulation the agent predicts with
-(``rrl.offline.replay.simulate`` over ``rrl.offline.batcher_sim``) forms the batches, refuses the
-requests and gives the latencies of the gateway's own ``Batcher``, run in virtual time on the
-same arrivals and batch times (``tests.conformance.virtual_batcher``).
+"""One owner for the batching rule: every simulation of the gateway's batcher is held to the
+batcher itself, run in virtual time on the same arrivals and batch times
+(``tests.conformance.virtual_batcher``):
+
+- the agent's open-loop prediction (``rrl.offline.replay.simulate`` over
+  ``rrl.offline.batcher_sim``) forms the batches, refuses the requests and gives the latencies
+  of the gateway's own ``Batcher``;
+- the agent's closed-loop prediction (``rrl.offline.replay.closed_loop_throughput``) serves
+  what it serves, within 1%;
+- ``iotgw bench tuner``'s whole-gateway replay (``benchmarks.tuner.serial_loop``), with no loop
+  costs and cores to spare, refuses and answers as it does.
 
 Tolerance: batch starts and latencies within 2 ns (the virtual loop's clock counts whole
 nanoseconds); batch sizes and the set of refused requests exactly. Batch times are chosen off
@@ -14,10 +21,12 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
+from benchmarks.tuner import serial_loop
 from models.knobs import Knobs
 from rrl.offline.batcher_sim import BatcherSim, BatchTimes
 from rrl.offline.replay import ServiceTimes, closed_loop_throughput, simulate
@@ -156,3 +165,29 @@ def test_the_closed_loop_simulation_serves_what_the_batcher_serves(case: str) ->
     predicted = closed_loop_throughput(clients, knobs, two_cores, 0.0)
     assert predicted is not None
     assert predicted == pytest.approx(served, rel=0.01)
+
+
+@dataclass(frozen=True)
+class _Stream:
+    """One model's traffic for the bench's whole-gateway replay."""
+
+    arrivals_s: np.ndarray
+    times: ServiceTimes
+    slo_s: float
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_bench_replay_with_no_loop_costs_batches_as_the_batcher_does(case: str) -> None:
+    """``iotgw bench tuner``'s replay of a whole gateway (``benchmarks.tuner.serial_loop``: one
+    event loop and shared cores around each model's batcher), with nothing charged to the loop
+    and cores to spare, is the batcher: the same refusals and latencies."""
+    trace, knobs = CASES[case]
+    arrivals = trace()
+    setting = (knobs.concurrency, knobs.intra_op_threads)
+    samples = {setting: {rows: [two_cores(rows)] for rows in range(1, knobs.max_batch_size + 1)}}
+    stream = _Stream(np.asarray(arrivals), ServiceTimes(samples), DEADLINE_S)
+    replayed = serial_loop.replay([stream], [knobs], cores=64).latencies[0]
+    real = batcher_run(case)
+    assert {i for i, s in enumerate(replayed) if math.isinf(s)} == set(real.refusals)
+    finite = [(a, b) for a, b in zip(real.latencies_s, replayed, strict=True) if math.isfinite(b)]
+    assert max(abs(a - b) for a, b in finite) < CLOCK_S
