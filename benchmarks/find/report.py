@@ -69,18 +69,27 @@ def best_static(
             screen = _score(r, closed)
     if screen is not None:
         spanned.append(screen)
-    return {
+    out = {
         "knobs": dict(knobs),
         "value": round(value, 3),
         "runs": [round(x, 3) for x in runs],
         "screened": None if screen is None else round(screen, 3),
         "floor": round(max(spanned) / min(spanned), 4) if min(spanned) > 0 else None,
     }
+    if not closed:  # the settle time reads 10 s slices of p95, so it needs the static's p95
+        p95s = [r["p95_ms"] for r in rows if _knobs_key(r) == knobs and r.get("p95_ms")]
+        if len(p95s) == 2:
+            out["p95_ms"] = round(statistics.fmean(p95s), 3)
+            out["p95_floor"] = round(max(p95s) / min(p95s), 4)
+    return out
 
 
-def settle_s(run: dict[str, Any], best: float, closed: bool, floor: float) -> float | None:
+def settle_s(
+    run: dict[str, Any], best: float, closed: bool, floor: float, quantile: str = "p99_ms"
+) -> float | None:
     """Seconds until the agent is within ``WITHIN`` of the best static (or within the noise
-    floor, when the floor is wider) and stays there to the end of the run; None: never."""
+    floor, when the floor is wider) and stays there to the end of the run; None: never. In an
+    open loop, ``quantile`` of its 10 s slices against the best static's same quantile."""
     margin = max(1.0 + WITHIN, floor)
     if closed:
         pieces = [(s["seconds"], s["rate_per_s"]) for s in run["slices"]]
@@ -90,14 +99,7 @@ def settle_s(run: dict[str, Any], best: float, closed: bool, floor: float) -> fl
             return v * margin >= best
 
     else:
-        bin_s = float(run["timeline_bin_s"])
-        per = max(1, round(10.0 / bin_s))
-        bins = [b["p95_ms"] for b in run["timeline"]]
-        pieces = [
-            (per * bin_s, statistics.median(x for x in bins[i : i + per] if x is not None))
-            for i in range(0, len(bins), per)
-            if any(x is not None for x in bins[i : i + per])
-        ]
+        pieces = _open_slices(run, quantile)
 
         def good(v: float) -> bool:
             return v <= best * margin
@@ -108,6 +110,35 @@ def settle_s(run: dict[str, Any], best: float, closed: bool, floor: float) -> fl
         settled = (t if settled is None else settled) if good(value) else None
         t += seconds
     return None if settled is None else round(settled, 1)
+
+
+def _open_slices(run: dict[str, Any], quantile: str) -> list[tuple[float, float]]:
+    """(seconds, figure) of an open-loop run's 10 s slices: each the answer-weighted mean of
+    its 1 s bins' ``quantile`` (the median of the bins let the worst seconds of a slice go
+    unseen: a run whose last 30 s read a p99 3x the best static's settled at 0 s)."""
+    bin_s = float(run["timeline_bin_s"])
+    per = max(1, round(10.0 / bin_s))
+    rows = run["timeline"]
+    out = []
+    for i in range(0, len(rows), per):
+        held = [(b[quantile], b["ok"]) for b in rows[i : i + per] if b.get(quantile) is not None]
+        weight = sum(ok for _, ok in held)
+        if weight > 0:
+            out.append((per * bin_s, sum(v * ok for v, ok in held) / weight))
+    return out
+
+
+def _settle(run: dict[str, Any], best: dict[str, Any], closed: bool) -> float | None:
+    """The run's settle time against the best static: its throughput in a closed loop; in an
+    open loop its p99 slices against the best static's p99 (runs recorded before the timeline
+    kept p99: their p95 against the same static runs' p95)."""
+    if closed:
+        return settle_s(run, best["value"], closed, best["floor"] or 1.0)
+    if any(b.get("p99_ms") is not None for b in run["timeline"]):
+        return settle_s(run, best["value"], closed, best["floor"] or 1.0, "p99_ms")
+    if best.get("p95_ms") is None:
+        return None
+    return settle_s(run, best["p95_ms"], closed, best.get("p95_floor") or 1.0, "p95_ms")
 
 
 def adjacent(run: dict[str, Any], closed: bool) -> tuple[float, float] | None:
@@ -163,7 +194,7 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         else:
             measured = r["measured"]["p99_ms"]
             ratio = measured / best["value"] if measured is not None else float("inf")
-        settle = settle_s(r, best["value"], closed, floor)
+        settle = _settle(r, best, closed)
         (tput if closed else p99).append((ratio, floor))
         settles.append(settle)
         entry = by.setdefault(r["model"], {}).setdefault(r["load"], {"floor": floor, "runs": {}})

@@ -253,7 +253,7 @@ def agent_run(
             figures = {
                 "measured": measure.phase_figures(summary, "measured"),
                 "timeline": [
-                    {"t": b["t"], "p95_ms": b["p95_ms"], "ok": b["ok"]} for b in summary["timeline"]
+                    {k: b[k] for k in ("t", "p95_ms", "p99_ms", "ok")} for b in summary["timeline"]
                 ],
                 "timeline_bin_s": summary["timeline_bin_s"],
                 "send_lag_ms": summary.get("send_lag_ms"),

@@ -70,6 +70,24 @@ def test_an_agent_settles_when_it_reaches_the_best_static_for_good() -> None:
     assert settle_s(run, 700.0, closed=True, floor=1.2) == 30.0
 
 
+def test_an_open_loop_settles_on_its_slices_p99_with_every_second_counted() -> None:
+    """Ten 1 s bins a slice, against a best static of 21 ms: in the last two slices three
+    seconds in ten read a p99 of 120 ms where the rest read 20. The median of the bins (20)
+    called that settled from the start; the answer-weighted mean (50) never settles. Calm to
+    the end, it settles from the start; with its bad seconds in the first slice only, at 10 s."""
+    calm = {"p95_ms": 10.0, "p99_ms": 20.0, "ok": 250}
+    bad = {"p95_ms": 60.0, "p99_ms": 120.0, "ok": 250}
+    bins = [calm] * 10 + [calm] * 10 + [bad, bad, bad] + [calm] * 7 + [bad] * 3 + [calm] * 7
+    timeline = [{"t": float(t), **b} for t, b in enumerate(bins)]
+    run: dict[str, Any] = {"timeline": timeline, "timeline_bin_s": 1.0}
+    assert settle_s(run, 21.0, closed=False, floor=1.0) is None
+    run["timeline"][-10:] = [{"t": 30.0 + t, **calm} for t in range(10)]
+    run["timeline"][-20:-10] = [{"t": 20.0 + t, **calm} for t in range(10)]
+    assert settle_s(run, 21.0, closed=False, floor=1.0) == 0.0
+    run["timeline"][0:3] = [{"t": float(t), **bad} for t in range(3)]
+    assert settle_s(run, 21.0, closed=False, floor=1.0) == 10.0
+
+
 def agent(load: str, start: str, **figures: Any) -> dict[str, Any]:
     return {
         "kind": "agent",
