@@ -262,58 +262,71 @@ def replay(
         _Lane(s, cfg, full_speed(s.times, (cfg.concurrency, cfg.intra_op_threads), cores), rng)
         for s, cfg in zip(streams, configs, strict=True)
     ]
-    seq = itertools.count()
-    events: list[tuple[float, int, int, int, object]] = [
-        (float(a), _ARRIVE, next(seq), k, i)
-        for k, s in enumerate(streams)
-        for i, a in enumerate(s.arrivals_s)
-    ]
-    heapq.heapify(events)
+    run = _Events(machine, lanes)
+    for k, s in enumerate(streams):
+        for i, a in enumerate(s.arrivals_s):
+            run.push(float(a), _ARRIVE, k, i)
+    while run.events:
+        run.step(*heapq.heappop(run.events))
+    return Replayed(
+        [np.asarray(lane.done) - lane.stream.arrivals_s for lane in lanes],
+        [lane.batches for lane in lanes],
+        machine.loop_cpu_s,
+    )
 
-    def push(t: float, kind: int, k: int, data: object = None) -> None:
-        heapq.heappush(events, (t, kind, next(seq), k, data))
 
-    def collect(k: int, t: float) -> None:
+@dataclass
+class _Events:
+    """The replay's events in time order, and what each does to the loop and its lane."""
+
+    machine: _Machine
+    lanes: list[_Lane]
+    events: list[tuple[float, int, int, int, object]] = field(default_factory=list)
+    seq: itertools.count[int] = field(default_factory=itertools.count)
+
+    def push(self, t: float, kind: int, k: int, data: object = None) -> None:
+        heapq.heappush(self.events, (t, kind, next(self.seq), k, data))
+
+    def collect(self, k: int, t: float) -> None:
         """The lane's batcher waits for rows, or leaves now (the batcher's ``_collect``)."""
-        lane = lanes[k]
+        lane = self.lanes[k]
         if lane.leaves(t):
             lane.leaving = True
-            push(t, _DISPATCH, k)
+            self.push(t, _DISPATCH, k)
         else:
-            push(lane.fill_deadline, _TIMER, k, lane.fill_deadline)
+            self.push(lane.fill_deadline, _TIMER, k, lane.fill_deadline)
 
-    while events:
-        t, kind, _, k, data = heapq.heappop(events)
-        lane = lanes[k]
+    def step(self, t: float, kind: int, _: int, k: int, data: object) -> None:
+        machine, lane = self.machine, self.lanes[k]
         times = lane.stream.times
         reply = (1.0 - INGRESS_SHARE) * times.per_request_s
         if kind == _ARRIVE:  # decoded on the loop, then it reaches the batcher
             machine.loop(t, INGRESS_SHARE * times.per_request_s)
-            push(machine.loop_free, _ENQUEUE, k, data)
+            self.push(machine.loop_free, _ENQUEUE, k, data)
         elif kind == _ENQUEUE:
             assert isinstance(data, int)
             if not lane.admit(data, t):
                 machine.loop(t, reply)  # refused: answered at once, no service time
             elif lane.collecting and not lane.leaving:
-                collect(k, t)  # an arrival wakes the waiting batcher
+                self.collect(k, t)  # an arrival wakes the waiting batcher
             else:
-                push(t, _TRY, k)
+                self.push(t, _TRY, k)
         elif kind == _TRY:
             if lane.idle and not lane.collecting and lane.queue:
                 lane.idle -= 1
                 lane.collecting = True
                 timeout_s = lane.config.batch_timeout_ms / 1e3
                 lane.fill_deadline = lane.enqueued[lane.queue[0]] + timeout_s
-                collect(k, t)
+                self.collect(k, t)
         elif kind == _TIMER:
             if lane.collecting and not lane.leaving and data == lane.fill_deadline:
                 lane.leaving = True
-                push(t, _DISPATCH, k)
+                self.push(t, _DISPATCH, k)
         elif kind == _DISPATCH:
             launched = _dispatch(machine, lane, t, reply)
             if launched is not None:
-                push(launched[0], _COMPLETE, k, launched[1])
-            push(machine.loop_free, _TRY, k)  # the batcher's loop goes round
+                self.push(launched[0], _COMPLETE, k, launched[1])
+            self.push(machine.loop_free, _TRY, k)  # the batcher's loop goes round
         else:
             assert isinstance(data, tuple)
             rows, seconds = data
@@ -323,12 +336,7 @@ def replay(
             lane.idle += 1
             # The batcher releases the instance before the fan-out: the next dispatch is
             # queued on the loop behind this completion.
-            push(machine.loop_free, _TRY, k)
-    return Replayed(
-        [np.asarray(lane.done) - lane.stream.arrivals_s for lane in lanes],
-        [lane.batches for lane in lanes],
-        machine.loop_cpu_s,
-    )
+            self.push(machine.loop_free, _TRY, k)
 
 
 def _dispatch(

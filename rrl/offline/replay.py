@@ -27,6 +27,7 @@ checked by running the best ones for real.
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import math
 import random
@@ -236,7 +237,7 @@ def _closed_loop_answers(
 ) -> list[tuple[float, int]] | None:
     """(done at, rows) of the closed loop's first ``batches`` batches, in the order they end;
     None when a batch time is unknown."""
-    cache: dict[int, float | None] = {}
+    batch_time = functools.cache(batch_s)
     max_batch, timeout_s = config.max_batch_size, config.batch_timeout_ms / 1000.0
     # When each answered client's next request reaches the loop: answers come in time order,
     # so the line stays sorted.
@@ -253,22 +254,9 @@ def _closed_loop_answers(
     while len(answered) < batches:
         decoded = max(loop_free, sending[0]) + per_request_s if sending else math.inf
         finish = running[0][0] if running else math.inf
-        wake = _closed_loop_wake(queued, free[0], max_batch, timeout_s)
-        # A timer come due waits for the requests that had arrived by then (``_closed_loop_wake``).
-        timer = timeout_s > 0 and len(queued) < max_batch
-        if timer and queued:
-            # The batcher asks once the loop's pass has read what was sent by then: while
-            # requests wait to be read, it does not run.
-            at = max(free[0], queued[0], now, loop_free)
-            unread = bool(sending) and sending[0] <= at
-            if not unread and at < wake and arrivals.expected(wake - at, at) < 1.0:
-                wake, timer = at, False  # no other request expected: it leaves at once
-        # A batch that leaves as its instance frees (its timeout run out before) leaves as
-        # that instance's batch ends, before the clients it answered send again; one that
-        # leaves on its timer waits for the loop's pass to read what was sent by then.
-        on_timer = bool(queued) and queued[0] + timeout_s > free[0]
-        decode_first = timer and sending and (sending[0] <= wake if on_timer else sending[0] < wake)
-        start = math.inf if decode_first else max(wake, now, loop_free)
+        start = _closed_loop_start(
+            queued, sending, (free[0], now, loop_free), max_batch, timeout_s, arrivals
+        )
         now = min(finish, decoded, start)
         if now == math.inf:
             return None
@@ -279,15 +267,12 @@ def _closed_loop_answers(
             for _ in range(rows if watch else 0):
                 arrivals.left(now)
         elif start == now and (decoded > now or queued[0] < now):
-            # On a tie with a read, requests that waited for this instance leave first (the
-            # batcher, waiting for an instance, takes it as the batch before ends, before the
-            # clients that batch answered send again); an empty queue waits for the reads.
+            # On a tie with a read, requests that waited for this instance leave first (before
+            # the clients its last batch answered send again); an empty queue waits for reads.
             rows = min(len(queued), max_batch)
             for _ in range(rows):
                 queued.popleft()
-            if rows not in cache:
-                cache[rows] = batch_s(rows)
-            seconds = cache[rows]
+            seconds = batch_time(rows)
             if seconds is None or seconds <= 0:
                 return None
             # The loop forms the batch and hands it over (its cost per batch) before the
@@ -302,6 +287,35 @@ def _closed_loop_answers(
             if watch:
                 arrivals.arrived(now)
     return answered
+
+
+def _closed_loop_start(
+    queued: Sequence[float],
+    sending: Sequence[float],
+    times: tuple[float, float, float],
+    max_batch: int,
+    timeout_s: float,
+    arrivals: ArrivalEstimate,
+) -> float:
+    """When the next batch of a closed loop leaves (``inf``: not before the next read), given
+    the first instance free, the clock and the loop's next free moment (``times``)."""
+    free_at, now, loop_free = times
+    wake = _closed_loop_wake(queued, free_at, max_batch, timeout_s)
+    # A timer come due waits for the requests that had arrived by then (``_closed_loop_wake``).
+    timer = timeout_s > 0 and len(queued) < max_batch
+    if timer and queued:
+        # The batcher asks once the loop's pass has read what was sent by then: while
+        # requests wait to be read, it does not run.
+        at = max(free_at, queued[0], now, loop_free)
+        unread = bool(sending) and sending[0] <= at
+        if not unread and at < wake and arrivals.expected(wake - at, at) < 1.0:
+            wake, timer = at, False  # no other request expected: it leaves at once
+    # A batch that leaves as its instance frees (its timeout run out before) leaves as that
+    # instance's batch ends, before the clients it answered send again; one that leaves on
+    # its timer waits for the loop's pass to read what was sent by then.
+    on_timer = bool(queued) and queued[0] + timeout_s > free_at
+    decode_first = timer and sending and (sending[0] <= wake if on_timer else sending[0] < wake)
+    return math.inf if decode_first else max(wake, now, loop_free)
 
 
 def _closed_loop_wake(
