@@ -165,8 +165,9 @@ class ArrivalEstimate:
 
 
 def completion_estimate(
+    pace: ServiceTimeEstimate,
+    now: float,
     *,
-    per_batch_s: float,
     queued_rows: int,
     rows: int,
     max_batch_size: int,
@@ -174,21 +175,33 @@ def completion_estimate(
     busy: int,
     instances: int,
     answer_lag_s: float,
-) -> float:
-    """Seconds until a request of ``rows`` arriving now would be answered, pessimistically:
+) -> float | None:
+    """Seconds until a request of ``rows`` arriving ``now`` would be answered, pessimistically:
     the batches ahead of it and in flight (``busy`` instances held), in waves of
-    ``instances``, each taking ``per_batch_s`` (the fastest recent pace of a full batch); a
-    batch that would not be full waits out its timeout; then the answer waits for the event
-    loop (``answer_lag_s``). Admission refuses a request whose deadline is nearer."""
+    ``instances``, each taking the fastest recent pace of a full batch; a batch that would not
+    be full waits out its timeout; then the answer waits for the event loop (``answer_lag_s``).
+    Admission refuses a request whose deadline is nearer. None when the pace is unknown or
+    stale: nobody is refused on it."""
     ahead = queued_rows + rows
+    if pace.stale(now, busy):
+        return None
+    per_batch_s = pace.predict(min(ahead, max_batch_size))
+    if per_batch_s is None:
+        return None
     batches = math.ceil(ahead / max_batch_size)
     waves = math.ceil((batches + busy) / max(instances, 1))
     fill_wait = batch_timeout_s if ahead < max_batch_size else 0.0
     return waves * per_batch_s + fill_wait + answer_lag_s
 
 
-def answered_by(now: float, high_s: float, answer_lag_s: float) -> float:
-    """When a batch starting ``now`` answers at its 90th percentile pace (``high_s``) with the
-    event loop's lag: a request of the batch whose deadline comes sooner is refused at once
-    (a late answer is an SLO violation all the same, and a refusal now lets a retry help)."""
-    return now + high_s + answer_lag_s
+def answered_by(
+    pace: ServiceTimeEstimate, now: float, rows: int, running: int, answer_lag_s: float
+) -> float | None:
+    """When a batch of ``rows`` starting ``now`` answers at its 90th percentile pace, with the
+    event loop's lag (``running``: the other batches in flight): a request of the batch whose
+    deadline comes sooner is refused at once (a late answer is an SLO violation all the same,
+    and a refusal now lets a retry help). None when the pace is unknown or stale."""
+    high = pace.high(rows)
+    if high is None or pace.stale(now, running):
+        return None
+    return now + high + answer_lag_s

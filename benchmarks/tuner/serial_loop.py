@@ -158,27 +158,24 @@ class _Lane:
         """Request ``i`` reaches the batcher at ``t``: queued, or refused (False) as the
         batcher's admission refuses it."""
         self.now = t
-        cfg, queued = self.config, len(self.queue)
+        queued = len(self.queue)
         remaining = self.deadline(i) - t
         busy = self.running + self.collecting
         if remaining <= 0:
             return False
-        per_batch = None
-        if not self.pace.stale(t, busy):
-            per_batch = self.pace.predict(min(queued + 1, cfg.max_batch_size))
-        if per_batch is not None:
-            estimate = completion_estimate(
-                per_batch_s=per_batch,
-                queued_rows=queued,
-                rows=1,
-                max_batch_size=cfg.max_batch_size,
-                batch_timeout_s=cfg.batch_timeout_ms / 1e3,
-                busy=busy,
-                instances=cfg.concurrency,
-                answer_lag_s=0.0,
-            )
-            if estimate > remaining:
-                return False
+        estimate = completion_estimate(
+            self.pace,
+            t,
+            queued_rows=queued,
+            rows=1,
+            max_batch_size=self.config.max_batch_size,
+            batch_timeout_s=self.config.batch_timeout_ms / 1e3,
+            busy=busy,
+            instances=self.config.concurrency,
+            answer_lag_s=0.0,
+        )
+        if estimate is not None and estimate > remaining:
+            return False
         self.queue.append(i)
         self.enqueued[i] = t
         self.arrivals.arrived(t)
@@ -208,9 +205,8 @@ class _Lane:
                 self.arrivals.left(t)
             else:
                 rows.append(i)
-        high = self.pace.high(len(rows)) if rows else None
-        if high is not None and not self.pace.stale(t, self.running):
-            finish = answered_by(t, high, 0.0)
+        finish = answered_by(self.pace, t, len(rows), self.running, 0.0)
+        if rows and finish is not None:
             late = [i for i in rows if self.deadline(i) < finish]
             for _ in late:
                 self.arrivals.left(t)

@@ -56,15 +56,9 @@ class Admission:
         remaining = deadline - self._clock()
         if remaining <= 0:
             raise DeadlineUnmeetable(f"model {self.name}: the request's deadline has passed")
-        per_batch = (
-            None
-            if self.stale(busy)
-            else self.service_time.predict(min(queued_rows + rows, knobs.max_batch_size))
-        )
-        if per_batch is None:
-            return
         estimate = completion_estimate(
-            per_batch_s=per_batch,
+            self.service_time,
+            self._clock(),
             queued_rows=queued_rows,
             rows=rows,
             max_batch_size=knobs.max_batch_size,
@@ -73,7 +67,7 @@ class Admission:
             instances=instances,
             answer_lag_s=self.answer_lag.high,
         )
-        if estimate > remaining:
+        if estimate is not None and estimate > remaining:
             raise DeadlineUnmeetable(
                 f"model {self.name}: deadline cannot be met (estimated {estimate * 1e3:.1f} ms "
                 f"with {queued} request(s) queued, {remaining * 1e3:.1f} ms left)",
@@ -81,20 +75,11 @@ class Admission:
                 retry_after=self.drain_time(knobs, queued_rows, instances),
             )
 
-    def stale(self, running: int) -> bool:
-        """Whether the pace figures can no longer be corrected by what runs: no other batch
-        running and none measured for ``STALE_AFTER_S``. Refusing on them then could last for
-        good (after a stall, every request refused, so no batch runs to correct them)."""
-        return self.service_time.stale(self._clock(), running)
-
     def answered_by(self, rows: int, now: float, running: int) -> float | None:
         """When a batch of ``rows`` starting ``now`` answers at its 90th percentile pace, the
         event loop's lag included (``running``: the other batches in flight); None when the
         figures are unknown or stale, and nobody is refused for them."""
-        high = self.service_time.high(rows)
-        if high is None or self.stale(running):
-            return None
-        return answered_by(now, high, self.answer_lag.high)
+        return answered_by(self.service_time, now, rows, running, self.answer_lag.high)
 
     def late(
         self, rows: int, now: float, deadline: float, enqueued: float, retry_after: float

@@ -127,22 +127,19 @@ class BatcherSim:
         busy = len(self.running) + self.collecting
         if queued >= self.max_queue or remaining <= 0:
             return
-        per_batch = None
-        if not self.pace.stale(self.now, busy):
-            per_batch = self.pace.predict(min(queued + 1, self.config.max_batch_size))
-        if per_batch is not None:
-            estimate = completion_estimate(
-                per_batch_s=per_batch,
-                queued_rows=queued,
-                rows=1,
-                max_batch_size=self.config.max_batch_size,
-                batch_timeout_s=self.config.batch_timeout_ms / 1000.0,
-                busy=busy,
-                instances=self.config.concurrency,
-                answer_lag_s=0.0,
-            )
-            if estimate > remaining:
-                return
+        estimate = completion_estimate(
+            self.pace,
+            self.now,
+            queued_rows=queued,
+            rows=1,
+            max_batch_size=self.config.max_batch_size,
+            batch_timeout_s=self.config.batch_timeout_ms / 1000.0,
+            busy=busy,
+            instances=self.config.concurrency,
+            answer_lag_s=0.0,
+        )
+        if estimate is not None and estimate > remaining:
+            return
         self.queue.append(i)
         self.arrivals.arrived(self.now)
 
@@ -157,9 +154,8 @@ class BatcherSim:
                 self.arrivals.left(self.now)
                 continue
             batch.append(j)
-        high = self.pace.high(len(batch)) if batch else None
-        if high is not None and not self.pace.stale(self.now, len(self.running)):
-            finish = answered_by(self.now, high, 0.0)
+        finish = answered_by(self.pace, self.now, len(batch), len(self.running), 0.0)
+        if batch and finish is not None:
             late = [j for j in batch if self.arrived_s[j] + self.slo_s < finish]
             for _ in late:
                 self.arrivals.left(self.now)

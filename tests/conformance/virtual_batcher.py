@@ -152,21 +152,8 @@ async def _run(
     max_queue_size: int,
 ) -> BatcherRun:
     loop = asyncio.get_running_loop()
-    executor = ScriptedExecutor(service_s)
-    pool = InstancePool(factory=ScriptedRuntime, executor=executor, warmup_batch_sizes=())
-    threads = Threads(knobs.intra_op_threads, knobs.inter_op_threads)
-    await pool.start(knobs.concurrency, threads)
     run = BatcherRun([math.inf] * len(arrivals_s))
-    batcher = Batcher(
-        name="scripted",
-        pool=pool,
-        executor=executor,
-        knobs=lambda: knobs,
-        max_queue_size=max_queue_size,
-        on_batch=run.batches.append,
-        clock=loop.time,
-    )
-    batcher.start()
+    batcher, pool, executor = await _started(knobs, service_s, max_queue_size, run)
     origin = loop.time()
 
     async def one(i: int, arrived: float) -> None:
@@ -190,6 +177,26 @@ async def _run(
     return run
 
 
+async def _started(
+    knobs: Knobs, service_s: Callable[[int], float], max_queue_size: int, run: BatcherRun
+) -> tuple[Batcher, InstancePool, ScriptedExecutor]:
+    """A real ``Batcher`` over scripted instances, started, its batches recorded in ``run``."""
+    executor = ScriptedExecutor(service_s)
+    pool = InstancePool(factory=ScriptedRuntime, executor=executor, warmup_batch_sizes=())
+    await pool.start(knobs.concurrency, Threads(knobs.intra_op_threads, knobs.inter_op_threads))
+    batcher = Batcher(
+        name="scripted",
+        pool=pool,
+        executor=executor,
+        knobs=lambda: knobs,
+        max_queue_size=max_queue_size,
+        on_batch=run.batches.append,
+        clock=asyncio.get_running_loop().time,
+    )
+    batcher.start()
+    return batcher, pool, executor
+
+
 def run_closed_loop(
     clients: int, knobs: Knobs, service_s: Callable[[int], float], *, seconds: float
 ) -> BatcherRun:
@@ -206,20 +213,8 @@ async def _closed(
     clients: int, knobs: Knobs, service_s: Callable[[int], float], seconds: float
 ) -> BatcherRun:
     loop = asyncio.get_running_loop()
-    executor = ScriptedExecutor(service_s)
-    pool = InstancePool(factory=ScriptedRuntime, executor=executor, warmup_batch_sizes=())
-    await pool.start(knobs.concurrency, Threads(knobs.intra_op_threads, knobs.inter_op_threads))
     run = BatcherRun([])
-    batcher = Batcher(
-        name="scripted",
-        pool=pool,
-        executor=executor,
-        knobs=lambda: knobs,
-        max_queue_size=clients,
-        on_batch=run.batches.append,
-        clock=loop.time,
-    )
-    batcher.start()
+    batcher, pool, executor = await _started(knobs, service_s, clients, run)
     origin = loop.time()
     end = origin + seconds
 
