@@ -132,6 +132,8 @@ class LoadKind:
     population (the rest may dip)."""
     _loop: int | None = None
     """The population of the closed loop read, while it is read as one."""
+    least_new: int = 4
+    """The smallest loop that is a new workload at the rate level of another (``another_loop``)."""
 
     def observe(self, peak_inside: int, refused: int = 0) -> None:
         """One tick's reading of the most requests inside the model at once, and the requests
@@ -189,6 +191,16 @@ class LoadKind:
         if self.held is None or not self.closed:
             return False
         return abs(self.population - self.held) <= max(1, self.held // 4)
+
+    def another_loop(self) -> bool:
+        """Whether a closed loop at least twice or half the size of the one the workload state
+        was held for runs now (a user's sweep from 8 connections to 32): a new workload, even at
+        the same rate level (the loop of 32 answers 1.4x the loop of 8 on a small model). Loops
+        of fewer than ``least_new`` do not count: a trickle's readings of 1, 2 or 3 inside at
+        most are an open loop's as often as a loop's."""
+        if self.held is None or not self.closed or self.population < self.least_new:
+            return False
+        return max(self.population, self.held) >= 2 * min(self.population, self.held)
 
     def per_request_ms(self, throughput_per_s: float) -> float | None:
         """A closed loop's time per request, N / X (Little's law: N requests always in, X

@@ -75,6 +75,12 @@ class StateMemory:
     def forgive(self, key: StateKey, config: Knobs) -> None:
         self.rejected.get(key, set()).discard(config)
 
+    def forget_measured(self, key: StateKey) -> None:
+        """Drop the windows and the lost trials of ``key``'s state (another closed loop now runs
+        at its rate level), keeping its best configuration as a start."""
+        self.rejected.pop(key, None)
+        self.measured.pop(key, None)
+
     def note(self, key: StateKey, config: Knobs, objective: float) -> None:
         """One measured window of ``config`` in ``key``'s state (a trial's or the incumbent's)."""
         windows = self.measured.setdefault(key, {})

@@ -693,7 +693,7 @@ class Policy:
         self._tick_counts.append(stats.arrived * self.settings.tick_s / span_s)
         self.load_kind.observe(stats.in_system_peak, stats.rejected)
         changed = self.monitor.state is not None and state != self.workload
-        if changed and not self.load_kind.same_loop():
+        if (changed and not self.load_kind.same_loop()) or self.load_kind.another_loop():
             self.workload = state
             # Counts from before a step would read the step itself as burstiness.
             self._tick_counts.clear()
@@ -708,15 +708,15 @@ class Policy:
         """Record the new workload state (running ``config``) and enter it."""
         changes = self.monitor.changes
         rate = changes[-1].rate_per_s if changes else self.monitor.rate_per_s
+        reason = f"rate {rate:.1f}/s"
+        if self.load_kind.another_loop():
+            reason = (
+                f"a closed loop of {self.load_kind.population} requests after one of "
+                f"{self.load_kind.held}, rate {self.monitor.rate_per_s:.1f}/s"
+            )
         self._record(
             Decision(
-                time.time(),
-                self.model,
-                "workload",
-                config,
-                self.workload,
-                f"rate {rate:.1f}/s",
-                rebuilt=rebuilt,
+                time.time(), self.model, "workload", config, self.workload, reason, rebuilt=rebuilt
             )
         )
         self._enter_state()
@@ -1032,6 +1032,13 @@ class Policy:
         self._asked = None
         self.trust.reset()
         self.band.reset()
+        if self.load_kind.another_loop():
+            # What the last loop measured in this state (its times per request, the trials
+            # it lost) says nothing of this one; its best configuration is a fair start.
+            key = self._key()
+            self.memory.forget_measured(key)
+            self._searched.pop(key, None)
+            self._further.pop(key, None)
         self.load_kind.hold()
         self.rest.wake()  # the "workload" decision says why
         if self.trial is not None:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from models.knobs import Knobs
+from models.window_stats import WindowStats
 from rrl.agent.budget import CoreBudget, threads_of
 from rrl.agent.decisions import Step
 from rrl.agent.evidence import (
@@ -254,6 +255,75 @@ def test_a_closed_loops_own_rate_moves_are_not_a_new_workload_but_another_loop_i
     for reading in np.random.default_rng(3).poisson(20.0, size=16):
         loop.observe(int(reading))
     assert not loop.same_loop()
+
+
+def test_another_loop_is_one_at_least_twice_or_half_the_size_and_of_four_or_more() -> None:
+    def after(held: int, population: int) -> bool:
+        loop = LoadKind()
+        for reading in [held] * loop.readings:
+            loop.observe(reading)
+        assert loop.held == held
+        for reading in [population] * loop.readings:
+            loop.observe(reading)
+        return loop.another_loop()
+
+    assert after(8, 32) and after(32, 8) and after(1, 8) and after(32, 128)
+    assert not after(32, 40)  # what a faster configuration answers of the same clients, or near
+    assert not after(2, 3) and not after(8, 2)  # a trickle's readings, open loops' as often
+
+
+def loop_tick(policy: Policy, now: float, population: int, rate_per_s: float) -> str | None:
+    """One half-second tick of a closed loop of ``population`` answering ``rate_per_s``, and
+    the new state entered when the tick says so, as the agent's loop enters it."""
+    arrived = round(rate_per_s / 2)
+    stats = WindowStats(
+        0.5,
+        arrived,
+        rate_per_s,
+        1.0,
+        5.0,
+        8.0,
+        9.0,
+        0,
+        0,
+        0,
+        arrived,
+        arrived,
+        population,
+        population,
+    )
+    event = policy.tick(now, stats, 0.5)
+    if event == "state":  # what the agent's loop does next
+        policy.workload_changed(INCUMBENT, rebuilt=False)
+    return event
+
+
+def test_a_closed_loop_of_another_size_at_the_same_rate_is_a_new_state_searched_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A user's sweep from 8 connections to 32 on a small model: the loop of 32 answers 1.4x
+    the rate of the loop of 8, the same rate level. Every neighbour lost its trial at 8; the
+    loop of 32 is entered as a new workload, what the loop of 8 measured is forgotten, and
+    its measured search starts at once instead of resting on the loop of 8's trials."""
+    policy = calibrated_policy()
+    monkeypatch.setattr(
+        policy.queue_model, "closed_loop_many", lambda configs, population: [50.0] * len(configs)
+    )
+    now = time.monotonic()
+    events = [loop_tick(policy, now + 0.5 * i, 8, 3200.0) for i in range(40)]
+    assert policy.load_kind.closed and policy.load_kind.held == 8
+    key = policy._key()
+    for config in neighbours(SPACE, INCUMBENT, 2):
+        policy.memory.reject(key, config)
+    assert "every neighbour lost" in policy.choose().reason
+    level = policy.workload
+    events = [loop_tick(policy, now + 20.0 + 0.5 * i, 32, 4400.0) for i in range(40)]
+    assert events.count("state") == 1  # the new loop, once it is read as one
+    assert policy.workload == level and policy._key() == key  # the same rate level
+    assert policy.load_kind.held == 32
+    step = policy.choose()
+    assert step.kind == "explore" and step.reason.startswith("measured search"), step.reason
+    assert any("a closed loop of 32 requests after one of 8" in d.reason for d in policy.history)
 
 
 def test_a_measured_search_trial_must_win_by_twice_the_margin_of_a_predicted_one() -> None:
