@@ -26,9 +26,10 @@ here.
   tried (it predicts an open loop), and the closed-loop simulation vetoes only within the
   error it has shown on three or more measured configurations
   (``rrl.agent.evidence.ClosedLoopBand``).
-- **Fair comparison and revert** (``rrl.agent.trial``): candidate and incumbent in interleaved (no
-  rebuild) or paired (rebuild) windows, each normalised to a common arrival rate by the model;
-  a candidate worse after its first window (or beyond the safety limit) is reverted at once.
+- **Fair comparison and revert** (``rrl.agent.trial``): candidate and incumbent in interleaved
+  windows (a thread or instance change too: the gateway parks the sessions a switch leaves, so
+  the switch back reuses them), each normalised to a common arrival rate by the model; a
+  candidate worse after its first window (or beyond the safety limit) is reverted at once.
 - **Per-state memory** (``rrl.agent.memory``): the incumbent per (rate level, size level,
   burstiness), applied at once when the state recurs.
 - **Pacing**: a candidate that rebuilds sessions waits until rebuilding takes at most
@@ -300,7 +301,11 @@ class Policy:
             self.incumbent,
             candidate,
             tuple(self._baseline),
-            interleave=not rebuild,
+            # Interleaved even when it rebuilds sessions: the gateway parks the sessions a
+            # switch leaves, so switching back reuses them, and only interleaved windows tell a
+            # worse candidate from a slower machine (run 14: batch 128 on one instance of two
+            # threads kept on two windows read while the whole box served a quarter less).
+            interleave=True,
             margin=self._trial_margin() * (2.0 if blind else 1.0),
             predicted_gain=verdict.gain,
             keep_on_tie=self._keeps_on_tie(candidate),

@@ -3,12 +3,15 @@
 A trial starts from the incumbent's last windows in the workload state (the baseline, up to
 ``BASELINE_WINDOWS``) and runs
 
-- for a candidate that changes request-level knobs only (no session rebuild): candidate,
-  incumbent, candidate: interleaved windows, so a drift of the load or of the machine hits
-  both sides alike; of the baseline only its last window joins the incumbent's side;
-- for a candidate that rebuilds sessions: two candidate windows (switching back and forth
-  would rebuild four times), against the whole baseline: one incumbent window would let its
-  noise decide (rrl/README has the trial that showed it).
+- interleaved (what the agent's own trials do): candidate, incumbent, candidate, so a drift of
+  the load or of the machine hits both sides alike; of the baseline only its last window joins
+  the incumbent's side. A candidate that changes threads or instances too: the gateway parks
+  the sessions a switch leaves (``gateway.batching.instances``), so switching back and forth
+  builds once, and windows read at different times cannot tell a worse candidate from a
+  slower machine;
+- paired (``interleave=False``, the core budget's yield, which only asks whether the
+  candidate meets the SLO): candidate windows only, against the whole baseline: one incumbent
+  window would let its noise decide (rrl/README has the trial that showed it).
 
 Windows at different arrival rates do not compare configurations, so every window's measured
 objective is normalised to the trial's common rate (the mean of its windows' rates) by the
@@ -26,8 +29,12 @@ Rules:
   a candidate that only shortens the batch timeout and is predicted no slower
   (``keep_on_tie``): it is kept unless it measured slower, since a longer timeout that fills
   the same batches gains nothing and waits out its whole length whenever a batch cannot fill;
-- **extend**: a candidate ahead at the end but not by the margin runs another round (one more
-  window a side, or one more candidate window after a rebuild), up to ``max_windows``: the
+- **beside**: an interleaved candidate is kept only if it is also ahead of the incumbent's
+  windows inside the trial: the baseline's window was read before it, and a lead that only
+  that window gives may be a machine that was slower then;
+- **extend**: a candidate ahead at the end but not by the margin (or not beside the
+  incumbent) runs another round (one more
+  window a side, or one more candidate window when paired), up to ``max_windows``: the
   margin is for one window a side and shrinks as the sides hold more windows (by the standard
   error of a difference of means, ``sqrt((1/n_c + 1/n_i) / 2)``), so a gain smaller than one
   window's noise is resolved by measuring longer rather than given up.
@@ -54,7 +61,7 @@ from dataclasses import dataclass, field
 from models.knobs import Knobs
 
 BASELINE_WINDOWS = 3
-"""The incumbent's windows a trial that rebuilds sessions is compared with, at most."""
+"""The incumbent's windows a paired trial is compared with, at most."""
 
 # (config, its measured objective, the rate it was measured at, the rate to express it at)
 Normalise = Callable[[Knobs, float, float, float], float]
@@ -148,7 +155,7 @@ class Trial:
         cand, inc, common = self._compare(ours, theirs, norm)
         margin = self.margin_for(len(ours), len(theirs))
         tie = self.keep_on_tie and cand <= inc
-        accepted = tie or cand < inc * (1 - margin)
+        accepted = (tie or cand < inc * (1 - margin)) and not self._behind_beside(ours, norm, tie)
         step = 2 if self.interleave else 1
         if not accepted and cand < inc and len(self.schedule()) + step <= self.max_windows:
             self.rounds += 1  # ahead, not yet by the margin: measure longer
@@ -165,6 +172,17 @@ class Trial:
             f"{len(theirs)} windows at {common:.0f}/s (margin {margin:.0%}): {what}",
             margin,
         )
+
+    def _behind_beside(self, ours: list[Window], norm: Normalise, tie: bool) -> bool:
+        """Whether the candidate is no faster (slower, for a tie) than the incumbent measured
+        beside it, in the trial's own windows: then a lead over the incumbent's side came from
+        the baseline's window, read before the trial, and a machine that was slower then (or
+        faster now) is no gain; the trial measures another round, or keeps the incumbent."""
+        beside = [w for w in self.windows if w.config == self.incumbent]
+        if not self.interleave or not beside:
+            return False
+        cand, inc, _ = self._compare(ours, beside, norm)
+        return cand > inc if tie else cand >= inc
 
     def _before(self) -> list[Window]:
         """The baseline windows that join the incumbent's side: an interleaved trial measures

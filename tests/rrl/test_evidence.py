@@ -819,6 +819,29 @@ def test_a_rebuilding_trial_is_judged_against_the_incumbents_last_windows_not_it
     assert Trial(inc, cand, baseline, interleave=True, margin=0.2)._before() == baseline[-1:]
 
 
+def test_an_interleaved_trial_tells_a_worse_candidate_from_a_slower_machine() -> None:
+    """Run 14: the incumbent's baseline read while the whole box served a quarter less (J 9.5
+    where it measures 6.3), then the slowdown ends and the candidate, 10% worse than the
+    incumbent on the same machine (6.9), measures ahead of that baseline. Paired windows keep
+    it; interleaved ones measure the incumbent beside it and do not."""
+
+    def as_measured(config: Knobs, objective: float, seen: float, common: float) -> float:
+        return objective
+
+    inc, cand = Knobs(32, 4.0, 1, 1, 1), Knobs(128, 4.0, 1, 2, 1)
+    baseline = [Window(inc, ms, 3555.0) for ms in (9.4, 9.5, 9.6)]
+
+    def run(trial: Trial) -> str:
+        outcome = None
+        while outcome is None:
+            config = trial.next_config()
+            outcome = trial.record(config, 6.9 if config == cand else 6.3, 4700.0, as_measured)
+        return outcome.verdict
+
+    assert run(Trial(inc, cand, baseline, interleave=False, margin=0.06)) == "accept"
+    assert run(Trial(inc, cand, baseline, interleave=True, margin=0.06)) == "reject"
+
+
 def test_one_outlier_window_decides_no_trial_either_way() -> None:
     """Each side is read by its median window: an incumbent baseline of 6.0, 6.1 and one
     12.0 (a rebuild's aftermath) does not let a candidate no better (6.1) win, and does not
