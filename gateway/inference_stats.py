@@ -4,7 +4,7 @@ performance tools read): counts and total nanoseconds per request, batches run a
 inferred. Plain integers kept beside the Prometheus metrics, so a reply is one consistent set
 read without parsing the exposition; each request and batch adds a few of them.
 
-``InferenceService.statistics`` picks the versions a request names; ``report`` is the reply both
+``ModelRegistry.statistics`` picks the versions a request names; ``report`` is the reply both
 transports send: over HTTP as Triton's JSON (``GET /v2/models[/{m}[/versions/{v}]]/stats``), over
 gRPC parsed into its message."""
 

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from aiohttp import web
 
 from gateway.model_host import ModelState
-from gateway.service import InferenceService
+from gateway.model_registry import ModelRegistry
 
 # A check answers None when its part is live, else what it waits for ("mqtt: not subscribed"),
 # or a list of such lines when several things are missing (one per model version).
@@ -65,14 +65,14 @@ class Readiness:
         return not self.waiting_for()
 
 
-def models_check(service: InferenceService) -> Check:
+def models_check(registry: ModelRegistry) -> Check:
     """Ready when every required model version (config key ``required``, default true) is
     loaded and at least one version serves. A version that is not required (say, one whose
     backend is not installed here) or that an operator unloaded holds nothing back. Each
     required version that is missing gets a line naming it, its state and why."""
 
     def check() -> list[str] | None:
-        statuses = service.statuses()
+        statuses = registry.statuses()
         missing = [s for s in statuses if s.required and s.state != ModelState.READY.value]
         waiting = ["models: loading"] if any(s.state == "LOADING" for s in missing) else []
         waiting += [

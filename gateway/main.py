@@ -110,11 +110,11 @@ class Gateway:
         # Building the demo repository exports TF models (seconds): keep the loop free.
         repo = await loop.run_in_executor(self.executor, resolve_model_repo, self.settings)
         try:
-            self.service.add_versions(scan_repository(repo))
-            self.service.repository = repo  # reloads read the same folder
+            self.service.registry.add_versions(scan_repository(repo))
+            self.service.registry.repository = repo  # reloads read the same folder
         except RepositoryError as exc:
             raise StartupError(f"{exc} (set --model-repo)") from exc
-        stack.push_async_callback(self.service.close)
+        stack.push_async_callback(self.service.registry.close)
         if self.settings.mqtt.enabled and external is None:
             await self._start_embedded_broker(stack)
         processes = self.settings.serving.ingest_processes
@@ -125,7 +125,7 @@ class Gateway:
         await self._start_http(stack)
         if self.settings.grpc.enabled:
             await self._start_grpc(stack)
-        self.readiness.require(models_check(self.service))
+        self.readiness.require(models_check(self.service.registry))
         self._loading = asyncio.create_task(self._load(), name="load-models")
         stack.push_async_callback(self._stop_loading)
         broker = self._broker_address(external) if self.settings.mqtt.enabled else None
@@ -289,7 +289,7 @@ class Gateway:
         )
 
     async def _load(self) -> None:
-        await self.service.load_all()
+        await self.service.registry.load_all()
         self._models_loaded.set()
         if self.tuning is None:
             return
@@ -448,11 +448,13 @@ async def serve(settings: GatewaySettings) -> int:
     except Exception as exc:
         return _start_failed(exc, settings)
     try:
-        if await until_loaded(gw.wait_models(), stop, gw.service):
+        if await until_loaded(gw.wait_models(), stop, gw.service.registry):
             grpc = gw.grpc.port if gw.grpc is not None else None
             where = endpoints(gw.settings, gw.http_port, gw.broker_address, grpc)
             announcing = asyncio.create_task(
-                announce_ready(gw.readiness, lambda: ready_line(where, serving(gw.service))),
+                announce_ready(
+                    gw.readiness, lambda: ready_line(where, serving(gw.service.registry))
+                ),
                 name="ready",
             )
             await stop.wait()

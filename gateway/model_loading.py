@@ -5,7 +5,7 @@ of the repository, or reloading it, while the gateway serves.
 A reload reads the model's folder again and compares each version with what serves: a version
 whose files are unchanged keeps its host (its knobs, queue and statistics); a changed or new one
 is built and warmed beside the old one, swapped in once ready (one step, see
-``InferenceService.install``), and the old host is retired only after the requests it took are
+``ModelRegistry.install``), and the old host is retired only after the requests it took are
 answered. A version that fails to load leaves its predecessor serving. So no request fails
 because of a swap.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 from gateway.errors import BadRequest, NotFound
 from gateway.lifecycle import StartupError
 from gateway.model_host import Fingerprint, ModelHost, ModelState, folder_fingerprint
-from gateway.service import InferenceService, VersionStatus
+from gateway.model_registry import ModelRegistry, VersionStatus
 from gateway.settings.schema import GatewaySettings
 from models.repository import (
     BrokenVersion,
@@ -35,7 +35,7 @@ startup_log = logging.getLogger("gateway")  # what the start-up says, with its o
 
 
 async def load_model(
-    service: InferenceService, root: Path, model: str, executor: Executor
+    registry: ModelRegistry, root: Path, model: str, executor: Executor
 ) -> list[VersionStatus]:
     """Load ``model`` from ``root`` or reload it; returns its versions' states. Raises
     ``NotFound`` when the repository holds no such model and ``BadRequest`` naming each version
@@ -45,8 +45,8 @@ async def load_model(
     found = await loop.run_in_executor(executor, _scan_model, root, model)
     if not found:
         raise NotFound(f"model {model!r} is not in the model repository ({root / model})")
-    async with service.control_lock:
-        current = service.versions(model)
+    async with registry.control_lock:
+        current = registry.versions(model)
         hosts: dict[int, ModelHost] = {}
         broken: dict[int, BrokenVersion] = {}
         failed: list[str] = []
@@ -59,13 +59,17 @@ async def load_model(
                 else:
                     broken[entry.version] = entry
                 continue
-            host, failure = await _load_version(service, entry, fingerprint, old, _default(current))
+            host, failure = await _load_version(
+                registry, entry, fingerprint, old, _default(current)
+            )
             hosts[entry.version] = host
             if failure:
                 failed.append(f"version {entry.version}: {failure}")
-        retired = service.install(model, hosts, broken)
-    await asyncio.gather(*(h.retire(service.drain_s, replaced=h.version in hosts) for h in retired))
-    statuses = [s for s in service.statuses() if s.name == model]
+        retired = registry.install(model, hosts, broken)
+    await asyncio.gather(
+        *(h.retire(registry.drain_s, replaced=h.version in hosts) for h in retired)
+    )
+    statuses = [s for s in registry.statuses() if s.name == model]
     if failed:
         serving = [str(s.version) for s in statuses if s.state == ModelState.READY.value]
         raise BadRequest(
@@ -77,7 +81,7 @@ async def load_model(
 
 
 async def _load_version(
-    service: InferenceService,
+    registry: ModelRegistry,
     entry: ModelVersion,
     fingerprint: Fingerprint,
     old: ModelHost | None,
@@ -95,7 +99,7 @@ async def _load_version(
         return old, ""
     # The knobs chosen at run time (tuner, operator) carry over to the new build.
     previous = old or default
-    host = service.new_host(
+    host = registry.new_host(
         entry, knobs=previous.knobs if previous is not None else None, fingerprint=fingerprint
     )
     await host.load()

@@ -15,9 +15,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from gateway.lifecycle import Readiness
+from gateway.model_registry import ModelRegistry, VersionStatus
 from gateway.mqtt.session import BrokerAddress
 from gateway.mqtt.trust import ReplyNamespace
-from gateway.service import InferenceService, VersionStatus
 from gateway.settings.schema import GatewaySettings
 
 log = logging.getLogger("gateway")
@@ -57,13 +57,13 @@ def endpoints(
     return Endpoints(http, url, mqtt.topic_prefix, mqtt.response_topic_pattern, grpc)
 
 
-def serving(service: InferenceService) -> int:
+def serving(registry: ModelRegistry) -> int:
     """Model versions serving now."""
-    return sum(s.state == "READY" for s in service.statuses())
+    return sum(s.state == "READY" for s in registry.statuses())
 
 
 async def until_loaded(
-    loaded: Awaitable[None], stop: asyncio.Event, service: InferenceService
+    loaded: Awaitable[None], stop: asyncio.Event, registry: ModelRegistry
 ) -> bool:
     """Wait for the models (a signal during the load stops at once: False), then log what
     serves; the ready line waits for readiness (``announce_ready``)."""
@@ -80,7 +80,7 @@ async def until_loaded(
     # loaded, a pause every device would feel).
     gc.collect()
     gc.freeze()
-    statuses = service.statuses()
+    statuses = registry.statuses()
     log.log(*loaded_line(statuses))
     for s in statuses:  # each model's detail is at DEBUG: the ones not serving are named here
         if s.state != "READY":

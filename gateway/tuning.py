@@ -76,7 +76,7 @@ class AgentControl(ModelControl):
     def service_samples(
         self, model: str, version: int | str | None = None
     ) -> dict[int, tuple[float, ...]]:
-        return self._service.host(model, version).service_samples()
+        return self._service.registry.host(model, version).service_samples()
 
     def front_end_s(self, per_batch_s: float = 0.0) -> float | None:
         return self._loop_meter.per_request_s(per_batch_s)
@@ -91,9 +91,9 @@ class AgentControl(ModelControl):
 
     def _total(self, count: Callable[[ModelHost], int]) -> int:
         total = 0
-        for name in self._service.model_names():
+        for name in self._service.registry.model_names():
             with contextlib.suppress(Exception):  # unloaded or unavailable: nothing counted
-                total += count(self._service.host(name))
+                total += count(self._service.registry.host(name))
         return total
 
 
@@ -127,11 +127,11 @@ class TuningService:
         # for every agent's queueing model.
         self._budget = CoreBudget(self._cores)
         self._model_pool = model_process()
-        wanted = s.models if s.models is not None else self.service.model_names()
+        wanted = s.models if s.models is not None else self.service.registry.model_names()
         ready = []
         for name in wanted:
             try:
-                host = self.service.host(name)
+                host = self.service.registry.host(name)
             except Exception as exc:  # unknown or unavailable: say so, tune the rest
                 log.warning("tuner: not tuning %s: %s", name, exc)
                 continue
@@ -141,7 +141,7 @@ class TuningService:
             ready.append(name)
         for name in ready:
             self._add(name, tuned=len(ready))
-        self.service.watch_models(self._model_changed)
+        self.service.registry.watch_models(self._model_changed)
         if self.agents:
             log.info(
                 "tuner: retuning the batching and threads of %d model(s) as their load changes, "
@@ -153,7 +153,7 @@ class TuningService:
             )
 
     def _space_of(self, name: str) -> ConfigSpace:
-        s, host = self.settings, self.service.host(name)
+        s, host = self.settings, self.service.registry.host(name)
         return _space(
             self._cores,
             _floor_pow2(min(s.max_batch_size, host.limits.max_batch_size)),
@@ -163,7 +163,7 @@ class TuningService:
 
     def _add(self, name: str, tuned: int) -> None:
         """Start an agent for ``name``'s served version (ready), one of ``tuned`` models."""
-        s, host = self.settings, self.service.host(name)
+        s, host = self.settings, self.service.registry.host(name)
         space = self._space_of(name)
         share = core_share(self._cores, tuned)
         agent = ModelAgent(
@@ -204,7 +204,7 @@ class TuningService:
         ):
             return
         try:
-            host = self.service.host(name)
+            host = self.service.registry.host(name)
             ready = host.ready
         except Exception:  # unloaded, or no version serves
             ready = False

@@ -113,7 +113,7 @@ class Catalog:
         self.entry(model, version)
 
     def model_names(self) -> list[str]:
-        """Every model the serving process knows, as ``InferenceService.model_names``."""
+        """Every model the serving process knows, as ``ModelRegistry.model_names``."""
         return sorted(set(self.versions) | set(self.broken) | self.unloaded)
 
     def metadata(self, model: str, version: int | str | None = None) -> ModelMetadata:

@@ -119,7 +119,7 @@ class InferenceServicer:
 
     async def ModelReady(self, request: Any, context: Context) -> Any:
         try:
-            view = self.service.describe(request.name, request.version or None)
+            view = self.service.registry.describe(request.name, request.version or None)
         except GatewayError:
             return _ModelReadyResponse(ready=False)  # a probe's question has an answer: no
         return _ModelReadyResponse(ready=view.ready)
@@ -134,7 +134,7 @@ class InferenceServicer:
 
     async def _metadata(self, request: Any) -> Any:
         version = request.version or None
-        view = self.service.describe(request.name, version)
+        view = self.service.registry.describe(request.name, version)
         md = self.service.metadata(request.name, version)
         reply = _ModelMetadataResponse(
             name=md.name, versions=[str(v) for v in view.versions], platform=md.platform
@@ -150,7 +150,7 @@ class InferenceServicer:
     async def _config(self, request: Any) -> Any:
         """What ``/v2/models/{m}/config`` says, as Triton's ModelConfig: the knobs as its
         dynamic batcher's and instance group's, the threads as parameters."""
-        view = self.service.describe(request.name, request.version or None)
+        view = self.service.registry.describe(request.name, request.version or None)
         md = self.service.metadata(request.name, request.version or None)
         reply = _ModelConfigResponse()
         config, knobs = reply.config, view.knobs
@@ -179,7 +179,7 @@ class InferenceServicer:
         return await guarded(self.edge, context, request.name, self._statistics(request))
 
     async def _statistics(self, request: Any) -> Any:
-        doc = report(self.service.statistics(request.name, request.version))
+        doc = report(self.service.registry.statistics(request.name, request.version))
         return json_format.ParseDict(doc, _ModelStatisticsResponse())
 
     # -- inference -------------------------------------------------------------------------
@@ -256,7 +256,7 @@ class InferenceServicer:
 
     async def RepositoryIndex(self, request: Any, context: Context) -> Any:
         reply = _RepositoryIndexResponse()
-        for s in self.service.statuses():
+        for s in self.service.registry.statuses():
             if not request.ready or s.state == "READY":
                 reply.models.add(
                     name=s.name, version=str(s.version), state=s.state, reason=s.reason
@@ -268,14 +268,14 @@ class InferenceServicer:
         return _RepositoryModelLoadResponse()
 
     async def _load(self, model: str) -> None:
-        root = self.service.repository
+        root = self.service.registry.repository
         if root is None:
             raise ModelUnavailable("this gateway serves no model repository folder to load from")
-        await load_model(self.service, root, model, self._executor)
+        await load_model(self.service.registry, root, model, self._executor)
 
     async def RepositoryModelUnload(self, request: Any, context: Context) -> Any:
         name = request.model_name
-        await guarded(self.edge, context, name, self.service.unload_model(name))
+        await guarded(self.edge, context, name, self.service.registry.unload_model(name))
         return _RepositoryModelUnloadResponse()
 
 

@@ -179,7 +179,7 @@ class TfServingServicer:
         fields = list(request.metadata_field)
         if fields != ["signature_def"]:
             raise BadRequest(f"metadata_field must be ['signature_def'], got {fields}")
-        view = self.service.describe(spec.name, version)
+        view = self.service.registry.describe(spec.name, version)
         md = self.service.metadata(spec.name, version)
         signatures = _SignatureDefMap()
         signature = signatures.signature_def[tfserving.SIGNATURE]
@@ -207,9 +207,9 @@ class TfServingServicer:
         spec = request.model_spec
         version = _model_version(spec)
         with contextlib.suppress(ModelUnavailable):  # known but not ready: its state below
-            self.service.describe(spec.name, version)
+            self.service.registry.describe(spec.name, version)
         reply = _GetModelStatusResponse()
-        for s in self.service.statuses():
+        for s in self.service.registry.statuses():
             if s.name != spec.name or (version is not None and s.version != version):
                 continue
             entry = reply.model_version_status.add(version=s.version)

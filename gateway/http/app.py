@@ -25,13 +25,7 @@ from gateway.codecs.datatypes import dtype_label
 from gateway.codecs.limits import DEFAULT_LIMITS, DecodeLimits
 from gateway.core import ServingCore
 from gateway.edge import Edge
-from gateway.errors import (
-    BadRequest,
-    ModelUnavailable,
-    NotFound,
-    PayloadTooLarge,
-    Unauthorized,
-)
+from gateway.errors import BadRequest, ModelUnavailable, NotFound, PayloadTooLarge, Unauthorized
 from gateway.http import dashboard, repository_api, security
 from gateway.inference_stats import report
 from gateway.lifecycle import Readiness, models_check
@@ -137,13 +131,13 @@ async def ready(request: web.Request) -> web.Response:
 async def model_stats(request: web.Request) -> web.Response:
     """Triton's statistics extension (``gateway.inference_stats``)."""
     model, version = request.match_info.get("model", ""), _version(request) or ""
-    return _json(report(request.app[SERVICE_KEY].statistics(model, version)))
+    return _json(report(request.app[SERVICE_KEY].registry.statistics(model, version)))
 
 
 async def model_metadata(request: web.Request) -> web.Response:
     service = request.app[SERVICE_KEY]
     name, version = request.match_info["model"], _version(request)
-    view = service.describe(name, version)
+    view = service.registry.describe(name, version)
     md = service.metadata(name, version)
     return _json(
         {
@@ -161,7 +155,9 @@ def _tensor(name: str, dtype: str, shape: tuple[int, ...]) -> dict[str, Any]:
 
 
 async def model_ready(request: web.Request) -> web.Response:
-    view = request.app[SERVICE_KEY].describe(request.match_info["model"], _version(request))
+    view = request.app[SERVICE_KEY].registry.describe(
+        request.match_info["model"], _version(request)
+    )
     return _json(
         {"name": view.name, "version": str(view.version), "ready": view.ready, "state": view.state},
         status=200 if view.ready else 503,
@@ -169,7 +165,9 @@ async def model_ready(request: web.Request) -> web.Response:
 
 
 async def model_config(request: web.Request) -> web.Response:
-    view = request.app[SERVICE_KEY].describe(request.match_info["model"], _version(request))
+    view = request.app[SERVICE_KEY].registry.describe(
+        request.match_info["model"], _version(request)
+    )
     knobs = view.knobs
     plan = view.metadata.serving_plan if view.metadata is not None else None
     return _json(
@@ -211,7 +209,7 @@ async def repository_index(request: web.Request) -> web.Response:
             "state": s.state,
             **({"reason": s.reason} if s.reason else {}),
         }
-        for s in request.app[SERVICE_KEY].statuses()
+        for s in request.app[SERVICE_KEY].registry.statuses()
         if not ready_only or s.state == "READY"
     ]
     return _json(index)
@@ -251,7 +249,7 @@ async def tfs_status(request: web.Request) -> web.Response:
     name, version = request.match_info["model"], _version(request)
     # 404 for unknown models/versions; one that is known but unreadable gets its status below.
     with contextlib.suppress(ModelUnavailable):
-        service.describe(name, version)
+        service.registry.describe(name, version)
     states = {"READY": "AVAILABLE", "LOADING": "LOADING", "UNLOADING": "UNLOADING"}
     statuses = [
         {
@@ -262,7 +260,7 @@ async def tfs_status(request: web.Request) -> web.Response:
                 "error_message": s.reason,
             },
         }
-        for s in service.statuses()
+        for s in service.registry.statuses()
         if s.name == name and (version is None or str(s.version) == version)
     ]
     return _json({"model_version_status": statuses})
@@ -271,7 +269,7 @@ async def tfs_status(request: web.Request) -> web.Response:
 async def tfs_metadata(request: web.Request) -> web.Response:
     service = request.app[SERVICE_KEY]
     name, version = request.match_info["model"], _version(request)
-    view = service.describe(name, version)
+    view = service.registry.describe(name, version)
     md = service.metadata(name, version)
 
     def info(t: Any) -> dict[str, Any]:
@@ -344,7 +342,7 @@ async def admin_models(request: web.Request) -> web.Response:
     _check_admin(request)
     service = request.app[SERVICE_KEY]
     out = []
-    for s in service.statuses():
+    for s in service.registry.statuses():
         entry: dict[str, Any] = {"name": s.name, "version": str(s.version), "state": s.state}
         if s.state == "READY":
             entry["knobs"] = service.knobs(s.name, s.version).as_dict()
@@ -357,7 +355,7 @@ async def admin_knobs(request: web.Request) -> web.Response:
     service = request.app[SERVICE_KEY]
     name, version = request.match_info["model"], _version(request)
     if request.method == "GET":
-        view = service.describe(name, version)
+        view = service.registry.describe(name, version)
         return _json(
             {"model": view.name, "version": str(view.version), "knobs": view.knobs.as_dict()}
         )
@@ -369,7 +367,7 @@ async def admin_knobs(request: web.Request) -> web.Response:
     if not isinstance(changes, dict):
         raise BadRequest("the body must be an object of knob changes")
     knobs = await service.change_knobs(name, version, changes)
-    view = service.describe(name, version)
+    view = service.registry.describe(name, version)
     body_out: dict[str, Any] = {
         "model": view.name,
         "version": str(view.version),
@@ -463,7 +461,7 @@ def build_app(
     app[EXECUTOR_KEY] = executor
     if readiness is None:  # no other ingest to wait for: ready once the models are
         readiness = Readiness()
-        readiness.require(models_check(service))
+        readiness.require(models_check(service.registry))
     app[READINESS_KEY] = readiness
     app[EDGE_KEY] = Edge(service=service, executor=executor, limits=limits, transport=TRANSPORT)
     security.install(app, settings, service.metrics)  # tokens, connection cap, body deadline
@@ -476,7 +474,7 @@ def build_app(
     r.add_get("/v2/health/live", live)
     r.add_get("/v2/health/ready", ready)
     r.add_post("/v2/repository/index", repository_index)
-    repository_api.add_routes(app, service, executor)  # load, unload
+    repository_api.add_routes(app, service.registry, executor)  # load, unload
     r.add_get("/v2/models/stats", model_stats)  # before /v2/models/{model}: every model's
     for base in _OIP_MODEL_PATHS:
         r.add_get(f"{base}/stats", model_stats)

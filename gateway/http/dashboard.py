@@ -139,7 +139,7 @@ def _totals(models: list[dict[str, Any]], window_s: float) -> dict[str, Any]:
 def _entries(service: InferenceService, window_s: float) -> list[dict[str, Any]]:
     batches = _batches(service)
     out: list[dict[str, Any]] = []
-    for status in service.statuses():
+    for status in service.registry.statuses():
         entry: dict[str, Any] = {
             "name": status.name,
             "version": str(status.version),
@@ -147,7 +147,7 @@ def _entries(service: InferenceService, window_s: float) -> list[dict[str, Any]]
             "reason": status.reason,
         }
         if status.state == "READY":
-            view = service.describe(status.name, status.version)
+            view = service.registry.describe(status.name, status.version)
             stats = service.stats(status.name, status.version, window_s)
             entry["backend"] = view.runtime
             entry["slo_ms"] = view.slo_ms
@@ -156,7 +156,7 @@ def _entries(service: InferenceService, window_s: float) -> list[dict[str, Any]]
             entry["batches"] = batches.get((status.name, str(status.version)), _no_batches())
             # Requests answered in each of the last seconds: the page's trend from its first
             # load, not only from what it polled itself.
-            host = service.host(status.name, status.version)
+            host = service.registry.host(status.name, status.version)
             entry["history_per_s"] = host.completions_per_second(HISTORY_S)
         out.append(entry)
     return out

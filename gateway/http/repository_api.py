@@ -18,15 +18,15 @@ from aiohttp import web
 
 from gateway.errors import BadRequest, ModelUnavailable
 from gateway.model_loading import load_model
-from gateway.service import InferenceService, VersionStatus
+from gateway.model_registry import ModelRegistry, VersionStatus
 
-_SERVICE = web.AppKey("repository_service", InferenceService)
+_REGISTRY = web.AppKey("model_registry", ModelRegistry)
 _EXECUTOR = web.AppKey("repository_executor", Executor)
 _MODEL = "{model:[A-Za-z0-9][A-Za-z0-9_.-]*}"
 
 
-def add_routes(app: web.Application, service: InferenceService, executor: Executor) -> None:
-    app[_SERVICE] = service
+def add_routes(app: web.Application, registry: ModelRegistry, executor: Executor) -> None:
+    app[_REGISTRY] = registry
     app[_EXECUTOR] = executor
     app.router.add_post(f"/v2/repository/models/{_MODEL}/load", load)
     app.router.add_post(f"/v2/repository/models/{_MODEL}/unload", unload)
@@ -34,24 +34,24 @@ def add_routes(app: web.Application, service: InferenceService, executor: Execut
 
 async def load(request: web.Request) -> web.Response:
     await _check_body(request)
-    service = request.app[_SERVICE]
-    root = _repository(service)
-    statuses = await load_model(service, root, request.match_info["model"], request.app[_EXECUTOR])
+    registry = request.app[_REGISTRY]
+    root = _repository(registry)
+    statuses = await load_model(registry, root, request.match_info["model"], request.app[_EXECUTOR])
     return _reply(request.match_info["model"], statuses)
 
 
 async def unload(request: web.Request) -> web.Response:
     await _check_body(request)
-    service = request.app[_SERVICE]
+    registry = request.app[_REGISTRY]
     name = request.match_info["model"]
-    await service.unload_model(name)
-    return _reply(name, [s for s in service.statuses() if s.name == name])
+    await registry.unload_model(name)
+    return _reply(name, [s for s in registry.statuses() if s.name == name])
 
 
-def _repository(service: InferenceService) -> Path:
-    if service.repository is None:  # a service built without a folder (tests, embedding)
+def _repository(registry: ModelRegistry) -> Path:
+    if registry.repository is None:  # a registry given no folder (tests, embedding)
         raise ModelUnavailable("this gateway serves no model repository folder to load from")
-    return service.repository
+    return registry.repository
 
 
 async def _check_body(request: web.Request) -> None:

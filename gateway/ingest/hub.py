@@ -145,7 +145,7 @@ class IngestHub:
         link.send((frames.REPLY, seq, response))
 
     def _current_catalog(self) -> Catalog:
-        self._catalog = self._service.catalog()
+        self._catalog = self._service.registry.catalog()
         return self._catalog
 
     async def _watch_catalog(self) -> None:

@@ -126,13 +126,13 @@ async def gated_service(
         serving=ServingSettings(executor_threads=executor_threads, **serving),
         load_runtime=gate.loader,
     )
-    service.add_versions(scan_repository(repo))
-    await service.load_all()
+    service.registry.add_versions(scan_repository(repo))
+    await service.registry.load_all()
     try:
         yield service
     finally:
         gate.open()
-        await service.close()
+        await service.registry.close()
         executor.shutdown(wait=True)
 
 

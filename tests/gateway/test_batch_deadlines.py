@@ -37,7 +37,7 @@ async def test_a_request_its_batch_would_answer_late_is_refused_when_the_batch_s
     source: Path, tmp_path: Path, reference: Runtime
 ) -> None:
     async with gated_service(mlp_repo(tmp_path / "repo", source, **BATCHING), Gate()) as service:
-        host = service.host(MODEL)
+        host = service.registry.host(MODEL)
         # One-row batches: most fast, but two in ten slow, so one answer in ten or more would
         # come late: planned with the 90th percentile, not the median (which is fast here).
         for seconds in (FASTEST_S,) * 8 + (TYPICAL_S,) * 2:
@@ -68,7 +68,7 @@ async def test_a_request_that_cannot_make_it_even_at_the_fastest_pace_is_refused
     source: Path, tmp_path: Path
 ) -> None:
     async with gated_service(mlp_repo(tmp_path / "repo", source, **BATCHING), Gate()) as service:
-        host = service.host(MODEL)
+        host = service.registry.host(MODEL)
         for _ in range(3):
             host._batcher.service_time.observe(1, TYPICAL_S)
         request = InferenceRequest(MODEL, features(1, 0), timeout_s=5.0)
@@ -83,7 +83,7 @@ async def test_the_event_loop_s_recent_delay_in_resuming_answers_counts_against_
     source: Path, tmp_path: Path, reference: Runtime
 ) -> None:
     async with gated_service(mlp_repo(tmp_path / "repo", source, **BATCHING), Gate()) as service:
-        host = service.host(MODEL)
+        host = service.registry.host(MODEL)
         for _ in range(3):
             host._batcher.service_time.observe(1, FASTEST_S)
             host._batcher.answer_lag.observe(TYPICAL_S)  # e.g. a loop saturated by a flood
@@ -106,7 +106,7 @@ async def test_refusals_on_a_stalled_pace_end_once_nothing_can_correct_it(
     so nothing would ever correct it. Once nothing has run for STALE_AFTER_S, the next request
     runs as a probe, and what it measures replaces the stall's figures."""
     async with gated_service(mlp_repo(tmp_path / "repo", source, **BATCHING), Gate()) as service:
-        batcher = service.host(MODEL)._batcher
+        batcher = service.registry.host(MODEL)._batcher
         for _ in range(3):
             batcher.service_time.observe(1, TYPICAL_S)
             batcher.answer_lag.observe(TYPICAL_S)

@@ -116,7 +116,7 @@ async def test_a_lone_client_is_not_held_and_a_burst_still_fills_batches(
 ) -> None:
     records: list[BatchRecord] = []
     async with gated_service(mlp_repo(tmp_path / "repo", source, **BATCHING), Gate()) as service:
-        batcher = service.host(MODEL)._batcher
+        batcher = service.registry.host(MODEL)._batcher
         record_batch = batcher._on_batch
         assert record_batch is not None
 

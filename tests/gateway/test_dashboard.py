@@ -63,7 +63,7 @@ async def test_document_lists_models_and_follows_the_load(
 
 async def _follows_the_load(gateway: Gateway, url: str, http: aiohttp.ClientSession) -> None:
     before = await _document(http, url)
-    statuses = gateway.service.statuses()
+    statuses = gateway.service.registry.statuses()
     # All idle: by name.
     assert [(m["name"], m["version"]) for m in before["models"]] == sorted(
         (s.name, str(s.version)) for s in statuses

@@ -67,7 +67,7 @@ async def test_the_dispatch_loop_is_restarted_and_loses_no_request(
 ) -> None:
     repo = mlp_repo(tmp_path / "repo", source, **BATCHING)
     async with gated_service(repo, Gate()) as service:
-        batcher = service.host(MODEL)._batcher
+        batcher = service.registry.host(MODEL)._batcher
         original = getattr(batcher, step)
         wrap = _fail_once_async if step == "_collect" else _fail_once
         monkeypatch.setattr(batcher, step, wrap(original))

@@ -92,7 +92,7 @@ async def test_catalog_refuses_exactly_as_the_service(demo_repo: Path, tmp_path:
     (repo / "broken" / "1" / "config.toml").write_text("not toml [", encoding="utf-8")
     async with running_gateway(repo, tmp_path / "cache") as gw:
         service = gw.service
-        catalog = service.catalog()
+        catalog = service.registry.catalog()
         queries = [
             ("sensor_mlp", None),
             ("sensor_mlp", "1"),
@@ -112,8 +112,8 @@ async def test_catalog_refuses_exactly_as_the_service(demo_repo: Path, tmp_path:
             assert got == want, (model, version)
             outcomes += isinstance(want, tuple)
         assert outcomes == 6  # the refusals compared are real ones
-        await service.unload_model("sensor_fusion")  # an operator unloads it
-        catalog = service.catalog()
+        await service.registry.unload_model("sensor_fusion")  # an operator unloads it
+        catalog = service.registry.catalog()
         for version in (None, "1"):
             want = _outcome(lambda v=version: service.metadata("sensor_fusion", v))
             assert isinstance(want, tuple) and "unloaded" in want[2]

@@ -90,7 +90,7 @@ async def test_metrics_count_requests_batches_rejections_and_knobs(
     assert _value(after, "iotgw_model_ready", **MODEL) == 1
 
     # The knobs in force, for every model: the same values the admin endpoint reports.
-    for served in gateway.service.statuses():
+    for served in gateway.service.registry.statuses():
         knobs = gateway.service.knobs(served.name, served.version).as_dict()
         labels = {"model": served.name, "version": str(served.version)}
         published = {knob: _value(after, "iotgw_knob", **labels, knob=knob) for knob in knobs}

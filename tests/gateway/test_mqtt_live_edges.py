@@ -123,7 +123,7 @@ async def test_model_names_no_repository_holds_get_404(
         replies = [await asyncio.wait_for(f, 30) for f in futures]
         await _marker(dev, inputs, f"marker-{tag}")
     assert [(r["status"], r["reason"]) for r in replies] == [(404, "not_found")] * len(names)
-    served = ", ".join(gw.service.model_names())
+    served = ", ".join(gw.service.registry.model_names())
     assert [r["error"] for r in replies] == [
         f"unknown model {n!r}; served: {served}" for n in names
     ]

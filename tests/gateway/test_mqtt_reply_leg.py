@@ -57,7 +57,7 @@ async def test_a_reply_s_way_out_counts_against_the_deadline(
         assert await gw.mqtt.wait_idle(30)
         assert gw.mqtt.reply_leg.high > 0.0
 
-        batcher = gw.service.host(MODEL)._batcher
+        batcher = gw.service.registry.host(MODEL)._batcher
         leg = gw.mqtt.reply_leg
 
         def recent(pace_s: float, leg_s: float, legs: int) -> None:

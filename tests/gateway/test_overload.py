@@ -64,7 +64,7 @@ async def test_impossible_deadline_is_refused_with_503(
     # A deadline shorter than the measured compute time of the batch: refused on admission,
     # with the estimate in the message. (The estimate is the gateway's own measurement, read
     # here so that the test holds on a machine of any speed.)
-    per_batch_s = gateway.service.host("vision_cnn")._batcher.service_time.predict(16)
+    per_batch_s = gateway.service.registry.host("vision_cnn")._batcher.service_time.predict(16)
     assert per_batch_s is not None
     short_us = max(1, int(per_batch_s * 1e6 / 4))
     status, reply, _ = await _post_binary(http, url, "vision_cnn", image16, timeout_us=short_us)
@@ -141,7 +141,7 @@ async def test_full_queue_is_refused_with_retry_after_and_nothing_is_lost(
         assert counted[(None, "queue_full")] == len(refused)
         assert counted[("queue_full", None)] == len(refused)
         assert counted[("ok", None)] == len(served)
-        assert gw.service.host("vision_cnn").queue_depth == 0
+        assert gw.service.registry.host("vision_cnn").queue_depth == 0
 
         # After the flood a request is served again.
         status, outputs, _ = await _post_binary(

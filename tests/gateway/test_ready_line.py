@@ -35,7 +35,7 @@ def _settings(repo: Path, cache: Path, *, broker: str | None) -> GatewaySettings
 
 def _line(gw: Gateway) -> Callable[[], str]:
     where = endpoints(gw.settings, gw.http_port, gw.broker_address)
-    return lambda: ready_line(where, serving(gw.service))
+    return lambda: ready_line(where, serving(gw.service.registry))
 
 
 def _messages(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:

@@ -148,7 +148,7 @@ async def _get_knobs(http: aiohttp.ClientSession, url: str, model: str) -> dict[
 def _assert_instances(gw: Gateway, model: str, knobs: dict[str, Any]) -> None:
     """The runtime instances really are what the knobs say (a pool of ``concurrency`` sessions
     built with the thread counts)."""
-    pool = gw.service.host(model)._pool
+    pool = gw.service.registry.host(model)._pool
     assert pool.size == knobs["concurrency"]
     assert pool.threads == Threads(knobs["intra_op_threads"], knobs["inter_op_threads"])
 

@@ -98,18 +98,18 @@ async def test_reload_and_new_version_under_load(served: tuple[Gateway, Path]) -
     url = base_url(gw)
     inputs = random_inputs(gw.service.metadata(MODEL), 1, np.random.default_rng(0))
     load_url = f"{url}/v2/repository/models/{MODEL}/load"
-    before = gw.service.host(MODEL)
+    before = gw.service.registry.host(MODEL)
     async with aiohttp.ClientSession() as http:
         async with Load(f"{url}/v2/models/{MODEL}/infer", json_request(inputs)) as traffic:
             # Unchanged folder: nothing is rebuilt.
             status, body = await _post(http, load_url, headers=AUTH)
             assert status == 200 and body["versions"] == [{"version": "1", "state": "READY"}]
-            assert gw.service.host(MODEL) is before
+            assert gw.service.registry.host(MODEL) is before
             # A changed config: version 1 is rebuilt and swapped in while clients send.
             _rewrite_config(repo / MODEL / "1", max_queue_size=512)
             status, body = await _post(http, load_url, headers=AUTH)
             assert status == 200, body
-            rebuilt = gw.service.host(MODEL)
+            rebuilt = gw.service.registry.host(MODEL)
             assert rebuilt is not before and rebuilt.config.batching.max_queue_size == 512
             await traffic.wait_for(20)
             # A new version folder: version 2 is added and becomes the default.
@@ -117,7 +117,7 @@ async def test_reload_and_new_version_under_load(served: tuple[Gateway, Path]) -
             status, body = await _post(http, load_url, headers=AUTH)
             assert status == 200, body
             assert [v["version"] for v in body["versions"]] == ["1", "2"]
-            assert gw.service.host(MODEL).version == 2
+            assert gw.service.registry.host(MODEL).version == 2
             await traffic.wait_for(20)
             # Version 1 removed from the folder: retired, its requests answered first.
             shutil.rmtree(repo / MODEL / "1")
@@ -152,7 +152,7 @@ async def test_reload_keeps_knobs_set_at_run_time(served: tuple[Gateway, Path]) 
         _rewrite_config(repo / MODEL / "1", max_queue_size=256)
         status, body = await _post(http, f"{url}/v2/repository/models/{MODEL}/load", headers=AUTH)
         assert status == 200, body
-    assert gw.service.host(MODEL).knobs.max_batch_size == 4
+    assert gw.service.registry.host(MODEL).knobs.max_batch_size == 4
 
 
 async def test_unload_then_infer_then_load_again(served: tuple[Gateway, Path]) -> None:
@@ -219,7 +219,7 @@ async def test_broken_new_build_leaves_the_old_version_serving(
 ) -> None:
     gw, repo = served
     url = base_url(gw)
-    before = gw.service.host(MODEL)
+    before = gw.service.registry.host(MODEL)
     model_file = repo / MODEL / "1" / before.config.path
     target = model_file.resolve()
     model_file.unlink()
@@ -234,7 +234,7 @@ async def test_broken_new_build_leaves_the_old_version_serving(
             assert "serving version(s) 1" in body["error"]
             async with http.get(f"{url}/metrics") as resp:
                 samples = metric_samples(await resp.text())
-        assert gw.service.host(MODEL) is before and before.ready
+        assert gw.service.registry.host(MODEL) is before and before.ready
         assert ("iotgw_model_ready", {"model": MODEL, "version": "1"}, 1.0) in samples
     finally:
         model_file.unlink()

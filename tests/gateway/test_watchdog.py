@@ -55,7 +55,7 @@ async def test_a_stuck_batch_fails_with_504_and_a_fresh_instance_serves_on(
     gate = Gate()
     repo = mlp_repo(tmp_path / "repo", source, **BATCHING)
     async with gated_service(repo, gate, batch_watchdog_s=WATCHDOG_S) as service:
-        host = service.host(MODEL)
+        host = service.registry.host(MODEL)
         stuck, queued = await _stick_one_batch(service, gate)
 
         with pytest.raises(BatchTimeout) as caught:
@@ -116,7 +116,7 @@ async def test_at_the_stuck_limit_the_model_is_marked_unavailable(
         batch_watchdog_s=WATCHDOG_S,
         batch_watchdog_max_stuck=max_stuck,
     ) as service:
-        host = service.host(MODEL)
+        host = service.registry.host(MODEL)
         stuck, queued = await _stick_one_batch(service, gate)
         with pytest.raises(BatchTimeout):
             await stuck
@@ -126,7 +126,7 @@ async def test_at_the_stuck_limit_the_model_is_marked_unavailable(
         assert caught.value.status == 503
         assert host.state is ModelState.UNAVAILABLE
         assert "watchdog" in host.reason
-        (status,) = service.statuses()
+        (status,) = service.registry.statuses()
         assert status.state == "UNAVAILABLE" and "watchdog" in status.reason
         with pytest.raises(ModelUnavailable):
             await service.infer(_request(3), transport="test")

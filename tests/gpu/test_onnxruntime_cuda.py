@@ -66,7 +66,7 @@ async def test_a_served_model_runs_on_cuda_and_answers_what_the_cpu_computes(
     )
     want = cpu.run(None, {IMAGE: x})[0]
     async with running_gateway(repo, tmp_path / "cache") as gw:
-        instances = gw.service.host("vision_cnn")._pool._active
+        instances = gw.service.registry.host("vision_cnn")._pool._active
         assert instances
         for instance in instances:
             runtime = instance.runtime

@@ -23,8 +23,8 @@ from rrl.tuners.space import ConfigSpace
 async def test_the_agents_control_sets_every_knob_while_requests_are_served(mlp_repo: Path) -> None:
     executor = ThreadPoolExecutor(8)
     service = InferenceService(executor=executor, metrics=GatewayMetrics())
-    service.add_versions(scan_repository(mlp_repo))
-    await service.load_all()
+    service.registry.add_versions(scan_repository(mlp_repo))
+    await service.registry.load_all()
     control: ModelControl = AgentControl(service)
     space = ConfigSpace.for_machine(2)
     try:
@@ -49,7 +49,7 @@ async def test_the_agents_control_sets_every_knob_while_requests_are_served(mlp_
         assert m.offered == m.completed == 60 and m.rejected == 0  # none lost to the rebuild
         assert m.p95_ms > 0 and m.p50_ms <= m.p95_ms <= m.p99_ms
     finally:
-        await service.close()
+        await service.registry.close()
         executor.shutdown()
 
 
@@ -58,8 +58,8 @@ async def test_requests_count_as_arrivals_when_they_reach_the_model(mlp_repo: Pa
     at its own rate while completions lag it."""
     executor = ThreadPoolExecutor(2)
     service = InferenceService(executor=executor, metrics=GatewayMetrics())
-    service.add_versions(scan_repository(mlp_repo))
-    await service.load_all()
+    service.registry.add_versions(scan_repository(mlp_repo))
+    await service.registry.load_all()
     try:
         x = np.zeros((2, 32), dtype=np.float32)  # two rows per request
         traffic = asyncio.gather(
@@ -77,5 +77,5 @@ async def test_requests_count_as_arrivals_when_they_reach_the_model(mlp_repo: Pa
         assert (done.arrived, done.arrived_rows, done.completed) == (30, 60, 30)
         assert service.stats("sensor_mlp", window_s=0.0).arrived == 0
     finally:
-        await service.close()
+        await service.registry.close()
         executor.shutdown()

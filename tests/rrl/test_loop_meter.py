@@ -124,8 +124,8 @@ def test_the_meter_fits_over_its_recent_stretches() -> None:
 async def test_a_gateway_reports_its_loop_cost_per_request(mlp_repo: Path) -> None:
     executor = ThreadPoolExecutor(2)
     service = InferenceService(executor=executor, metrics=GatewayMetrics())
-    service.add_versions(scan_repository(mlp_repo))
-    await service.load_all()
+    service.registry.add_versions(scan_repository(mlp_repo))
+    await service.registry.load_all()
     control = AgentControl(service)
     try:
         assert control.front_end_s() is None
@@ -133,7 +133,7 @@ async def test_a_gateway_reports_its_loop_cost_per_request(mlp_repo: Path) -> No
         request = InferenceRequest("sensor_mlp", {"features": x}, timeout_s=30.0)
         for _ in range(3):
             await asyncio.gather(*(service.infer(request, transport="test") for _ in range(150)))
-        host = service.host("sensor_mlp")
+        host = service.registry.host("sensor_mlp")
         assert host.arrived_total == 450
         assert 0 < host.batches_total <= 450
         cost = control.front_end_s()
@@ -142,5 +142,5 @@ async def test_a_gateway_reports_its_loop_cost_per_request(mlp_repo: Path) -> No
         net = control.front_end_s(cost / 4)
         assert net is not None and net < cost
     finally:
-        await service.close()
+        await service.registry.close()
         executor.shutdown()
