@@ -11,8 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from models.checkpoint import Checkpoint, CheckpointError
-from models.checkpoint_format import ONNX_KIND, ZOO_KIND
+from models.checkpoint import ONNX_KIND, ZOO_KIND, Checkpoint, CheckpointError
 from models.plan_zoo import with_ways
 from models.serving_plan import CostCache, PlanOptions, ServingPlan
 from models.zoo import ModelSpec

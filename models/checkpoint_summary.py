@@ -12,15 +12,16 @@ from typing import Any
 
 from safetensors import safe_open
 
-from models.checkpoint import decode_quantized, verified
-from models.checkpoint_format import (
+from models.checkpoint import (
     CheckpointError,
     Entry,
     FloatEntry,
     QuantizedEntry,
     RawHeader,
+    decode_quantized,
     read_header,
     read_metadata,
+    verified,
 )
 
 

@@ -188,8 +188,7 @@ def inspect_main(argv: Sequence[str]) -> int:
 def serving_plan(path: Path, runtime: str, options: PlanOptions) -> ServingPlan | None:
     """The plan ``runtime`` follows for the checkpoint here (None: an imported ONNX graph,
     whose weights run the way the import rewrote them)."""
-    from models.checkpoint import load_checkpoint
-    from models.checkpoint_format import ZOO_KIND
+    from models.checkpoint import ZOO_KIND, load_checkpoint
     from models.serving_plan import CostCache
     from models.zoo_checkpoint import zoo_params
 

@@ -17,8 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from models.checkpoint import Checkpoint, CheckpointError, QuantizedTensor, Tensor
-from models.checkpoint_format import ZOO_KIND
+from models.checkpoint import ZOO_KIND, Checkpoint, CheckpointError, QuantizedTensor, Tensor
 from models.quant import quantize_blocks
 from models.spec_codec import SpecError, spec_from_doc, spec_to_doc
 from models.zoo import Conv2D, Dense, Layer, ModelSpec, Params, Weights, input_shape, layer_shapes

@@ -31,8 +31,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from models import quant_onnx
-from models.checkpoint import Checkpoint, CheckpointError, QuantizedTensor, Tensor
-from models.checkpoint_format import ONNX_KIND
+from models.checkpoint import ONNX_KIND, Checkpoint, CheckpointError, QuantizedTensor, Tensor
 from models.importers.report import (
     ImportFailed,
     ImportReport,
