@@ -1,6 +1,6 @@
 """What an offline evaluation runs (``iotgw tune --evaluate``): the models, tuners, seeds and
-budgets of a plan, and the full and quick plans. The evaluation (``rrl/offline/evaluate.py``),
-its figures (``eval_summary.py``) and its report (``report.py``) all read a plan."""
+budgets of a plan, and the full and quick plans. The evaluation with its figures
+(``rrl/offline/evaluate.py``) and its report (``report.py``) both read a plan."""
 
 from __future__ import annotations
 

@@ -26,6 +26,9 @@ LONG_MODULES: dict[str, str] = {
     "rrl/agent/queueing.py": "the queueing model: the service times and loop cost it is fed, the "
     "two predictions made from them (an open loop replayed, a closed loop simulated) and the "
     "caches both drop when what they were fed moves",
+    "rrl/offline/evaluate.py": "the offline evaluation: the runs, the figures each run yields and "
+    "the same figures aggregated over seeds and workloads, key by key, so a figure's per-run and "
+    "pooled definitions are read side by side",
 }
 
 # "path::Qualified.name" -> why it may be longer (a declarative table, or the fix to make).
