@@ -9,6 +9,10 @@ imports the other) < ``gateway`` < ``benchmarks`` < the CLI (``gateway.cli``, th
   typing-only imports cannot leave a module half-initialised, so they may close a circle only if
   the circle is listed in ``KNOWN_DEFERRED_CIRCLES`` with the way to break it; the list must only
   shrink (a listed edge that no longer closes a circle fails the test too).
+- Inside ``gateway``, by purpose: the transport-free contract, the batching, the settings, the
+  transports and the one module that hosts the tuner each import only what their place allows;
+  an import that breaks one of these rules stays only while ``GATEWAY_CROSSINGS`` lists it with
+  its reason (a listed import that is gone, or breaks no rule any more, fails the test too).
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from __future__ import annotations
 import ast
 import graphlib
 from collections.abc import Callable, Iterable
+
+import pytest
 
 from tests.architecture.imports import (
     MODULES,
@@ -37,8 +43,19 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "benchmarks": frozenset({"benchmarks", "gateway", "rrl", "device_sim", "models"}),
 }
 
-# Modules any package may import: they import nothing of the project (but each other).
-GROUND_FLOOR = ("models.machine", "models.reporting", "models.tf_env")
+# Modules any package may import: they import nothing of the project (but each other), so
+# importing one loads no backend, no TensorFlow and nothing of another package.
+GROUND_FLOOR = (
+    "models.machine",
+    "models.reporting",
+    "models.tf_env",
+    "models.knobs",
+    "models.window_stats",
+    "models.serving_plan",
+    "models.runtime",
+    "models.batching_rule",
+    "models.datatypes",
+)
 
 # Deferred edges (importer, imported) that close a circle -> the fix that would remove it.
 KNOWN_DEFERRED_CIRCLES: dict[tuple[str, str], str] = {}
@@ -110,7 +127,25 @@ def test_every_rrl_module_has_a_purpose() -> None:
     assert not loose, f"rrl modules outside {RRL_FLOORS}: {loose}"
 
 
+def test_device_sim_takes_only_ground_floor_models() -> None:
+    """A virtual device must start as fast and as light as a real one: of ``models`` it may take
+    the leaves (the wire datatypes), never a backend or the repository."""
+
+    def into_models(edge: Edge) -> bool:
+        return (
+            package_of(edge.importer) == "device_sim"
+            and package_of(edge.imported) == "models"
+            and edge.imported not in {*GROUND_FLOOR, "models"}
+        )
+
+    message = _breaking(into_models, "device_sim imports more of models than its leaves")
+    assert not message, message
+
+
 def test_ground_floor_modules_are_leaves() -> None:
+    gone = [module for module in GROUND_FLOOR if module not in MODULES]
+    assert not gone, f"GROUND_FLOOR names modules that no longer exist: {gone}"
+
     def out_of_leaf(edge: Edge) -> bool:
         return edge.importer in GROUND_FLOOR and edge.imported not in {*GROUND_FLOOR, "models"}
 
@@ -181,3 +216,149 @@ def test_tensorflow_is_imported_after_its_environment() -> None:
         if env is None or env.lineno > line:
             late.append(f"{module_path(module)}:{line}: {module}")
     assert not late, "imports TensorFlow before models.tf_env:\n" + "\n".join(late)
+
+
+# Inside gateway, by purpose. The contract every transport shares (the request and response
+# types, the error root, the codecs, the decode limits, what a transport needs from the serving
+# side, the edge that applies them, request validation, the metrics registry they count in): an
+# ingest process serves its transports over a RemoteService with this contract and nothing of
+# the service, so it must stay free of the serving side and of every transport.
+GATEWAY_CONTRACT = (
+    "gateway.types",
+    "gateway.errors",
+    "gateway.metrics",
+    "gateway.codecs",
+    "gateway.core",
+    "gateway.edge",
+    "gateway.validation",
+)
+BATCHING = "gateway.batching"
+SETTINGS = "gateway.settings"
+# One package per protocol, side by side.
+PROTOCOLS = ("gateway.http", "gateway.grpc", "gateway.mqtt")
+# What faces the outside: the protocols, the embedded brokers, the ingest processes.
+TRANSPORTS = (*PROTOCOLS, "gateway.brokers", "gateway.ingest")
+# Where the process is put together and reports on itself: the only modules that wire the
+# transports to the service.
+ASSEMBLY = ("gateway.main", "gateway.cli", "gateway.startup_log")
+# An ingest process runs the HTTP app and the MQTT adapter themselves, over a RemoteService;
+# gRPC stays on the serving process's loop (docs/architecture.md says why).
+INGEST_HOSTS = frozenset({"gateway.http", "gateway.mqtt"})
+TUNER_HOST = "gateway.tuning"
+
+# Stated imports (importer, imported) that break a gateway rule below -> why they stay, and the
+# change that would remove them. Only shrinks: an entry that no longer breaks a rule fails.
+GATEWAY_CROSSINGS: dict[tuple[str, str], str] = {
+    ("gateway.settings.schema", "gateway.mqtt.trust"): (
+        "the schema refuses a bad reply-topic pattern at load with MQTT's own rule "
+        "(check_pattern), so a typo fails at start, not at a device's first request; trust.py "
+        "imports only gateway.errors and gateway/mqtt/__init__.py nothing, so no adapter loads"
+    ),
+    ("gateway.mqtt.adapter", "gateway.batching.answer_lag"): (
+        "the MQTT reply leg is tracked with the batcher's high-percentile-of-recent-waits type "
+        "(AnswerLag) because admission plans with both; fix: move that type to the contract "
+        "(or models.batching_rule) and keep AnswerLag as batching's use of it"
+    ),
+}
+
+
+def _within(module: str, packages: Iterable[str]) -> str | None:
+    """The entry of ``packages`` that is ``module`` or a package above it."""
+    return next((p for p in packages if module == p or module.startswith(p + ".")), None)
+
+
+def _gateway_edge(edge: Edge) -> bool:
+    return package_of(edge.importer) == "gateway" and package_of(edge.imported) == "gateway"
+
+
+def _contract_reaches_out(edge: Edge) -> bool:
+    return (
+        _gateway_edge(edge)
+        and _within(edge.importer, GATEWAY_CONTRACT) is not None
+        and _within(edge.imported, GATEWAY_CONTRACT) is None
+        and edge.imported != "gateway"
+    )
+
+
+def _batching_reaches_out(edge: Edge) -> bool:
+    return (
+        _gateway_edge(edge)
+        and _within(edge.importer, (BATCHING,)) is not None
+        and _within(edge.imported, (BATCHING, *GATEWAY_CONTRACT)) is None
+        and edge.imported != "gateway"
+    )
+
+
+def _settings_reach_out(edge: Edge) -> bool:
+    return (
+        _gateway_edge(edge)
+        and _within(edge.importer, (SETTINGS,)) is not None
+        and _within(edge.imported, (SETTINGS, *GATEWAY_CONTRACT)) is None
+        and edge.imported != "gateway"
+    )
+
+
+def _reaches_a_transport(edge: Edge) -> bool:
+    transport = _within(edge.imported, TRANSPORTS)
+    if transport is None or not _gateway_edge(edge):
+        return False
+    own = _within(edge.importer, TRANSPORTS)
+    hosted = own == "gateway.ingest" and transport in INGEST_HOSTS
+    return own != transport and not hosted and _within(edge.importer, ASSEMBLY) is None
+
+
+def _transport_skips_the_service(edge: Edge) -> bool:
+    return (
+        _within(edge.importer, TRANSPORTS) is not None
+        and _within(edge.imported, (BATCHING, "gateway.model_host")) is not None
+    )
+
+
+def _rrl_outside_the_tuner_host(edge: Edge) -> bool:
+    return (
+        package_of(edge.importer) == "gateway"
+        and edge.importer not in {TUNER_HOST, ROOF}
+        and package_of(edge.imported) == "rrl"
+    )
+
+
+GATEWAY_RULES: dict[str, Callable[[Edge], bool]] = {
+    "the contract (types, errors, metrics, codecs, core, edge, validation) imports nothing of "
+    "the gateway but itself": _contract_reaches_out,
+    "batching imports nothing of the gateway but itself and the contract": _batching_reaches_out,
+    "the settings import nothing of the gateway but themselves and the contract": (
+        _settings_reach_out
+    ),
+    "a transport (http, grpc, mqtt, brokers, ingest) is imported only by itself, the assembly "
+    "(main, cli, startup_log) and, for http and mqtt, ingest": _reaches_a_transport,
+    "a transport reaches a model through the service, never its host or batcher": (
+        _transport_skips_the_service
+    ),
+    "of the gateway, only gateway.tuning (the tuner's host) imports rrl": (
+        _rrl_outside_the_tuner_host
+    ),
+}
+
+
+@pytest.mark.parametrize("rule", GATEWAY_RULES)
+def test_gateway_imports_by_purpose(rule: str) -> None:
+    def breaks(edge: Edge) -> bool:
+        listed = (edge.importer, edge.imported) in GATEWAY_CROSSINGS
+        return GATEWAY_RULES[rule](edge) and not listed
+
+    message = _breaking(breaks, f"gateway: {rule}")
+    assert not message, message
+
+
+def test_gateway_crossings_are_still_needed() -> None:
+    for (importer, imported), why in GATEWAY_CROSSINGS.items():
+        stated = [e for e in STATED if (e.importer, e.imported) == (importer, imported)]
+        assert stated, f"{importer} -> {imported} is no longer imported: drop it ({why})"
+        broken = [rule for rule, check in GATEWAY_RULES.items() if any(map(check, stated))]
+        assert broken, f"{importer} -> {imported} breaks no rule any more: drop it ({why})"
+
+
+def test_every_gateway_rule_names_existing_modules() -> None:
+    named = [*GATEWAY_CONTRACT, BATCHING, SETTINGS, *TRANSPORTS, *ASSEMBLY, TUNER_HOST]
+    gone = [module for module in named if module not in MODULES]
+    assert not gone, f"the gateway rules name modules that no longer exist: {gone}"
