@@ -1,11 +1,11 @@
 """Batching: a model version's queue and the instances that run its batches.
 
 - ``batcher``: the queue and its dispatch (put, wait for a batch, run, fan out), with the
-  deadline admission, the watchdog on a runtime call that does not return and the supervisor
-  of the dispatch loop;
-- ``arrivals``: the arrival rate the batch timeout is weighed against;
-- ``service_time``, ``answer_lag``: the recent batch service times and event-loop waits that
-  admission plans with;
-- ``instances``: the runtime instances of a model version, one per batch in flight, rebuilt
-  off the event loop when their threads change.
+  watchdog on a runtime call that does not return and the supervisor of the dispatch loop;
+- ``admission``: the refusals on arrival and when a batch starts, decided by the batching rule
+  (``models.batching_rule``: the arrival estimate, the recent batch service times) with
+  ``answer_lag``, the event-loop waits between a batch's end and its replies;
+- ``instances``: the runtime instances of a model version, one per batch in flight, built off
+  the event loop when their threads change, and the instances a reconfiguration retired kept
+  (parked) a while, so that switching back reuses them.
 """
