@@ -3,8 +3,8 @@
 - ``batcher``: the queue and its dispatch (put, wait for a batch, run, fan out), with the
   watchdog on a runtime call that does not return and the supervisor of the dispatch loop;
 - ``admission``: the refusals on arrival and when a batch starts, decided by the batching rule
-  (``models.batching_rule``: the arrival estimate, the recent batch service times) with
-  ``answer_lag``, the event-loop waits between a batch's end and its replies;
+  (``models.batching_rule``: the arrival estimate, the recent batch service times, the
+  event-loop waits between a batch's end and its replies);
 - ``instances``: the runtime instances of a model version, one per batch in flight, built off
   the event loop when their threads change, and the instances a reconfiguration retired kept
   (parked) a while, so that switching back reuses them.

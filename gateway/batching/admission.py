@@ -20,9 +20,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from gateway.batching.answer_lag import AnswerLag
 from gateway.errors import DeadlineUnmeetable, Overloaded
-from models.batching_rule import ServiceTimeEstimate, answered_by, completion_estimate
+from models.batching_rule import (
+    AnswerLag,
+    ServiceTimeEstimate,
+    answered_by,
+    completion_estimate,
+)
 from models.knobs import Knobs
 
 

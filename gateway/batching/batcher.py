@@ -29,7 +29,6 @@ from typing import Literal
 import numpy as np
 
 from gateway.batching.admission import Admission
-from gateway.batching.answer_lag import AnswerLag
 from gateway.batching.instances import Instance, InstancePool
 from gateway.errors import (
     BatchTimeout,
@@ -37,7 +36,7 @@ from gateway.errors import (
     GatewayError,
     InternalError,
 )
-from models.batching_rule import ArrivalEstimate, ServiceTimeEstimate
+from models.batching_rule import AnswerLag, ArrivalEstimate, ServiceTimeEstimate
 from models.knobs import Knobs
 
 log = logging.getLogger("gateway.batcher")

@@ -24,7 +24,6 @@ import aiomqtt
 import paho.mqtt.client as paho
 from paho.mqtt.properties import Properties
 
-from gateway.batching.answer_lag import AnswerLag
 from gateway.codecs import json_codec, oip
 from gateway.core import ServingCore
 from gateway.edge import Edge, Phase, error_document
@@ -43,6 +42,7 @@ from gateway.mqtt.session import BrokerAddress, BrokerSession
 from gateway.mqtt.wire import reply_properties, with_status
 from gateway.settings.schema import MqttSettings
 from gateway.types import InferenceRequest
+from models.batching_rule import AnswerLag
 
 log = logging.getLogger("gateway.mqtt")
 

@@ -254,11 +254,6 @@ GATEWAY_CROSSINGS: dict[tuple[str, str], str] = {
         "(check_pattern), so a typo fails at start, not at a device's first request; trust.py "
         "imports only gateway.errors and gateway/mqtt/__init__.py nothing, so no adapter loads"
     ),
-    ("gateway.mqtt.adapter", "gateway.batching.answer_lag"): (
-        "the MQTT reply leg is tracked with the batcher's high-percentile-of-recent-waits type "
-        "(AnswerLag) because admission plans with both; fix: move that type to the contract "
-        "(or models.batching_rule) and keep AnswerLag as batching's use of it"
-    ),
 }
 
 

@@ -14,10 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.batching.answer_lag import AnswerLag
 from gateway.errors import GatewayError
 from gateway.types import InferenceRequest
-from models.batching_rule import STALE_AFTER_S
+from models.batching_rule import STALE_AFTER_S, AnswerLag
 from models.runtime import Runtime
 from tests.gateway.gated_runtime import (  # noqa: F401 (*_fixture: pytest fixtures)
     MODEL,
