@@ -47,6 +47,7 @@ class GatewayMetrics:
         self._guards(self.registry)
         self._tuner(self.registry)
         self._transports(self.registry)
+        self._grpc(self.registry)
 
     def _requests(self, r: CollectorRegistry) -> None:
         self.requests = Counter(
@@ -230,6 +231,27 @@ class GatewayMetrics:
             registry=r,
         )
 
+    def _grpc(self, r: CollectorRegistry) -> None:
+        """The gRPC server (gateway.grpc; refusals are iotgw_error_replies_total with
+        transport="grpc")."""
+        self.grpc_listening = Gauge(
+            "iotgw_grpc_listening",
+            "1 while the gRPC server listens on address (host:port), with TLS when scheme is "
+            "grpcs.",
+            ["address", "scheme"],
+            registry=r,
+        )
+        self.grpc_in_flight = Gauge(
+            "iotgw_grpc_in_flight",
+            "gRPC requests taken and not yet answered (a ModelStreamInfer stream's one by one).",
+            registry=r,
+        )
+        self.grpc_streams = Gauge(
+            "iotgw_grpc_streams",
+            "ModelStreamInfer streams open.",
+            registry=r,
+        )
+
     def watch_mqtt(
         self,
         broker: str,
@@ -242,6 +264,21 @@ class GatewayMetrics:
         self.mqtt_connected.labels(broker).set_function(lambda: float(connected()))
         self.mqtt_in_flight.set_function(in_flight)
         self.mqtt_backlog.set_function(backlog)
+
+    def watch_grpc(
+        self,
+        address: str,
+        *,
+        tls: bool,
+        listening: Callable[[], bool],
+        in_flight: Callable[[], int],
+        streams: Callable[[], int],
+    ) -> None:
+        """Read the gRPC server's state when scraped, as ``watch_mqtt`` does the adapter's."""
+        scheme = "grpcs" if tls else "grpc"
+        self.grpc_listening.labels(address, scheme).set_function(lambda: float(listening()))
+        self.grpc_in_flight.set_function(in_flight)
+        self.grpc_streams.set_function(streams)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -108,6 +108,9 @@ class InferenceServicer:
         self._stream_limit = stream_max_in_flight
         # A context manager per request: the server's drain waits until none is open.
         self._in_flight = in_flight
+        # A stream holds its call open between requests, where no request is in flight: only
+        # this count shows a client that keeps one (iotgw_grpc_streams, the dashboard).
+        self.open_streams = 0
 
     # -- health and metadata ---------------------------------------------------------------
 
@@ -223,13 +226,17 @@ class InferenceServicer:
             finally:
                 slots.release()
 
-        async with asyncio.TaskGroup() as tasks:
-            while True:
-                await slots.acquire()
-                request = await context.read()
-                if request is grpc.aio.EOF:
-                    break
-                tasks.create_task(answer(request))
+        self.open_streams += 1
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                while True:
+                    await slots.acquire()
+                    request = await context.read()
+                    if request is grpc.aio.EOF:
+                        break
+                    tasks.create_task(answer(request))
+        finally:
+            self.open_streams -= 1
 
     async def _stream_reply(self, request: Any, context: Context) -> Any:
         try:

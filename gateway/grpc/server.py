@@ -167,6 +167,8 @@ class GrpcServer:
         self.port = settings.port
         self.in_flight = InFlight()
         self._http = http
+        self._metrics = service.metrics
+        self._listening = False
         limit = settings.max_message_bytes
         guarded = http.admin_token is not None or http.inference_token is not None
         self._server = grpc.aio.server(
@@ -190,6 +192,7 @@ class GrpcServer:
             stream_max_in_flight=settings.stream_max_in_flight,
             in_flight=self.in_flight,
         )
+        self._oip = oip
         handlers = oip_service.method_handlers(oip)
         extensions = {m: h for m, h in handlers.items() if m not in oip_service.KSERVE_METHODS}
         generic = [
@@ -224,6 +227,14 @@ class GrpcServer:
                 "--no-grpc)"
             ) from exc
         await self._server.start()
+        self._listening = True
+        self._metrics.watch_grpc(
+            f"{host}:{self.port}",
+            tls=self.tls,
+            listening=lambda: self._listening,
+            in_flight=lambda: self.in_flight.count,
+            streams=lambda: self._oip.open_streams,
+        )
         scheme = "grpcs" if self.tls else "grpc"
         log.info("gRPC listening on %s://%s:%d", scheme, self.host, self.port)
 
@@ -241,4 +252,5 @@ class GrpcServer:
 
     async def stop(self, grace_s: float) -> None:
         # Calls still open after ``grace_s`` (streams, health watches) are cancelled.
+        self._listening = False  # grpc serves no new call from here on
         await self._server.stop(grace_s)

@@ -106,6 +106,7 @@ def snapshot(
         "models": models,
         "totals": _totals(models, window_s),
         "mqtt": _mqtt(service, errors.get("mqtt", {})),
+        "grpc": _grpc(service, _requests(service).get("grpc", {}), errors.get("grpc", {})),
         "tuner": _tuner(tuning),
         "error_replies": errors,
     }
@@ -188,6 +189,38 @@ def _error_replies(service: InferenceService) -> dict[str, dict[str, int]]:
     for _, labels, value in _samples(service.metrics.error_replies):
         out[labels["transport"]][labels["reason"]] = int(value)
     return dict(out)
+
+
+def _requests(service: InferenceService) -> dict[str, dict[str, int]]:
+    """Requests so far, by transport and outcome, over every model."""
+    out: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for name, labels, value in _samples(service.metrics.requests):
+        if name.endswith("_total"):
+            out[labels["transport"]][labels["outcome"]] += int(value)
+    return {transport: dict(outcomes) for transport, outcomes in out.items()}
+
+
+def _grpc(
+    service: InferenceService, requests: dict[str, int], rejections: dict[str, int]
+) -> dict[str, Any] | None:
+    """None when the gateway serves no gRPC (its server labels ``iotgw_grpc_listening`` with
+    its address once it listens). ``requests`` and ``rejections`` count since the start, as
+    the MQTT block's do: the page derives the recent rate from two polls."""
+    m = service.metrics
+    servers = [(labels, value) for _, labels, value in _samples(m.grpc_listening)]
+    if not servers:
+        return None
+    labels, listening = servers[0]  # one server per gateway
+    return {
+        "address": labels["address"],
+        "tls": labels["scheme"] == "grpcs",
+        "listening": listening == 1.0,
+        "in_flight": int(_value(m.grpc_in_flight)),
+        "streams": int(_value(m.grpc_streams)),
+        "requests": sum(requests.values()),
+        "ok": requests.get("ok", 0),
+        "rejections": rejections,
+    }
 
 
 def _mqtt(service: InferenceService, rejections: dict[str, int]) -> dict[str, Any] | None:

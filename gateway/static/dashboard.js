@@ -10,6 +10,7 @@ const TOKEN_KEY = "iotgw.adminToken";
 const DASH = "\u2013"; // what the page shows where there is no value (an idle model's p95)
 
 const lastBatches = new Map(); // "model/version" -> {count, rows} at the previous poll
+let lastGrpc = null; // {requests, time} at the previous poll
 const tunerOpen = new Map(); // model -> open or folded, once the operator chose
 let showIdle = false; // the idle models' rows, folded until asked for
 let timer = null;
@@ -112,6 +113,7 @@ function render(doc) {
   renderErrors(doc.error_replies);
   renderModels(doc.models, doc.totals);
   renderMqtt(doc.mqtt);
+  renderGrpc(doc.grpc, gw.time);
   renderTuner(doc.tuner, doc.models);
 }
 
@@ -248,6 +250,37 @@ function renderMqtt(mqtt) {
       ["reconnects", mqtt.reconnects],
       ["duplicates", mqtt.duplicates],
       ["rejections", rejections.length ? rejections.join(", ") : "none"],
+    ]),
+  );
+}
+
+function recentGrpcRate(requests, time) {
+  // Requests/s since the previous poll, from the cumulative count the gateway reports.
+  const before = lastGrpc;
+  lastGrpc = { requests, time };
+  if (!before || time <= before.time || requests < before.requests) return null;
+  return (requests - before.requests) / (time - before.time);
+}
+
+function renderGrpc(grpc, time) {
+  const box = document.getElementById("grpc");
+  box.replaceChildren();
+  if (!grpc) {
+    lastGrpc = null;
+    box.append(el("p", { class: "muted", "data-field": "grpc-state" }, "gRPC is off on this gateway."));
+    return;
+  }
+  const rate = recentGrpcRate(grpc.requests, time);
+  const rejections = Object.entries(grpc.rejections).map(([reason, n]) => `${reason}: ${n}`);
+  box.append(
+    definitionList([
+      ["state", grpc.listening ? "listening" : "stopped", { class: grpc.listening ? "good" : "bad", "data-field": "grpc-state" }],
+      ["address", `${grpc.address} (${grpc.tls ? "TLS" : "plaintext"})`, { "data-field": "grpc-address" }],
+      ["requests/s", fmt(rate, 1), { "data-field": "grpc-rate" }],
+      ["requests", grpc.requests ? `${grpc.requests} (${grpc.ok} ok)` : DASH, { "data-field": "grpc-requests" }],
+      ["in flight", grpc.in_flight, { "data-field": "grpc-in-flight" }],
+      ["streams", grpc.streams, { "data-field": "grpc-streams" }],
+      ["rejections", rejections.length ? rejections.join(", ") : "none", { "data-field": "grpc-rejections" }],
     ]),
   );
 }

@@ -1,7 +1,8 @@
 """The live dashboard: its JSON document (what the page polls) follows the load, the page and its
-assets come from the package, the admin token guards the data, and the MQTT state it shows
-(connected, in flight, reconnects, duplicates) is the adapter's. The page itself is driven in a
-real headless Chromium in ``test_dashboard_browser.py``."""
+assets come from the package, the admin token guards the data, the MQTT state it shows
+(connected, in flight, reconnects, duplicates) is the adapter's, and the gRPC block says where
+gRPC listens and counts what real gRPC clients sent. The page itself is driven in a real
+headless Chromium in ``test_dashboard_browser.py``."""
 
 from __future__ import annotations
 
@@ -13,14 +14,25 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import grpc
 import numpy as np
 import pytest
 import pytest_asyncio
+import tritonclient.grpc.aio as triton_aio
+from tritonclient.grpc import service_pb2
+from tritonclient.utils import InferenceServerException
 
 from gateway.main import Gateway
 from gateway.settings.schema import GatewaySettings
 from tests.brokers import free_port, mosquitto
-from tests.gateway.helpers import base_url, infer_binary, make_repo, random_inputs, running_gateway
+from tests.gateway.helpers import (
+    GENEROUS_TIMEOUT_US,
+    base_url,
+    infer_binary,
+    make_repo,
+    random_inputs,
+    running_gateway,
+)
 from tests.gateway.mqtt_client import device, json_payload
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -102,6 +114,92 @@ async def _follows_the_load(gateway: Gateway, url: str, http: aiohttp.ClientSess
     assert batches["count"] > mlp["batches"]["count"]
     assert batches["rows"] - mlp["batches"]["rows"] == 48
     assert batches["buckets"][-1] == [None, batches["count"]]  # +Inf holds every batch
+
+
+async def test_grpc_block_shows_where_it_listens_and_what_it_served(
+    demo_repo: Path, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    # A gateway of its own: the counts are since its start.
+    repo = make_repo(tmp_path / "repo", demo_repo, {"sensor_mlp": None})
+    async with running_gateway(repo, tmp_path / "cache") as gw:
+        assert gw.grpc is not None
+        url, target = base_url(gw), f"127.0.0.1:{gw.grpc.port}"
+        idle = (await _document(http, url))["grpc"]
+        assert idle == {
+            "address": target,
+            "tls": False,
+            "listening": True,
+            "in_flight": 0,
+            "streams": 0,
+            "requests": 0,
+            "ok": 0,
+            "rejections": {},
+        }
+        x = np.random.default_rng(2).standard_normal((1, 32)).astype(np.float32)
+        async with triton_aio.InferenceServerClient(target) as client:
+            for _ in range(3):
+                await client.infer("sensor_mlp", _grpc_inputs(x), timeout=GENEROUS_TIMEOUT_US)
+            with pytest.raises(InferenceServerException, match="shape"):
+                await client.infer(
+                    "sensor_mlp", _grpc_inputs(x[:, :31]), timeout=GENEROUS_TIMEOUT_US
+                )
+        served = (await _document(http, url))["grpc"]
+        # The refused request reached the service (a wrong shape), so it is a request too.
+        assert (served["requests"], served["ok"], served["in_flight"]) == (4, 3, 0)
+        assert served["rejections"] == {"bad_request": 1}
+        assert (await _document(http, url))["error_replies"]["grpc"] == {"bad_request": 1}
+        await _stream_counted(http, url, target, x)
+
+
+def _grpc_inputs(x: np.ndarray) -> list[triton_aio.InferInput]:
+    tensor = triton_aio.InferInput("features", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    return [tensor]
+
+
+async def _stream_counted(
+    http: aiohttp.ClientSession, url: str, target: str, x: np.ndarray
+) -> None:
+    """An open ModelStreamInfer stream is shown while it stays open between its requests."""
+    request = service_pb2.ModelInferRequest(model_name="sensor_mlp", id="s1")
+    request.inputs.add(name="features", datatype="FP32", shape=list(x.shape))
+    request.raw_input_contents.append(x.tobytes())
+    request.parameters["timeout"].int64_param = GENEROUS_TIMEOUT_US
+    async with grpc.aio.insecure_channel(target) as channel:
+        open_stream: Any = channel.stream_stream(
+            "/inference.GRPCInferenceService/ModelStreamInfer",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=service_pb2.ModelStreamInferResponse.FromString,
+        )
+        call = open_stream()
+        await call.write(request)
+        reply = await call.read()
+        assert reply.error_message == "" and reply.infer_response.id == "s1"
+        shown = (await _document(http, url))["grpc"]
+        assert (shown["streams"], shown["in_flight"], shown["ok"]) == (1, 0, 4)
+        await call.done_writing()
+        assert await call.read() is grpc.aio.EOF
+
+    async def closed() -> bool:
+        return bool((await _document(http, url))["grpc"]["streams"] == 0)
+
+    await _until(closed, "the stream shown closed once its client ended it")
+
+
+async def test_no_grpc_block_with_grpc_off(
+    demo_repo: Path, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    repo = make_repo(tmp_path / "repo", demo_repo, {"sensor_mlp": None})
+    settings = GatewaySettings.load(
+        http={"port": 0, "host": "127.0.0.1"},
+        serving={"model_repo": repo, "cache_dir": tmp_path / "cache"},
+        mqtt={"enabled": False},
+        grpc={"enabled": False},
+    )
+    async with Gateway(settings) as gw:
+        await gw.wait_loaded()
+        assert gw.grpc is None
+        assert (await _document(http, base_url(gw)))["grpc"] is None
 
 
 async def test_page_and_assets_come_from_the_package(url: str, http: aiohttp.ClientSession) -> None:

@@ -1,10 +1,11 @@
 """The dashboard page in a real headless Chromium (Debian's ``chromium`` and ``chromium-driver``,
-driven by Selenium) against a real gateway on 127.0.0.1 with an admin token, a real Mosquitto
-and the online tuner: the page asks for the token, lists the served models, its numbers move
-under load, busy models come first with a totals row, idle ones fold, the error replies head
-the page, the trend is drawn from the gateway's history at once, and a screenshot is left as
-an artifact. The browser is required, not optional: the
-test command installs it, and without it this test fails saying so."""
+driven by Selenium) against a real gateway on 127.0.0.1 with an admin token, a real Mosquitto,
+gRPC and the online tuner: the page asks for the token, lists the served models, its numbers
+move under load, busy models come first with a totals row, idle ones fold, the error replies
+head the page, the trend is drawn from the gateway's history at once, the gRPC block says where
+it listens and counts gRPC requests, and a screenshot is left as an artifact. The browser is
+required, not optional: the test command installs it, and without it this test fails saying
+so."""
 
 from __future__ import annotations
 
@@ -18,11 +19,18 @@ from typing import Any, TypeVar
 import aiohttp
 import numpy as np
 import pytest
+import tritonclient.grpc.aio as triton_aio
 
 from gateway.main import Gateway
 from gateway.settings.schema import GatewaySettings
 from tests.brokers import mosquitto
-from tests.gateway.helpers import base_url, infer_binary, make_repo, random_inputs
+from tests.gateway.helpers import (
+    GENEROUS_TIMEOUT_US,
+    base_url,
+    infer_binary,
+    make_repo,
+    random_inputs,
+)
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]
 
@@ -148,6 +156,24 @@ async def _load(gw: Gateway, stop: asyncio.Event, sent: list[int]) -> None:
         await asyncio.gather(*(client() for _ in range(4)))
 
 
+async def _grpc_block(driver: Any, gw: Gateway) -> None:
+    """Beside the MQTT block: where gRPC listens, a dash for its requests until it has some,
+    then their count."""
+    assert gw.grpc is not None
+    target = f"127.0.0.1:{gw.grpc.port}"
+    assert _text(driver, '#grpc [data-field="grpc-state"]') == "listening"
+    assert _text(driver, '#grpc [data-field="grpc-address"]') == f"{target} (plaintext)"
+    requests = '#grpc [data-field="grpc-requests"]'
+    assert _text(driver, requests) == DASH  # only HTTP so far
+    x = np.random.default_rng(3).standard_normal((1, 32)).astype(np.float32)
+    async with triton_aio.InferenceServerClient(target) as client:
+        for _ in range(2):
+            tensor = triton_aio.InferInput("features", list(x.shape), "FP32")
+            tensor.set_data_from_numpy(x)
+            await client.infer("sensor_mlp", [tensor], timeout=GENEROUS_TIMEOUT_US)
+    await _wait(driver, lambda d: _text(d, requests) == "2 (2 ok)", "two gRPC requests counted")
+
+
 async def test_dashboard_in_a_real_browser(demo_repo: Path, tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
 
@@ -234,6 +260,7 @@ async def test_dashboard_in_a_real_browser(demo_repo: Path, tmp_path: Path) -> N
             assert len(heights) == 60 and min(heights) < 23  # not a flat, empty line
             mqtt_state = _text(driver, '#mqtt [data-field="mqtt-state"]')
             assert mqtt_state == "connected"
+            await _grpc_block(driver, gw)
             assert sent[0] > 0
             shot = tmp_path / "dashboard.png"
             assert await asyncio.to_thread(driver.save_screenshot, str(shot))
