@@ -439,6 +439,20 @@ def test_a_full_queue_that_refuses_is_not_a_closed_loop() -> None:
     assert not overloaded.closed  # one refusal starts the readings over
 
 
+def test_a_closed_loop_stays_read_through_refusals_within_its_population() -> None:
+    """32 clients, a few of their requests refused for their deadline: they send again, and
+    the loop is still 32 clients; a tick with more inside than that is not this loop."""
+    loop = LoadKind()
+    for _ in range(16):
+        loop.observe(32)
+    assert loop.closed and loop.population == 32
+    loop.observe(32, refused=5)
+    loop.observe(30, refused=2)
+    assert loop.closed and loop.population == 32
+    loop.observe(40, refused=1)
+    assert not loop.closed
+
+
 def test_an_incumbent_violating_three_windows_running_goes_back_to_one_measured_within() -> None:
     policy = calibrated_policy()  # three windows of INCUMBENT within the SLO
     worse = Knobs(32, 8.0, 1, 1, 1)
