@@ -255,7 +255,8 @@ class InstancePool:
         # parked by ``release`` when their batch ends.
         async with self._available:
             victims: list[Instance] = []
-            for inst in list(self._idle)[-n:]:
+            # The newest ``n`` idle ones (none for n <= 0: a [-0:] slice would take them all).
+            for inst in list(self._idle)[-n:] if n > 0 else []:
                 victims.append(inst)
             for inst in reversed(self._active):
                 if len(victims) == n:

@@ -163,6 +163,14 @@ async def test_growing_back_after_a_shrink_builds_nothing(make_pool: PoolMaker) 
     assert factory.closed == []
 
 
+async def test_a_shrink_by_none_takes_no_instance(make_pool: PoolMaker) -> None:
+    factory = Factory()
+    pool = make_pool(factory)
+    await pool.start(2, A)
+    await pool._shrink(0)  # a slice of the last 0 idle ones would have been all of them
+    assert (pool.size, pool.parked) == (2, 0)
+
+
 async def test_a_busy_instance_parks_when_its_batch_ends(make_pool: PoolMaker) -> None:
     factory = Factory()
     pool = make_pool(factory)
