@@ -70,8 +70,25 @@ def _gone(pid: int, within_s: float) -> bool:
         time.sleep(0.02)
 
 
+def _armed(pid: int, within_s: float) -> bool:
+    """Whether the child runs ``sleep`` by now: the death signal is set (by ``setpriv``, or by
+    the fallback's hook) before that exec, so a parent killed earlier, on a busy machine in
+    the microseconds after it printed the pid, would leave a child that was never told."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "sleep":
+                return True
+        except FileNotFoundError:
+            return False
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+
+
 def _kill_parent_and_expect_the_child_gone(parent: subprocess.Popen[str], child: int) -> None:
     try:
+        assert _armed(child, within_s=10), "the child never got to exec its command"
         parent.send_signal(signal.SIGKILL)
         parent.wait(10)
         assert _gone(child, within_s=10), "the child outlived its SIGKILLed parent"
