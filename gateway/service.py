@@ -173,19 +173,19 @@ class InferenceService:
 
     async def set_knobs(self, model: str, version: int | str | None, knobs: Knobs) -> Knobs:
         """Set all five knobs of a ready version; returns once they are in effect."""
-        host = self.registry.host(model, version)
-        if not host.ready:
-            raise ModelUnavailable(f"model {model} version {host.version} is not ready")
-        return await host.set_knobs(knobs)
+        return await self._ready_host(model, version).set_knobs(knobs)
 
     async def change_knobs(
         self, model: str, version: int | str | None, changes: Mapping[str, object]
     ) -> Knobs:
         """Change some knobs by wire name (the admin API's body); the others stay."""
+        return await self._ready_host(model, version).change_knobs(changes)
+
+    def _ready_host(self, model: str, version: int | str | None) -> ModelHost:
         host = self.registry.host(model, version)
         if not host.ready:
             raise ModelUnavailable(f"model {model} version {host.version} is not ready")
-        return await host.change_knobs(changes)
+        return host
 
     def stats(
         self, model: str, version: int | str | None = None, window_s: float = 10.0

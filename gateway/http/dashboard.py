@@ -106,7 +106,7 @@ def snapshot(
         "models": models,
         "totals": _totals(models, window_s),
         "mqtt": _mqtt(service, errors.get("mqtt", {})),
-        "grpc": _grpc(service, _requests(service).get("grpc", {}), errors.get("grpc", {})),
+        "grpc": _grpc(service, _requests(service, "grpc"), errors.get("grpc", {})),
         "tuner": _tuner(tuning),
         "error_replies": errors,
     }
@@ -191,13 +191,13 @@ def _error_replies(service: InferenceService) -> dict[str, dict[str, int]]:
     return dict(out)
 
 
-def _requests(service: InferenceService) -> dict[str, dict[str, int]]:
-    """Requests so far, by transport and outcome, over every model."""
-    out: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+def _requests(service: InferenceService, transport: str) -> dict[str, int]:
+    """Requests over ``transport`` so far, by outcome, over every model."""
+    out: dict[str, int] = defaultdict(int)
     for name, labels, value in _samples(service.metrics.requests):
-        if name.endswith("_total"):
-            out[labels["transport"]][labels["outcome"]] += int(value)
-    return {transport: dict(outcomes) for transport, outcomes in out.items()}
+        if name.endswith("_total") and labels["transport"] == transport:
+            out[labels["outcome"]] += int(value)
+    return dict(out)
 
 
 def _grpc(

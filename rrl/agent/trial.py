@@ -155,7 +155,8 @@ class Trial:
         cand, inc, common = self._compare(ours, theirs, norm)
         margin = self.margin_for(len(ours), len(theirs))
         tie = self.keep_on_tie and cand <= inc
-        accepted = (tie or cand < inc * (1 - margin)) and not self._behind_beside(ours, norm, tie)
+        behind = self._behind_beside(ours, norm, tie, common)
+        accepted = (tie or cand < inc * (1 - margin)) and not behind
         step = 2 if self.interleave else 1
         if not accepted and cand < inc and len(self.schedule()) + step <= self.max_windows:
             self.rounds += 1  # ahead, not yet by the margin: measure longer
@@ -173,15 +174,17 @@ class Trial:
             margin,
         )
 
-    def _behind_beside(self, ours: list[Window], norm: Normalise, tie: bool) -> bool:
+    def _behind_beside(self, ours: list[Window], norm: Normalise, tie: bool, common: float) -> bool:
         """Whether the candidate is no faster (slower, for a tie) than the incumbent measured
         beside it, in the trial's own windows: then a lead over the incumbent's side came from
         the baseline's window, read before the trial, and a machine that was slower then (or
-        faster now) is no gain; the trial measures another round, or keeps the incumbent."""
+        faster now) is no gain; the trial measures another round, or keeps the incumbent.
+        Read at the trial's ``common`` rate, whose normalisations the verdict already asked
+        the model for (another rate would simulate them all again)."""
         beside = [w for w in self.windows if w.config == self.incumbent]
         if not self.interleave or not beside:
             return False
-        cand, inc, _ = self._compare(ours, beside, norm)
+        cand, inc = _centre(ours, norm, common), _centre(beside, norm, common)
         return cand > inc if tie else cand >= inc
 
     def _before(self) -> list[Window]:
@@ -210,11 +213,12 @@ class Trial:
     ) -> tuple[float, float, float]:
         everything = ours + theirs
         common = sum(w.rate_per_s for w in everything) / len(everything)
+        return _centre(ours, norm, common), _centre(theirs, norm, common), common
 
-        def centre(ws: list[Window]) -> float:
-            return statistics.median(norm(w.config, w.objective, w.rate_per_s, common) for w in ws)
 
-        return centre(ours), centre(theirs), common
+def _centre(windows: list[Window], norm: Normalise, common: float) -> float:
+    """The median of ``windows``' objectives, each expressed at the ``common`` rate."""
+    return statistics.median(norm(w.config, w.objective, w.rate_per_s, common) for w in windows)
 
 
 MAD_TO_SD = 1.4826
