@@ -9,6 +9,9 @@ rule's own objects (``models.batching_rule``: the arrival estimate, the pace est
 two refusals), fed as the events happen on the simulated clock, so a simulation refuses whom the
 batcher refuses and forms the batches it forms (``tests/conformance`` holds the two together).
 
+The profiling harness (``rrl.offline.harness``) runs the same loop on the wall clock, its
+batches run by real sessions: only ``_advance`` and ``_start`` differ.
+
 What it adds to the batcher, for predictions: batch times drawn from measured samples, a front
 end that delays each request ``per_request_s`` before it reaches the queue, and ``serial``, the
 gateway's one event loop, which forms one batch at a time and is held ``per_batch_s`` plus
@@ -89,22 +92,35 @@ class BatcherSim:
                 self._take()
                 continue
             next_arrival = ready[i] if i < len(ready) else math.inf
-            next_done = self.running[0][0] if self.running else math.inf
             timer = math.inf
             if self.collecting:
                 timer = self.leave_at if self.leave_at < math.inf else fill_deadline
-            self.now = min(next_arrival, next_done, timer)
+            if self._advance(min(next_arrival, timer)):
+                continue  # a batch finished
             if self.now == math.inf:
                 return self.latencies
-            if next_done == self.now:
-                self._finish()
-            elif next_arrival == self.now:
-                self._admit(i)
-                i += 1
+            if next_arrival <= self.now:
+                # Everyone due is queued before the loop decides, as requests that reach the
+                # gateway in one turn of its event loop are queued before the batcher wakes.
+                while i < len(ready) and ready[i] <= self.now:
+                    self._admit(i)
+                    i += 1
                 if self.collecting and self.leave_at == math.inf:
                     self._decide(fill_deadline)  # an arrival wakes the waiting loop
             elif self.leave_at == math.inf:
                 self._decide(fill_deadline)  # the batch timeout ran out
+
+    def _advance(self, until: float) -> bool:
+        """Move the clock to the next event no later than ``until``: a running batch's end (then
+        finish it and return True), else ``until`` itself. Simulated here; the profiling harness
+        (``rrl.offline.harness``) waits on the wall clock for its runtime calls instead."""
+        if self.running and self.running[0][0] <= until:
+            self.now = self.running[0][0]
+            _, _, seconds, batch = heapq.heappop(self.running)
+            self._finished(batch, seconds)
+            return True
+        self.now = until
+        return False
 
     def _decide(self, fill_deadline: float) -> None:
         """Whether the batch being collected leaves now: full, its timeout run out, or no other
@@ -163,6 +179,10 @@ class BatcherSim:
         if not batch:
             self.idle += 1
             return
+        self._start(batch)
+
+    def _start(self, batch: list[int]) -> None:
+        """Run a batch: its time drawn, its requests' latencies known from that."""
         rows = len(batch)
         seconds = self.times.draw(rows)
         self.batches.append((self.now, rows))
@@ -176,9 +196,8 @@ class BatcherSim:
         self._seq += 1
         heapq.heappush(self.running, (done, self._seq, seconds, batch))
 
-    def _finish(self) -> None:
+    def _finished(self, batch: list[int], seconds: float) -> None:
         """A batch is answered: its instance is free, its pace is learned, its requests leave."""
-        _, _, seconds, batch = heapq.heappop(self.running)
         self.idle += 1
         self.pace.observe(len(batch), seconds)
         for _ in batch:

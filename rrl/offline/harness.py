@@ -1,18 +1,23 @@
-"""A batcher-like open-loop serving harness around real runtime sessions, for profiling.
+"""An open-loop serving harness around real runtime sessions, for profiling: the gateway's
+batching rule on the wall clock.
 
-It serves one model the way the gateway's batcher does, minus the transport: ``concurrency``
-runtime instances (one worker thread each, as the gateway runs one batch per instance on its
-executor); a dispatcher that takes an idle instance, waits at most ``batch_timeout`` from the
-oldest waiting request's arrival for ``max_batch_size`` rows, drops requests whose deadline (the
-SLO) has passed when the batch is taken, and hands the batch over. Arrivals are a Poisson process
-scheduled in advance (open loop), so a slow configuration builds a queue instead of slowing the
-clients down, and latency is measured from each request's *scheduled* arrival, which leaves no
-room for coordinated omission.
+It serves one model as the gateway's batcher does, minus the transport: ``concurrency`` runtime
+instances (one worker thread each, as the gateway runs one batch per instance on its executor),
+and a dispatcher that decides with the batcher's own rule, ``rrl.offline.batcher_sim.BatcherSim``
+(held to the gateway's ``Batcher`` by ``tests/conformance``): it takes an idle instance, waits
+for a full batch until the oldest request has waited the batch timeout or no other request is
+expected in time, refuses on arrival a request that even the fastest recent pace cannot answer
+in time, and at a batch's start those it would answer late. Only its clock differs: the
+dispatcher waits on the wall clock and on the instances' runtime calls instead of drawing batch
+times. Arrivals are a Poisson process scheduled in advance (open loop), so a slow configuration
+builds a queue instead of slowing the clients down, and latency is measured from each request's
+*scheduled* arrival, which leaves no room for coordinated omission.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import queue
 import threading
 import time
@@ -21,7 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from models.knobs import Knobs
 from models.runtime import Runtime
+from rrl.offline.batcher_sim import BatcherSim, BatchTimes
 
 _STOP = None
 
@@ -43,16 +50,29 @@ class WindowResult:
     mean_batch_rows: float
 
 
+@dataclass(frozen=True, slots=True)
+class _Job:
+    seq: int
+    requests: np.ndarray  # indices into the trace
+
+
+@dataclass(frozen=True, slots=True)
+class _Done:
+    seq: int
+    instance: int
+    seconds: float  # the runtime call's own duration, as the batcher times it
+
+
 class ServingHarness:
     """Owns the instances' worker threads; ``run`` serves one scheduled arrival sequence."""
 
     def __init__(self, runtimes: Sequence[Runtime], inputs: Mapping[str, np.ndarray]) -> None:
         self._runtimes = list(runtimes)
         self._inputs = dict(inputs)  # at least max_batch_size rows of every input
-        self._jobs: list[queue.SimpleQueue[tuple[int, int] | None]] = [
+        self._jobs: list[queue.SimpleQueue[_Job | None]] = [
             queue.SimpleQueue() for _ in self._runtimes
         ]
-        self._idle: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._returned: queue.SimpleQueue[_Done] = queue.SimpleQueue()
         self._done = np.zeros(0)
         self._batch_rows: list[int] = []
         self._rows_per_request = 1
@@ -63,9 +83,8 @@ class ServingHarness:
             threading.Thread(target=self._work, args=(i,), name=f"instance-{i}", daemon=True)
             for i in range(len(self._runtimes))
         ]
-        for i, t in enumerate(self._threads):
+        for t in self._threads:
             t.start()
-            self._idle.put(i)
 
     def close(self) -> None:
         for q in self._jobs:
@@ -77,15 +96,16 @@ class ServingHarness:
         runtime = self._runtimes[index]
         jobs = self._jobs[index]
         while (job := jobs.get()) is not _STOP:
-            first, end = job
-            rows = (end - first) * self._rows_per_request
+            rows = len(job.requests) * self._rows_per_request
+            began = time.perf_counter()
             try:
                 runtime.infer({name: arr[:rows] for name, arr in self._inputs.items()})
             except BaseException as exc:  # surfaced by run(); the instance stays usable
                 self._error = exc
-            self._done[first:end] = time.perf_counter()
+            ended = time.perf_counter()
+            self._done[job.requests] = ended
             self._batch_rows.append(rows)
-            self._idle.put(index)
+            self._returned.put(_Done(job.seq, index, ended - began))
 
     def run(
         self,
@@ -99,39 +119,32 @@ class ServingHarness:
     ) -> list[WindowResult]:
         """Serve requests arriving at ``arrivals_s`` (seconds from the start, sorted) and report
         the windows between consecutive ``window_edges_s`` (requests before the first edge are
-        warm-up). Returns once every request is answered or dropped."""
+        warm-up). A batch holds at most ``max_batch_size`` rows, so
+        ``max_batch_size // rows_per_request`` requests (the rule counts requests). Returns once
+        every request is answered or refused."""
         n = len(arrivals_s)
         self._done = np.full(n, np.nan)
         self._batch_rows = []
         self._rows_per_request = rows_per_request
         self._error = None
-        per_batch = max(1, max_batch_size // rows_per_request)  # requests per batch
-        rejected = np.zeros(n, dtype=bool)
         start = time.perf_counter() + 0.005
-        arrive = start + arrivals_s
+        knobs = Knobs(
+            max_batch_size=max(1, max_batch_size // rows_per_request),
+            batch_timeout_ms=batch_timeout_s * 1000.0,
+            concurrency=len(self._runtimes),
+            intra_op_threads=1,  # the rule reads neither thread count
+            inter_op_threads=1,
+        )
         cpu_marks = _CpuSampler(start + np.asarray(window_edges_s))
         cpu_marks.start()
-        nxt = 0
-        while nxt < n:
-            worker = self._idle.get()  # an idle instance first, as the gateway's batcher does
-            _sleep_until(arrive[nxt])
-            _sleep_until(min(arrive[nxt] + batch_timeout_s, _at(arrive, nxt + per_batch - 1)))
-            now = time.perf_counter()
-            expired = int(np.searchsorted(arrive, now - slo_s, side="right"))
-            if expired > nxt:  # their deadline passed while they waited: refused, not served
-                rejected[nxt:expired] = True
-                nxt = expired
-            end = min(int(np.searchsorted(arrive, now, side="right")), nxt + per_batch, n)
-            if end <= nxt:
-                self._idle.put(worker)
-                continue
-            self._jobs[worker].put((nxt, end))
-            nxt = end
-        self._wait_idle()
+        dispatch = _WallClockDispatch(knobs, slo_s, start, self._jobs, self._returned)
+        dispatch.run(arrivals_s.tolist())
         cpu_marks.join()
         if self._error is not None:
             raise self._error
+        arrive = start + arrivals_s
         latency_ms = (self._done - arrive) * 1000.0
+        rejected = np.isnan(self._done)
         self.window_latencies = [
             np.sort(latency_ms[(arrivals_s >= lo) & (arrivals_s < hi) & ~rejected])
             for lo, hi in itertools.pairwise(window_edges_s)
@@ -146,12 +159,65 @@ class ServingHarness:
             float(np.mean(self._batch_rows)) if self._batch_rows else 0.0,
         )
 
-    def _wait_idle(self) -> None:
-        """Until every instance is idle again (each one's token back in the idle queue)."""
-        for _ in self._runtimes:
-            self._idle.get()
-        for i in range(len(self._runtimes)):
-            self._idle.put(i)
+
+def _no_draw(rows: int) -> float:
+    raise AssertionError("the wall-clock dispatch runs its batches, it draws no times")
+
+
+class _WallClockDispatch(BatcherSim):
+    """``BatcherSim``'s decisions, its clock the wall clock (seconds since ``start``), its
+    batches run by the harness's instances: a batch goes to an idle instance's queue, and the
+    dispatcher waits for a runtime call to return or for its next arrival or timer, whichever
+    comes first."""
+
+    def __init__(
+        self,
+        config: Knobs,
+        slo_s: float,
+        start: float,
+        jobs: Sequence[queue.SimpleQueue[_Job | None]],
+        returned: queue.SimpleQueue[_Done],
+    ) -> None:
+        super().__init__(config, BatchTimes(_no_draw), slo_s=slo_s)
+        self._origin = start
+        self._jobs = jobs
+        self._returned = returned
+        self._idle_instances = list(range(len(jobs)))
+        self._in_flight: dict[int, list[int]] = {}
+
+    def _elapsed(self) -> float:
+        return time.perf_counter() - self._origin
+
+    def _start(self, batch: list[int]) -> None:
+        self._seq += 1
+        self.batches.append((self.now, len(batch)))
+        self._in_flight[self._seq] = batch
+        # The rule counts running batches by this heap; their ends are unknown until they come.
+        self.running.append((math.inf, self._seq, 0.0, batch))
+        instance = self._idle_instances.pop()
+        self._jobs[instance].put(_Job(self._seq, np.asarray(batch, dtype=np.intp)))
+
+    def _advance(self, until: float) -> bool:
+        if until == math.inf and not self.running:
+            self.now = math.inf  # nothing left to arrive, wait for or run
+            return False
+        try:
+            wait = until - self._elapsed()
+            if until == math.inf:
+                done = self._returned.get()
+            elif wait > 0:
+                done = self._returned.get(timeout=wait)
+            else:
+                done = self._returned.get_nowait()
+        except queue.Empty:
+            self.now = max(until, self._elapsed())
+            return False
+        self.now = self._elapsed()
+        batch = self._in_flight.pop(done.seq)
+        self.running = [entry for entry in self.running if entry[1] != done.seq]
+        self._idle_instances.append(done.instance)
+        self._finished(batch, done.seconds)
+        return True
 
 
 class _CpuSampler(threading.Thread):

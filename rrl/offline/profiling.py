@@ -4,12 +4,12 @@ loads, and write the profile table the offline testbed replays.
 For each bundled model (``models.demo``), each (concurrency, intra-op, inter-op threads) group gets
 its own real sessions (``models.backends.load_runtime``), warmed at every batch size of the grid;
 then every (max batch size, batch timeout, offered load) cell of the group is served by the
-batcher-like open-loop harness (``rrl.offline.harness``): a warm-up, then ``windows`` measurement
-windows, each long enough for ``min_requests`` arrivals. The whole grid is measured ``passes``
-times, groups and cells in a new random order each time, so that the windows of one cell come
-from moments far apart: on a shared machine a burst of other work then hits one pass of a cell
-instead of all of it, and does not line up with neighbouring configurations either. A window's
-figures (p50/p95/p99/mean latency, throughput, violations, CPU) are one sample of a short
+open-loop harness (``rrl.offline.harness``, the batcher's rule on the wall clock): a warm-up, then
+``windows`` measurement windows, each long enough for ``min_requests`` arrivals. The whole grid is
+measured ``passes`` times, groups and cells in a new random order each time, so that the windows of
+one cell come from moments far apart: on a shared machine a burst of other work then hits one pass
+of a cell instead of all of it, and does not line up with neighbouring configurations either. A
+window's figures (p50/p95/p99/mean latency, throughput, violations, CPU) are one sample of a short
 interval; the spread over a cell's windows is the measured noise.
 
 Grids (the documented subsets):
@@ -329,8 +329,9 @@ def _new_document(
         "created": now_iso(),
         "machine": machine_info(),
         "timing": asdict(timing),
-        "harness": "rrl.offline.harness.ServingHarness: open-loop Poisson arrivals, batcher-like "
-        "dispatch, one thread per runtime instance, deadline = SLO",
+        "harness": "rrl.offline.harness.ServingHarness: open-loop Poisson arrivals, the batcher's "
+        "rule (rrl.offline.batcher_sim) on the wall clock, one thread per runtime instance, "
+        "deadline = SLO",
         "space": space.describe(),
         "loads": [
             {"rate_per_s": r, "rows_per_request": plan.rows_per_request} for r in plan.rates_per_s

@@ -1,16 +1,24 @@
-"""The profiling harness batches like the gateway's batcher: full batches when requests wait, the
-timeout bounds the wait for a batch to fill, requests past their deadline are dropped, and every
-request is accounted for in its window. A scripted runtime records the batches it is given."""
+"""The profiling harness batches as the gateway's batcher does: it decides with the simulated
+batcher's rule (held to the batcher itself by ``tests/conformance``) on the wall clock, so it
+forms the batches and refuses the requests that simulation does; full batches when requests
+wait, the timeout bounds the wait for a batch to fill, requests that cannot be answered in time
+are refused, and every request is accounted for in its window. A scripted runtime records the
+batches it is given."""
 
 from __future__ import annotations
 
+import functools
+import math
 import threading
 import time
 from collections.abc import Mapping
 
 import numpy as np
+import pytest
 
+from models.knobs import Knobs
 from models.runtime import ModelMetadata, TensorSpec, Threads
+from rrl.offline.batcher_sim import BatcherSim, BatchTimes
 from rrl.offline.harness import ServingHarness, WindowResult, poisson_arrivals
 
 
@@ -58,6 +66,36 @@ def _serve(runtimes: list[Recorder], arrivals: np.ndarray, **kwargs: float) -> l
         harness.close()
 
 
+# One instance, no batch timeout, a 50 ms runtime call: the first request runs alone, the three
+# that came while it ran leave together, then the four after them. With a 120 ms deadline the
+# rule refuses the three (a batch of 3 rows, learned from one of 1, may take far longer) and two
+# arrivals that even the fastest pace would answer late.
+def _constant(seconds: float, rows: int) -> float:
+    return seconds
+
+
+TRACE = [0.0, 0.010, 0.020, 0.030, 0.065, 0.070, 0.075, 0.080, 0.30, 0.31, 0.45]
+
+
+@pytest.mark.parametrize("slo_s", [5.0, 0.12])
+def test_the_harness_decides_as_the_simulated_batcher_does(slo_s: float) -> None:
+    knobs = Knobs(max_batch_size=8, batch_timeout_ms=0.0, concurrency=1)
+    outcomes = set()
+    for seconds in (0.045, 0.05, 0.055, 0.06):  # the call's time, give or take a busy machine
+        sim = BatcherSim(knobs, BatchTimes(functools.partial(_constant, seconds)), slo_s=slo_s)
+        latencies = sim.run(TRACE)
+        rows = tuple(r for _, r in sim.batches)
+        outcomes.add((rows, sum(1 for x in latencies if x == math.inf)))
+    # One outcome for every call time: no decision of this trace sits near a threshold.
+    ((batches, refused),) = outcomes
+    rt = Recorder(0.05)
+    (w,) = _serve([rt], np.array(TRACE), max_batch_size=8, batch_timeout_s=0.0, slo_s=slo_s)
+    assert tuple(rt.batches) == batches
+    assert (w.completed, w.rejected) == (len(TRACE) - refused, refused)
+    if slo_s == 5.0:
+        assert batches == (1, 3, 4, 1, 1, 1)
+
+
 def test_waiting_requests_leave_in_full_batches() -> None:
     rt = Recorder(0.02)
     (w,) = _serve([rt], np.zeros(8), max_batch_size=4, batch_timeout_s=0.0, slo_s=5.0)
@@ -79,7 +117,7 @@ def test_the_timeout_bounds_the_wait_for_a_batch_to_fill() -> None:
     assert rt.batches == [1] * 12  # no timeout: nobody waits for company
 
 
-def test_requests_past_their_deadline_are_dropped_not_served() -> None:
+def test_requests_past_their_deadline_are_refused_not_served() -> None:
     rt = Recorder(0.4)  # the deadline passes 350 ms before the first batch is done
     (w,) = _serve([rt], np.zeros(4), max_batch_size=1, batch_timeout_s=0.0, slo_s=0.05)
     assert rt.batches == [1]  # the others expired while the first one computed
