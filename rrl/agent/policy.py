@@ -355,6 +355,8 @@ class Policy:
             if not self.memory.was_rejected(key, c)
             and not (budget is not None and not budget.fits(self.model, c))
         ]
+        if closed:
+            pool = self._unlike_in_loop(pool, key)
         if not pool:
             return None, "every neighbour lost a measured trial in this state", False
         if closed:
@@ -371,6 +373,34 @@ class Policy:
                 return None, why, False
             best = pick
         return best, f"measured search: {why}; {len(pool)} neighbour(s) untried here", best in leads
+
+    def _loop_form(self, config: Knobs) -> Knobs:
+        """What ``config`` serves a closed loop as: a loop of N single-row requests never
+        queues more than N rows, so every batch size above N forms the same batches (none can
+        fill; each takes all that waits) and refuses alike; they read as the smallest grid
+        batch size above N. Requests of several rows keep their batch sizes (the rows a loop
+        holds then vary)."""
+        population = self.load_kind.population
+        if self.monitor.rows_per_request > 1.0 or config.max_batch_size <= population:
+            return config
+        above = min(b for b in self.space.batch_sizes if b > population)
+        return config.with_changes({"max_batch_size": above})
+
+    def _unlike_in_loop(self, pool: list[Knobs], key: StateKey) -> list[Knobs]:
+        """``pool`` less what a closed loop serves as the incumbent does, or as a configuration
+        earlier in the pool or one that lost a trial here does (``_loop_form``): measuring
+        batch 64 against 128 under 32 clients measures the machine's noise only (run 19 spent
+        3 of its 15 trials on such pairs)."""
+        assert self.incumbent is not None
+        seen = {self._loop_form(self.incumbent)}
+        seen.update(self._loop_form(c) for c in self.memory.rejected.get(key, set()))
+        out = []
+        for c in pool:
+            form = self._loop_form(c)
+            if form not in seen:
+                seen.add(form)
+                out.append(c)
+        return out
 
     def _why_untrusted(self, unproven: bool) -> str:
         """Why the queueing model does not rank the measured search (open loop)."""

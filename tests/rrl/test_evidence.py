@@ -905,3 +905,41 @@ def test_the_trial_margin_is_the_typical_spread_not_one_outliers() -> None:
     assert statistics.stdev([*typical, 12.0]) / statistics.fmean([*typical, 12.0]) > 0.3
     assert relative_noise([6.0, 7.0, 8.0, 6.5, 7.5], 0.05) > 0.1  # a wide spread stays wide
     assert relative_noise([6.0, 12.0], 0.05) == 0.05  # too few windows to say
+
+
+def test_a_closed_loop_search_skips_the_batch_sizes_its_clients_cannot_tell_apart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under 32 clients of one row, every batch size above 32 forms the same batches (none can
+    fill, each takes all that waits): with the incumbent on batch 128, the search never
+    measures batch 64 on the same instances and threads, and batch 64 losing a trial rules
+    out batch 128 as well. Batch 32, which can fill, is still another configuration."""
+    space = ConfigSpace.for_machine(2, max_batch_size=128)
+    s = AgentSettings(gate_every_s=0.0, trial_gap=0)
+    policy = Policy("m", space=space, slo_ms=100.0, cores=2, settings=s)
+    incumbent = Knobs(128, 1.0, 2, 1, 1)
+    policy.current = policy.incumbent = incumbent
+    for _ in range(policy.load_kind.readings):
+        policy.load_kind.observe(32)
+    assert policy.load_kind.closed
+    same, other = Knobs(64, 1.0, 2, 1, 1), Knobs(32, 1.0, 2, 1, 1)
+    assert policy._loop_form(same) == policy._loop_form(incumbent)
+    assert policy._loop_form(other) == other
+    key = policy._key()
+    pool = [same, other, Knobs(64, 2.0, 2, 1, 1), Knobs(128, 2.0, 2, 1, 1)]
+    assert policy._unlike_in_loop(pool, key) == [other, Knobs(64, 2.0, 2, 1, 1)]
+    policy.memory.reject(key, Knobs(64, 2.0, 2, 1, 1))
+    assert policy._unlike_in_loop([Knobs(128, 2.0, 2, 1, 1), other], key) == [other]
+    # Through the search: every configuration predicted alike, batch 64 is never the pick.
+    monkeypatch.setattr(
+        policy.queue_model, "closed_loop_many", lambda configs, population: [6.3] * len(configs)
+    )
+    picks = set()
+    for _ in range(12):
+        nothing = Verdict(None, None, None, 0.0, 1.0, 0, "the gate let nothing through")
+        pick, _, _ = policy._measured_candidate(Arrivals(5000.0, 1.0, 1.0), nothing)
+        if pick is None:
+            break
+        picks.add(pick)
+        policy.memory.reject(key, pick)
+    assert picks and all(policy._loop_form(p) != policy._loop_form(incumbent) for p in picks)
