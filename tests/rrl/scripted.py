@@ -11,6 +11,12 @@ full one; a full queue, ``max_queue``, refuses at once), one row per request, ea
 refused), or seeded Poisson at a rate that may follow the clock. A knob change applies from
 the next batch (instances added free, removed once idle). It answers ``stats`` and
 ``service_samples`` as the gateway does, from what it simulated.
+
+Its batching is simpler than the gateway's on purpose (no early dispatch when no other request is
+expected, no refusal for a deadline): the tests here script the agent's world to decide the
+agent's rules, and nothing outside them trusts its figures. What the agent and the benches do
+trust, the replay and the closed-loop simulation, runs the batcher's rule and is held to the
+batcher by ``tests/conformance``.
 """
 
 from __future__ import annotations
