@@ -160,6 +160,10 @@ class Policy:
         self._pending: list[tuple[Knobs, Arrivals, Measurement]] = []
         self.trust = ModelTrust(kappa=s.gate.kappa)
         self._searched: dict[StateKey, int] = {}  # measured-search trials per state
+        # The state the trial running now was started in by the measured search (None: the
+        # trial is the gate's or the budget's): a trial a workload change drops gives its
+        # count back, since it measured nothing.
+        self._search_trial_in: StateKey | None = None
         self._further: dict[StateKey, list[Knobs]] = {}  # beyond candidates that led (per state)
         self.load_kind = LoadKind()
         self.band = ClosedLoopBand()  # the closed-loop simulation's error, in this state
@@ -250,9 +254,12 @@ class Policy:
         if candidate is None and self.settings.measured_search:
             measured, why, predicted = self._measured_candidate(arrivals, verdict)
             if measured is not None:
-                key = self._key()
-                self._searched[key] = self._searched.get(key, 0) + 1
-                return self._start_trial(measured, why, verdict, blind=not predicted)
+                step = self._start_trial(measured, why, verdict, blind=not predicted)
+                if step.kind == "explore":  # a trial began (not held for the rebuild pace)
+                    key = self._key()
+                    self._searched[key] = self._searched.get(key, 0) + 1
+                    self._search_trial_in = key
+                return step
             not_tried = f"; {why}" if why else ""
         if candidate is None:
             held_back = self._held_back(arrivals)
@@ -297,6 +304,7 @@ class Policy:
             wait = self._next_rebuild_at() - self._clock()
             reason = f"{candidate} waits {wait:.1f}s for the rebuild pace ({reason})"
             return Step(self.incumbent, "hold", reason, verdict.incumbent, verdict)
+        self._search_trial_in = None
         self.trial = Trial(
             self.incumbent,
             candidate,
@@ -656,6 +664,7 @@ class Policy:
         for config in screen(self.queue_model, arrivals, within, 1, gate.kappa):
             p = self._predict(config, arrivals)
             if p is not None and p.objective <= limit:
+                self._search_trial_in = None
                 self.trial = Trial(
                     self.incumbent,
                     config,
@@ -1079,6 +1088,12 @@ class Policy:
         if self.trial is not None:
             self.trial = None
             self._after = ("revert", "workload changed during the trial: incumbent restored")
+            if (dropped := self._search_trial_in) is not None and self._searched.get(dropped):
+                # Load that comes in bursts (a benchmark's rounds, a user's sweep) ended a
+                # dozen trials this way in a run of `bench peers` and spent the search's
+                # budget on none: the agent never moved off the shipped default.
+                self._searched[dropped] -= 1
+        self._search_trial_in = None
         remembered = self.memory.recall(self._key())
         if remembered is not None and remembered.config != self.incumbent:
             self._recall = remembered.config

@@ -298,6 +298,29 @@ def loop_tick(policy: Policy, now: float, population: int, rate_per_s: float) ->
     return event
 
 
+def test_a_search_trial_a_workload_change_drops_does_not_spend_the_search() -> None:
+    """Load in bursts (a benchmark's rounds, each a few seconds, other servers measured in
+    between) ends each trial as it starts: the state changes and the trial is dropped, having
+    measured nothing. Those trials give their count back, so the search still has its budget
+    when the load stays; a trial that ran to its verdict keeps its count."""
+    policy = calibrated_policy(measured_trials=2)
+    policy.workload = policy.monitor.state  # the state the bursts come back to
+    assert policy.workload is not None
+    key = policy._key()
+    for _ in range(3):
+        step = policy.choose()
+        assert step.kind == "explore" and policy.trial is not None, step
+        assert policy._searched[key] == 1
+        policy.workload_changed(INCUMBENT, False)  # the burst ended: the trial is dropped
+        assert policy.trial is None and policy._searched[key] == 0
+        assert policy.choose().kind == "revert"  # the incumbent back, and the log says why
+    step = policy.choose()
+    assert step.kind == "explore", step.reason  # the budget of 2 is untouched
+    policy.memory.reject(key, step.config)  # this one ran to its verdict
+    policy.trial = None
+    assert policy._searched[key] == 1
+
+
 def test_a_closed_loop_of_another_size_at_the_same_rate_is_a_new_state_searched_at_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
