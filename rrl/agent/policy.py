@@ -121,8 +121,7 @@ class Policy:
         self.settings = s = settings or AgentSettings()
         if s.algorithm not in ONLINE_TUNERS:
             raise ValueError(f"unknown online tuner {s.algorithm!r}; known: {ONLINE_TUNERS}")
-        self.space = space
-        self.cores = cores
+        self.space, self.cores = space, cores
         self.objective = make_objective(s.objective, slo_ms=slo_ms, cores=cores)
         # Deferred: the GP tuners import scikit-learn (iotgw[tune]).
         from rrl.tuners.registry import build_tuner
@@ -150,8 +149,7 @@ class Policy:
         self._tick_counts: deque[float] = deque(maxlen=16)
         self._shortlist: list[Knobs] = []
         self._screened: tuple[float, StateKey | None, tuple[int, int]] = (-math.inf, None, (0, 0))
-        self._draining = False
-        self._idle = False
+        self._draining = self._idle = False
         self._blocked: list[Knobs] = []
         self._gated_at = -math.inf
         self.rest = Rest(s.rest, s.interval_s)
@@ -159,10 +157,8 @@ class Policy:
         self._rests_on = ""  # why nothing is left to try there: what a rest's decisions repeat
         self._pending: list[tuple[Knobs, Arrivals, Measurement]] = []
         self.trust = ModelTrust(kappa=s.gate.kappa)
-        self._searched: dict[StateKey, int] = {}  # measured-search trials per state
-        # The state the trial running now was started in by the measured search (None: the
-        # trial is the gate's or the budget's): a trial a workload change drops gives its
-        # count back, since it measured nothing.
+        # Search trials per state; the state the running search trial counts in (_enter_state)
+        self._searched: dict[StateKey, int] = {}
         self._search_trial_in: StateKey | None = None
         self._further: dict[StateKey, list[Knobs]] = {}  # beyond candidates that led (per state)
         self.load_kind = LoadKind()
@@ -363,8 +359,7 @@ class Policy:
             if not self.memory.was_rejected(key, c)
             and not (budget is not None and not budget.fits(self.model, c))
         ]
-        if closed:
-            pool = self._unlike_in_loop(pool, key)
+        pool = self._unlike_in_loop(pool, key) if closed else pool
         if not pool:
             return None, "every neighbour lost a measured trial in this state", False
         if closed:
