@@ -17,9 +17,9 @@ at 50 requests/s on sensor_mlp against about 0.3 ms in a burst. So over the rece
   the requests', and the estimate is the lowest CPU per request of the stretches: an upper
   bound, since the fixed work is never negative.
 
-Either way it is at most that lowest figure. Without the fit, a quiet start (a diurnal night at
-60-160 requests/s) read 0.6 ms a request, and the agent's model then predicted 38 ms of p95 at
-650 requests/s where the gateway measured 1.5 ms.
+Either way it is at most that lowest figure. Without the fit, a quiet start charged every
+request with the loop's fixed work, and the agent's model then predicted a p95 many times what
+the gateway measured at a higher rate (rrl/README, "Measurements behind the rules").
 
 The loop also works per batch (forming it, the executor's crossing and wake-up, the fan-out),
 which the model charges apart (its ``per_batch_s``): asked with that cost, the meter nets it

@@ -22,10 +22,10 @@
   pessimistic about), cannot win a trial: the search rests instead of measuring it. Each miss
   in that direction widens the band, so a simulation that has been wrong in a neighbour's
   favour loses its veto by itself. The band is kept per kind of configuration: per kind of
-  batching (eager, or with a timeout: the simulation under-predicts eager batches, 16 rows
-  measured at 32 connections where it forms 1, and that error says nothing about how wrong it
-  is about timeouts) and per split of the cores (instances, threads each: the event loop's
-  share of the cores, which the simulation does not see, differs between splits).
+  batching (eager, or with a timeout: the simulation under-predicts eager batches, and that
+  error says nothing about how wrong it is about timeouts) and per split of the cores
+  (instances, threads each: the event loop's share of the cores, which the simulation does
+  not see, differs between splits).
 - **The measured neighbourhood** (``neighbours``): the configurations one notch from the
   incumbent on each axis, the same cores split the other way (instances and threads swapped),
   plus the corners that matter on a small box (the largest batch with
@@ -109,12 +109,10 @@ class LoadKind:
 
     A closed loop of N clients reaches N inside in every tick in which all of them were in at
     once, and never more: its readings are one number. An open loop's peak moves with its
-    bursts. Measured at half-second ticks: wrk at 32 connections read 32 in 58 of 58 ticks on
-    sensor_mlp at 4,900 req/s (whose single batch of 32 empties the model at once, so a count
-    taken at one instant read anywhere from 1 to 32); Poisson at 1,800/s on the same model
-    peaked at 13-85, at 260/s on vision_cnn at 7-20, and at 600/s on four-request batches (a
-    scripted gateway) at 6-12, mostly 7-9: sixteen readings and three quarters of them on the
-    largest tell that last one from a loop."""
+    bursts (a count taken at one instant would not do: a closed loop whose one batch empties
+    the model reads anywhere from 1 to N). Sixteen readings, three quarters of them on the
+    largest, tell the narrowest open loop measured from a closed one (the readings are in
+    rrl/README, "Measured evidence before the model")."""
 
     readings: int = 16
     exact: float = 0.75
@@ -142,9 +140,8 @@ class LoadKind:
         never first read from refusing ticks. A loop already read stays read through refusals
         that leave the tick within its population: its clients were refused for their deadline
         (admission's refusal of a request its batch would answer late) and send again, still
-        the same clients; its reading then went to the open-loop rules for eight seconds after
-        each such tick (vision_cnn at 32 connections, bench find run 16: the agent's trials
-        valued by p95 one window and by time per request the next)."""
+        the same clients; read as open after each such tick, its trials would value one window
+        by p95 and the next by time per request (rrl/README, "Where it stands")."""
         if refused > 0 and not (self._loop is not None and peak_inside <= self._loop):
             self._seen.clear()
             self._loop = None

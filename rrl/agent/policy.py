@@ -307,8 +307,8 @@ class Policy:
             tuple(self._baseline),
             # Interleaved even when it rebuilds sessions: the gateway parks the sessions a
             # switch leaves, so switching back reuses them, and only interleaved windows tell a
-            # worse candidate from a slower machine (run 14: batch 128 on one instance of two
-            # threads kept on two windows read while the whole box served a quarter less).
+            # worse candidate from a slower machine (rrl/README, "Where it stands": a candidate
+            # kept on two windows read while the whole box served less).
             interleave=True,
             margin=self._trial_margin() * (2.0 if blind else 1.0),
             predicted_gain=verdict.gain,
@@ -392,8 +392,7 @@ class Policy:
     def _unlike_in_loop(self, pool: list[Knobs], key: StateKey) -> list[Knobs]:
         """``pool`` less what a closed loop serves as the incumbent does, or as a configuration
         earlier in the pool or one that lost a trial here does (``_loop_form``): measuring
-        batch 64 against 128 under 32 clients measures the machine's noise only (run 19 spent
-        3 of its 15 trials on such pairs)."""
+        batch 64 against 128 under 32 clients measures the machine's noise only."""
         assert self.incumbent is not None
         seen = {self._loop_form(self.incumbent)}
         seen.update(self._loop_form(c) for c in self.memory.rejected.get(key, set()))
@@ -421,9 +420,9 @@ class Policy:
         has not lost a trial in this state, and why; None when there is none. A timeout longer
         than the loop needs to fill its batches gains nothing, and whenever a wave of answered
         clients splits (their turnaround varies; the simulation's never does) it waits out its
-        whole length for a batch that cannot fill: sensor_mlp at 32 connections on 8 ms served
-        3,400-4,200 answers a second in such spells against 5,000-5,400 while the waves held
-        (``bench find`` run 8). Its trial keeps it on a tie (``Trial.keep_on_tie``)."""
+        whole length for a batch that cannot fill, and the loop answers far less in such
+        spells (rrl/README, "Measurements behind the rules"). Its trial keeps it on a tie
+        (``Trial.keep_on_tie``)."""
         assert self.incumbent is not None
         inc = self.incumbent
         shorter = [
@@ -1084,9 +1083,8 @@ class Policy:
             self.trial = None
             self._after = ("revert", "workload changed during the trial: incumbent restored")
             if (dropped := self._search_trial_in) is not None and self._searched.get(dropped):
-                # Load that comes in bursts (a benchmark's rounds, a user's sweep) ended a
-                # dozen trials this way in a run of `bench peers` and spent the search's
-                # budget on none: the agent never moved off the shipped default.
+                # Load that comes in bursts (a benchmark's rounds, a user's sweep) ends trials
+                # this way, and counted they spent the search on verdicts it never had.
                 self._searched[dropped] -= 1
         self._search_trial_in = None
         remembered = self.memory.recall(self._key())

@@ -493,9 +493,8 @@ class QueueModel:
         the model's process when it has one, as ``predict_many`` does. A few milliseconds of
         pure Python each, a grid's worth after every change of the service times: in a thread
         of the gateway's process they held the interpreter lock the event loop needs, and the
-        closed loop the agent was measuring answered a quarter less for a second or more
-        after each search (sensor_mlp at 32 connections: 3,700 answers a second against
-        4,800-5,400 before)."""
+        closed loop the agent was measuring answered far less for a second or more after each
+        search (rrl/README, "Measurements behind the rules")."""
         if population < 1 or not self.measured_settings():
             return [None] * len(configs)
         missing = [c for c in dict.fromkeys(configs) if (c, population) not in self._closed_cache]

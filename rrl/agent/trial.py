@@ -191,9 +191,9 @@ class Trial:
         """The baseline windows that join the incumbent's side. An interleaved trial measures
         the incumbent between its candidate's windows; its last two windows before the trial
         join them, so that the side's median has three windows at its first verdict: the
-        median of two is their mean, and one slow window (one in a few reads far slower:
-        half-second windows of a closed loop spread 7% against a robust 2.8%) faked a 15% gain
-        for the candidate (bench find run 18). The drift older windows may bring cannot keep
+        median of two is their mean, and one slow window (one in a few half-second windows of a
+        closed loop reads far slower) faked a gain for the candidate (rrl/README, "Where it
+        stands"). The drift older windows may bring cannot keep
         a candidate: it must also beat the incumbent measured beside it (``_behind_beside``)."""
         return list(self.baseline[-2:] if self.interleave else self.baseline)
 

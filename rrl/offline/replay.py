@@ -328,12 +328,11 @@ def _closed_loop_wake(
     A batch timer that comes due waits its turn on the loop: asyncio runs it after the pass's
     reads, so the requests that had arrived by then are decoded before the batch leaves, and a
     wave of answered clients leaves as one batch even when decoding it takes longer than the
-    timeout (measured at 32 connections: 31.5 rows a batch with a 2 ms timeout, where decoding
-    32 requests takes 5.8 ms). Without this, a short timeout was predicted to split every wave
-    and a long one ranked first, though it waits out its whole length whenever a wave splits.
-    Eager batching's wake-up keeps the first decoded request's (it under-predicts eager
-    batches: 16 rows measured where it forms 1; ``rrl.agent.evidence.ClosedLoopBand`` keeps
-    that error apart)."""
+    timeout (rrl/README, "Measurements behind the rules"). Without this, a short timeout was
+    predicted to split every wave and a long one ranked first, though it waits out its whole
+    length whenever a wave splits. Eager batching's wake-up keeps the first decoded request's
+    (it under-predicts eager batches; ``rrl.agent.evidence.ClosedLoopBand`` keeps that error
+    apart)."""
     if not queued:
         return math.inf
     wake = max(free_at, queued[0])

@@ -39,9 +39,8 @@ def index_of_dispersion(counts: Sequence[float]) -> float:
     The variance is read from successive differences, not from deviations from the mean: half
     the median of the squared differences over the median of chi-squared(1). A rate that steps
     or ramps inside the ticks (a diurnal hour every few seconds) moves the mean and reads as
-    burstiness in the plain variance: Poisson arrivals at 200, 400 and 800 requests/s over 16
-    half-second ticks read 73x Poisson (20, the cap), and the queueing model predicted 24-31 ms
-    of p95 at 370-1,150 requests/s on diurnal where the gateway measured 1-2 ms. One step is one
+    burstiness in the plain variance, and the queueing model then predicts a p95 an order of
+    magnitude above the measured one (rrl/README, "Measurements behind the rules"). One step is one
     large difference, which the median ignores; burstiness inside the ticks makes every
     difference large, which it keeps."""
     if len(counts) < MIN_TICKS:
