@@ -365,27 +365,37 @@ class Batcher:
 
     def _start_call(self, inst: Instance, inputs: Inputs) -> _RuntimeCall:
         loop = asyncio.get_running_loop()
-        began: asyncio.Future[None] = loop.create_future()
+        call = _RuntimeCall()
+        clock = self._clock
 
-        def signal_start() -> None:
+        def mark_start() -> None:
             # Runs on the executor thread as the call starts: the watchdog times the call, not
-            # the wait for a free thread (a busy executor is no fault of the instance).
-            loop.call_soon_threadsafe(_resolve, began)
+            # the wait for a free thread (a busy executor is no fault of the instance). A plain
+            # store, read by the watchdog only when its timer fires: waking the loop for it
+            # cost every batch a pass of the loop, most of a trickle's.
+            call.began_at = clock()
 
         # The backend call blocks for the whole batch: it runs on the owned executor.
-        done = loop.run_in_executor(
-            self._executor, _timed_call, inst.runtime.infer, inputs, signal_start
+        call.done = loop.run_in_executor(
+            self._executor, _timed_call, inst.runtime.infer, inputs, mark_start
         )
-        return _RuntimeCall(began, done)
+        return call
 
     async def _watch(self, call: _RuntimeCall) -> tuple[Outputs, float] | None:
-        """The call's result, or None when it runs past the watchdog limit (it keeps running:
-        a thread cannot be stopped from outside)."""
-        await asyncio.wait((call.began, call.done), return_when=asyncio.FIRST_COMPLETED)
-        finished, _ = await asyncio.wait((call.done,), timeout=self.watchdog_s)
-        if not finished:
-            return None
-        return call.done.result()
+        """The call's result, or None when it runs past the watchdog limit counted from its
+        start (it keeps running: a thread cannot be stopped from outside)."""
+        wait = self.watchdog_s
+        while True:
+            finished, _ = await asyncio.wait((call.done,), timeout=wait)
+            if finished:
+                return call.done.result()
+            began = call.began_at
+            if began is None:  # still waiting for an executor thread: not the instance's fault
+                wait = self.watchdog_s
+                continue
+            wait = began + self.watchdog_s - self._clock()
+            if wait <= 0:
+                return None
 
     def _stuck_error(self, rows: int) -> BatchTimeout:
         log.error(
@@ -438,15 +448,10 @@ class Batcher:
             self._on_batch(BatchRecord(rows, len(batch), queue_times, compute, fill))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _RuntimeCall:
-    began: asyncio.Future[None]  # resolved when an executor thread starts the call
-    done: asyncio.Future[tuple[Outputs, float]]
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
+    done: asyncio.Future[tuple[Outputs, float]] = field(init=False)
+    began_at: float | None = None  # set on the batcher's clock when a thread starts the call
 
 
 def _timed_call(

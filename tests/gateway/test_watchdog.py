@@ -6,15 +6,25 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+from gateway.batching.batcher import Batcher, _timed_call
+from gateway.batching.instances import InstancePool
 from gateway.errors import BatchTimeout, ModelUnavailable
 from gateway.model_host import ModelState
 from gateway.service import InferenceService
 from gateway.types import InferenceRequest, InferenceResponse
-from models.runtime import Runtime
+from models.knobs import Knobs
+from models.runtime import Runtime, Threads
+from tests.conformance.virtual_batcher import (
+    INPUT,
+    ScriptedExecutor,
+    ScriptedRuntime,
+    on_virtual_loop,
+)
 from tests.gateway.gated_runtime import (  # noqa: F401 (*_fixture: pytest fixtures)
     EVENT_DEADLINE_S,
     MODEL,
@@ -133,3 +143,71 @@ async def test_at_the_stuck_limit_the_model_is_marked_unavailable(
         assert service.byte_budget.charged == 0
         assert service.stuck_calls == 1
         assert host._pool.size == BATCHING["concurrency"] - 1  # not replaced
+
+
+class _QueuedExecutor(ScriptedExecutor):
+    """Starts each runtime call ``queue_s`` after it is handed over (the executor's threads
+    busy with other work meanwhile), then completes it ``service_s(rows)`` after its start,
+    all on the virtual loop's clock."""
+
+    def __init__(self, queue_s: float, service_s: float) -> None:
+        super().__init__(lambda rows: service_s)
+        self.queue_s = queue_s
+
+    def run(self, loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> Any:
+        if fn is not _timed_call:
+            return super().run(loop, fn, *args)
+        future = loop.create_future()
+
+        def start() -> None:
+            infer, inputs, on_start = args
+            on_start()
+            seconds = self.service_s(len(inputs[INPUT]))
+            loop.call_later(seconds, future.set_result, (infer(inputs), seconds))
+
+        loop.call_later(self.queue_s, start)
+        return future
+
+
+def _one_batch_past_the_limit(queue_s: float, service_s: float, watchdog_s: float) -> str:
+    """One request through a real ``Batcher`` on virtual time whose call waits ``queue_s`` for
+    a thread and then runs ``service_s``: "answered" or the watchdog's refusal."""
+
+    async def run() -> str:
+        executor = _QueuedExecutor(queue_s, service_s)
+        pool = InstancePool(factory=ScriptedRuntime, executor=executor, warmup_batch_sizes=())
+        await pool.start(1, Threads(1, 1))
+        batcher = Batcher(
+            name="scripted",
+            pool=pool,
+            executor=executor,
+            knobs=lambda: Knobs(1, 0.0, 1, 1, 1),
+            max_queue_size=8,
+            watchdog_s=watchdog_s,
+            clock=asyncio.get_running_loop().time,
+        )
+        batcher.start()
+        row = {INPUT: np.zeros((1, 1), dtype=np.float32)}
+        try:
+            await batcher.submit(row, rows=1, deadline=asyncio.get_running_loop().time() + 3600)
+            return "answered"
+        except BatchTimeout:
+            return "watchdog"
+        finally:
+            await batcher.stop()
+
+    loop = on_virtual_loop()
+    try:
+        return loop.run_until_complete(run())
+    finally:
+        loop.close()
+
+
+def test_the_watchdog_times_the_call_from_its_start_not_from_the_wait_for_a_thread() -> None:
+    # 40 s waiting for a busy executor thread, then 5 s of work, against a 30 s limit: answered.
+    assert _one_batch_past_the_limit(queue_s=40.0, service_s=5.0, watchdog_s=30.0) == "answered"
+    # Started at once and still running 30 s later: the watchdog fails the batch.
+    assert _one_batch_past_the_limit(queue_s=0.0, service_s=45.0, watchdog_s=30.0) == "watchdog"
+    # Started after 20 s and running past 30 s from its start (50 s from its hand-over).
+    assert _one_batch_past_the_limit(queue_s=20.0, service_s=31.0, watchdog_s=30.0) == "watchdog"
+    assert _one_batch_past_the_limit(queue_s=20.0, service_s=29.0, watchdog_s=30.0) == "answered"
