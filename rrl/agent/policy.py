@@ -250,12 +250,7 @@ class Policy:
         if candidate is None and self.settings.measured_search:
             measured, why, predicted = self._measured_candidate(arrivals, verdict)
             if measured is not None:
-                step = self._start_trial(measured, why, verdict, blind=not predicted)
-                if step.kind == "explore":  # a trial began (not held for the rebuild pace)
-                    key = self._key()
-                    self._searched[key] = self._searched.get(key, 0) + 1
-                    self._search_trial_in = key
-                return step
+                return self._start_trial(measured, why, verdict, search=True, blind=not predicted)
             not_tried = f"; {why}" if why else ""
         if candidate is None:
             held_back = self._held_back(arrivals)
@@ -286,21 +281,33 @@ class Policy:
         return decide(self.queue_model, arrivals, self.incumbent, candidates, self.settings.gate)
 
     def _start_trial(
-        self, candidate: Knobs, reason: str, verdict: Verdict, *, blind: bool = False
+        self,
+        candidate: Knobs,
+        reason: str,
+        verdict: Verdict,
+        *,
+        search: bool = False,
+        blind: bool = False,
     ) -> Step:
         """Try ``candidate`` against the incumbent (``rrl.agent.trial``), once the rebuild pace
         allows a candidate that rebuilds sessions (at once when the incumbent violates). A
         ``blind`` trial (the measured search: no predicted gain behind it) must win by twice
         the noise: a trial compares two or three windows a side, so a candidate no better than
         the incumbent clears one noise spread about one time in five, and the search runs a
-        dozen; each false win moves the incumbent to a configuration no better, or worse."""
+        dozen; each false win moves the incumbent to a configuration no better, or worse.
+        A ``search`` trial (the measured search's) counts in its state's budget of trials."""
         assert self.incumbent is not None
         rebuild = needs_rebuild(self.incumbent, candidate)
         if rebuild and not self._incumbent_violates() and not self._rebuild_allowed():
             wait = self._next_rebuild_at() - self._clock()
             reason = f"{candidate} waits {wait:.1f}s for the rebuild pace ({reason})"
             return Step(self.incumbent, "hold", reason, verdict.incumbent, verdict)
-        self._search_trial_in = None
+        # A measured-search trial counts in its state's budget once it begins (a hold above
+        # does not); ``_enter_state`` gives the count back if a workload change drops it.
+        self._search_trial_in = self._key() if search else None
+        if self._search_trial_in is not None:
+            key = self._search_trial_in
+            self._searched[key] = self._searched.get(key, 0) + 1
         self.trial = Trial(
             self.incumbent,
             candidate,

@@ -183,7 +183,6 @@ class _WallClockDispatch(BatcherSim):
         self._jobs = jobs
         self._returned = returned
         self._idle_instances = list(range(len(jobs)))
-        self._in_flight: dict[int, list[int]] = {}
 
     def _elapsed(self) -> float:
         return time.perf_counter() - self._origin
@@ -191,8 +190,7 @@ class _WallClockDispatch(BatcherSim):
     def _start(self, batch: list[int]) -> None:
         self._seq += 1
         self.batches.append((self.now, len(batch)))
-        self._in_flight[self._seq] = batch
-        # The rule counts running batches by this heap; their ends are unknown until they come.
+        # The rule counts running batches by this list; their ends are unknown until they come.
         self.running.append((math.inf, self._seq, 0.0, batch))
         instance = self._idle_instances.pop()
         self._jobs[instance].put(_Job(self._seq, np.asarray(batch, dtype=np.intp)))
@@ -213,8 +211,9 @@ class _WallClockDispatch(BatcherSim):
             self.now = max(until, self._elapsed())
             return False
         self.now = self._elapsed()
-        batch = self._in_flight.pop(done.seq)
-        self.running = [entry for entry in self.running if entry[1] != done.seq]
+        (entry,) = (e for e in self.running if e[1] == done.seq)
+        self.running.remove(entry)
+        batch = entry[3]
         self._idle_instances.append(done.instance)
         self._finished(batch, done.seconds)
         return True
