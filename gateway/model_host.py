@@ -9,14 +9,14 @@ import stat
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from gateway.batching.batcher import Batcher, BatchRecord
-from gateway.batching.instances import InstancePool, RuntimeFactory, StuckCalls
+from gateway.batching.instances import InstancePool, RuntimeFactory
+from gateway.batching.watchdog import CallWatchdog, StuckCalls, WatchdogLimits
 from gateway.errors import BadRequest, InternalError, ModelUnavailable
 from gateway.inference_stats import InferenceStatistics
 from gateway.metrics import GatewayMetrics
@@ -46,15 +46,6 @@ def folder_fingerprint(directory: Path) -> Fingerprint:
     return tuple(out)
 
 
-@dataclass(frozen=True, slots=True)
-class Watchdog:
-    """How long a runtime call may run, and how many stuck calls a model may leave behind."""
-
-    limit_s: float = 30.0
-    max_stuck: int = 2
-    stuck_calls: StuckCalls | None = None  # shared by every model of the process
-
-
 class ModelState(enum.StrEnum):
     LOADING = "LOADING"
     READY = "READY"
@@ -73,7 +64,7 @@ class ModelHost:
         executor: Executor,
         metrics: GatewayMetrics,
         limits: KnobLimits | None = None,
-        watchdog: Watchdog | None = None,
+        watchdog: WatchdogLimits | None = None,
         knobs: Knobs | None = None,
         fingerprint: Fingerprint = (),
     ) -> None:
@@ -90,25 +81,15 @@ class ModelHost:
         self._knobs = config.batching.knobs
         if knobs is not None:  # a reload keeps the knobs the tuner or an operator chose
             self._knobs = _carried(self._knobs, knobs, self.limits)
-        warm_rows = tuple(sorted({1, b.max_batch_size}))
-        self._watchdog = watchdog or Watchdog()
+        self._watchdog = watchdog or WatchdogLimits()
         self._stuck_calls = self._watchdog.stuck_calls or StuckCalls(self._watchdog.max_stuck)
         self._pool = InstancePool(
             factory=factory,
             executor=executor,
-            warmup_batch_sizes=warm_rows,
+            warmup_batch_sizes=tuple(sorted({1, b.max_batch_size})),
             stuck_calls=self._stuck_calls,
         )
-        self._batcher = Batcher(
-            name=f"{name}/{version}",
-            pool=self._pool,
-            executor=executor,
-            knobs=lambda: self._knobs,
-            max_queue_size=b.max_queue_size,
-            on_batch=self._record_batch,
-            watchdog_s=self._watchdog.limit_s,
-            on_stuck=self._batch_stuck,
-        )
+        self._batcher = self._build_batcher(executor)
         self._replacing: set[asyncio.Task[None]] = set()
         self._knob_lock = asyncio.Lock()
         self._bind_metrics(metrics)
@@ -123,6 +104,22 @@ class ModelHost:
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
+
+    def _build_batcher(self, executor: Executor) -> Batcher:
+        label = f"{self.name}/{self.version}"
+        return Batcher(
+            name=label,
+            pool=self._pool,
+            watchdog=CallWatchdog(
+                name=label,
+                executor=executor,
+                limit_s=self._watchdog.limit_s,
+                on_stuck=self._batch_stuck,
+            ),
+            knobs=lambda: self._knobs,
+            max_queue_size=self.config.batching.max_queue_size,
+            on_batch=self._record_batch,
+        )
 
     def _bind_metrics(self, metrics: GatewayMetrics) -> None:
         # The labelled children are looked up once: ``labels()`` costs a dict walk per call.
@@ -348,12 +345,9 @@ class ModelHost:
         self._metrics.batch_watchdog.labels(*self._labels).inc()
         if self.state is not ModelState.READY:
             return
-        if self._pool.stuck >= self._watchdog.max_stuck or self._stuck_calls.full:
-            held = max(self._pool.stuck, self._stuck_calls.held)
-            self._mark_unavailable(
-                f"{held} runtime call(s) stuck past the {self._watchdog.limit_s:g} s watchdog "
-                "limit still hold executor threads; restart the gateway once the backend is fixed"
-            )
+        refused = self._watchdog.why_not_replace(self._pool.stuck, self._stuck_calls)
+        if refused is not None:
+            self._mark_unavailable(refused)
             return
         task = asyncio.create_task(self._replace_stuck(), name=f"replace:{self.name}")
         self._replacing.add(task)

@@ -17,6 +17,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
+from gateway.batching.watchdog import WatchdogLimits
 from gateway.errors import BadRequest, ModelUnavailable, NotFound
 from gateway.inference_stats import InferenceStatistics
 from gateway.metrics import GatewayMetrics
@@ -24,7 +25,6 @@ from gateway.model_host import (
     Fingerprint,
     ModelHost,
     ModelState,
-    Watchdog,
     folder_fingerprint,
 )
 from gateway.settings.schema import ServingSettings
@@ -74,7 +74,7 @@ class ModelRegistry:
         executor: Executor,
         metrics: GatewayMetrics,
         serving: ServingSettings,
-        watchdog: Watchdog,
+        watchdog: WatchdogLimits,
         load_runtime: RuntimeLoader | None = None,
     ) -> None:
         self._executor = executor

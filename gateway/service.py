@@ -21,10 +21,10 @@ from concurrent.futures import Executor
 
 import numpy as np
 
-from gateway.batching.instances import StuckCalls
+from gateway.batching.watchdog import StuckCalls, WatchdogLimits
 from gateway.errors import MemoryBudgetExceeded, ModelUnavailable, PayloadTooLarge
 from gateway.metrics import GatewayMetrics
-from gateway.model_host import ModelHost, Watchdog
+from gateway.model_host import ModelHost
 from gateway.model_registry import ModelRegistry, RuntimeLoader
 from gateway.settings.schema import ServingSettings
 from gateway.types import InferenceRequest, InferenceResponse
@@ -73,7 +73,7 @@ class InferenceService:
             executor=executor,
             metrics=metrics,
             serving=serving,
-            watchdog=Watchdog(
+            watchdog=WatchdogLimits(
                 limit_s=serving.batch_watchdog_s,
                 max_stuck=serving.batch_watchdog_max_stuck,
                 stuck_calls=self._stuck_calls,

@@ -9,9 +9,10 @@ moment. A request that cannot meet its deadline is refused rather than served la
 even the fastest recent pace cannot serve it, else when its batch starts and the recent pace of
 such batches would end past its deadline. A full queue is refused with a retry hint.
 
-Two guards keep a model serving through faults: a watchdog fails a batch whose runtime call runs
-past ``watchdog_s`` (504) and has the pool abandon and replace its instance, and a supervisor
-restarts the dispatch loop if a bug kills it, with every queued request kept.
+Two guards keep a model serving through faults: the watchdog (``gateway.batching.watchdog``) runs
+each batch's runtime call and gives up on one that does not return in time (504), whose instance
+the pool abandons; and a supervisor restarts the dispatch loop if a bug kills it, with every
+queued request kept.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -30,8 +30,8 @@ import numpy as np
 
 from gateway.batching.admission import Admission
 from gateway.batching.instances import Instance, InstancePool
+from gateway.batching.watchdog import CallWatchdog, Outputs
 from gateway.errors import (
-    BatchTimeout,
     DeadlineUnmeetable,
     GatewayError,
     InternalError,
@@ -47,8 +47,6 @@ _MAX_SKIPPED_PER_BATCH = 64
 # Pause before restarting a dispatch loop that died, doubled while it keeps dying without
 # dispatching a batch: a bug that fires on every iteration must not spin the event loop.
 _RESTART_BACKOFF_S = (0.05, 5.0)
-Inputs = dict[str, np.ndarray]
-Outputs = dict[str, np.ndarray]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,22 +88,18 @@ class Batcher:
         *,
         name: str,
         pool: InstancePool,
-        executor: Executor,
+        watchdog: CallWatchdog,
         knobs: Callable[[], Knobs],
         max_queue_size: int,
         on_batch: Callable[[BatchRecord], None] | None = None,
-        watchdog_s: float = 30.0,
-        on_stuck: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
         self._pool = pool
-        self._executor = executor
+        self._watchdog = watchdog
         self._knobs = knobs
         self.max_queue_size = max_queue_size
         self._on_batch = on_batch
-        self.watchdog_s = watchdog_s
-        self._on_stuck = on_stuck
         self._clock = clock
         self._heap: list[_Pending] = []
         self._queued_rows = 0
@@ -342,16 +336,14 @@ class Batcher:
             inputs = {n: np.concatenate([item.inputs[n] for item in batch]) for n in names}
         rows = sum(item.rows for item in batch)
         started = self._clock()
-        call = self._start_call(inst, inputs)
+        call = self._watchdog.start(inst.runtime.infer, inputs)
         abandoned = False
         try:
-            result = await self._watch(call)
+            result = await self._watchdog.wait(call)
             if result is None:
                 abandoned = True
                 self._pool.abandon(inst, call.done)
-                self._fail(batch, self._stuck_error(rows))
-                if self._on_stuck is not None:
-                    self._on_stuck()
+                self._fail(batch, self._watchdog.give_up(rows))
                 return
         except Exception as exc:
             log.exception("model %s: batch of %d rows failed", self.name, rows)
@@ -362,53 +354,6 @@ class Batcher:
                 await self._pool.release(inst)
         outputs, infer_s = result
         self._fan_out(batch, outputs, started, rows, infer_s, fill)
-
-    def _start_call(self, inst: Instance, inputs: Inputs) -> _RuntimeCall:
-        loop = asyncio.get_running_loop()
-        call = _RuntimeCall()
-        clock = self._clock
-
-        def mark_start() -> None:
-            # Runs on the executor thread as the call starts: the watchdog times the call, not
-            # the wait for a free thread (a busy executor is no fault of the instance). A plain
-            # store, read by the watchdog only when its timer fires: waking the loop for it
-            # cost every batch a pass of the loop, most of a trickle's.
-            call.began_at = clock()
-
-        # The backend call blocks for the whole batch: it runs on the owned executor.
-        call.done = loop.run_in_executor(
-            self._executor, _timed_call, inst.runtime.infer, inputs, mark_start
-        )
-        return call
-
-    async def _watch(self, call: _RuntimeCall) -> tuple[Outputs, float] | None:
-        """The call's result, or None when it runs past the watchdog limit counted from its
-        start (it keeps running: a thread cannot be stopped from outside)."""
-        wait = self.watchdog_s
-        while True:
-            finished, _ = await asyncio.wait((call.done,), timeout=wait)
-            if finished:
-                return call.done.result()
-            began = call.began_at
-            if began is None:  # still waiting for an executor thread: not the instance's fault
-                wait = self.watchdog_s
-                continue
-            wait = began + self.watchdog_s - self._clock()
-            if wait <= 0:
-                return None
-
-    def _stuck_error(self, rows: int) -> BatchTimeout:
-        log.error(
-            "model %s: a batch of %d rows ran past the %g s watchdog limit; its runtime "
-            "instance is abandoned (its thread cannot be stopped) and replaced",
-            self.name,
-            rows,
-            self.watchdog_s,
-        )
-        return BatchTimeout(
-            f"model {self.name}: the backend did not finish the batch within the "
-            f"{self.watchdog_s:g} s watchdog limit (serving.batch_watchdog_s)"
-        )
 
     def _fail(self, batch: list[_Pending], exc: Exception) -> None:
         error = (
@@ -446,18 +391,3 @@ class Batcher:
                 item.future.set_result((part, queue_s, compute))
         if self._on_batch is not None:
             self._on_batch(BatchRecord(rows, len(batch), queue_times, compute, fill))
-
-
-@dataclass(slots=True)
-class _RuntimeCall:
-    done: asyncio.Future[tuple[Outputs, float]] = field(init=False)
-    began_at: float | None = None  # set on the batcher's clock when a thread starts the call
-
-
-def _timed_call(
-    fn: Callable[[Inputs], Outputs], inputs: Inputs, on_start: Callable[[], None]
-) -> tuple[Outputs, float]:
-    on_start()
-    started = time.perf_counter()
-    outputs = fn(inputs)
-    return outputs, time.perf_counter() - started

@@ -11,8 +11,8 @@ incumbent window by window, and rebuilding and warming sessions at every switch 
 that serve. A later build takes parked instances with the same threads first. Parking is bounded
 by a count and an age, so sessions of a configuration left for good do not hold memory.
 
-An instance whose call the batcher's watchdog gave up on is abandoned: out of the set for good,
-closed only if its call ever returns, and replaced by a fresh one through ``replenish``.
+An instance whose call the watchdog (``gateway.batching.watchdog``) gave up on is abandoned: out
+of the set for good, closed only if its call ever returns, and replaced through ``replenish``.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from gateway.batching.watchdog import StuckCalls
 from models.runtime import ModelMetadata, Runtime, Threads
 
 log = logging.getLogger("gateway.instances")
@@ -49,21 +50,6 @@ class Instance:
     generation: int
     id: int
     retired: bool = field(default=False)
-
-
-class StuckCalls:
-    """Executor threads held by runtime calls the watchdog gave up on, across every model of the
-    process. Python cannot stop a thread, so each such call keeps its executor thread until the
-    backend returns, if it ever does; ``limit`` bounds how many may be held before models stop
-    getting replacement instances, so that stuck calls cannot take the whole executor."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.held = 0
-
-    @property
-    def full(self) -> bool:
-        return self.held >= self.limit
 
 
 class InstancePool:

@@ -21,8 +21,9 @@ from typing import Any
 import looptime
 import numpy as np
 
-from gateway.batching.batcher import Batcher, BatchRecord, _timed_call
+from gateway.batching.batcher import Batcher, BatchRecord
 from gateway.batching.instances import InstancePool
+from gateway.batching.watchdog import CallWatchdog, timed_call
 from gateway.errors import GatewayError
 from models.knobs import Knobs
 from models.runtime import ModelMetadata, TensorSpec, Threads
@@ -69,7 +70,7 @@ class ScriptedRuntime:
 
 class ScriptedExecutor(concurrent.futures.Executor):
     """Runs every call at once on the loop's thread; a batch's runtime call
-    (``gateway.batching.batcher._timed_call``) completes ``service_s(rows)`` later on the
+    (``gateway.batching.watchdog.timed_call``) completes ``service_s(rows)`` later on the
     loop's clock, the rest (building runtimes, closing them) at once. The loop hands it its
     calls directly (``on_virtual_loop``): an executor's futures would make the virtual loop
     wait for them in real time, as it must for a real thread."""
@@ -83,7 +84,7 @@ class ScriptedExecutor(concurrent.futures.Executor):
 
     def run(self, loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> Any:
         future = loop.create_future()
-        if fn is not _timed_call:
+        if fn is not timed_call:
             future.set_result(fn(*args))
             return future
         infer, inputs, on_start = args
@@ -184,14 +185,15 @@ async def _started(
     executor = ScriptedExecutor(service_s)
     pool = InstancePool(factory=ScriptedRuntime, executor=executor, warmup_batch_sizes=())
     await pool.start(knobs.concurrency, Threads(knobs.intra_op_threads, knobs.inter_op_threads))
+    clock = asyncio.get_running_loop().time
     batcher = Batcher(
         name="scripted",
         pool=pool,
-        executor=executor,
+        watchdog=CallWatchdog(name="scripted", executor=executor, clock=clock),
         knobs=lambda: knobs,
         max_queue_size=max_queue_size,
         on_batch=run.batches.append,
-        clock=asyncio.get_running_loop().time,
+        clock=clock,
     )
     batcher.start()
     return batcher, pool, executor

@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gateway.batching.batcher import Batcher, _timed_call
+from gateway.batching.batcher import Batcher
 from gateway.batching.instances import InstancePool
+from gateway.batching.watchdog import CallWatchdog, timed_call
 from gateway.errors import BatchTimeout, ModelUnavailable
 from gateway.model_host import ModelState
 from gateway.service import InferenceService
@@ -155,7 +156,7 @@ class _QueuedExecutor(ScriptedExecutor):
         self.queue_s = queue_s
 
     def run(self, loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> Any:
-        if fn is not _timed_call:
+        if fn is not timed_call:
             return super().run(loop, fn, *args)
         future = loop.create_future()
 
@@ -177,14 +178,16 @@ def _one_batch_past_the_limit(queue_s: float, service_s: float, watchdog_s: floa
         executor = _QueuedExecutor(queue_s, service_s)
         pool = InstancePool(factory=ScriptedRuntime, executor=executor, warmup_batch_sizes=())
         await pool.start(1, Threads(1, 1))
+        clock = asyncio.get_running_loop().time
         batcher = Batcher(
             name="scripted",
             pool=pool,
-            executor=executor,
+            watchdog=CallWatchdog(
+                name="scripted", executor=executor, limit_s=watchdog_s, clock=clock
+            ),
             knobs=lambda: Knobs(1, 0.0, 1, 1, 1),
             max_queue_size=8,
-            watchdog_s=watchdog_s,
-            clock=asyncio.get_running_loop().time,
+            clock=clock,
         )
         batcher.start()
         row = {INPUT: np.zeros((1, 1), dtype=np.float32)}
