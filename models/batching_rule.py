@@ -214,8 +214,9 @@ class AnswerLag:
 
     Its caller still has to encode and send the reply from there, on the same loop. At low load
     the wait is a fraction of a millisecond; on a loop saturated by a flood (every pass reading
-    hundreds of packets) it was measured at 10-20 ms (p90-p99) and more, and a request admitted
-    with less time left than that is answered late however fast its batch ran. Admission and
+    hundreds of packets) it reaches tens of milliseconds (docs/performance.md, "Measurements
+    behind the backend settings"), and a request admitted with less time left than that is
+    answered late however fast its batch ran. Admission and
     the check at the start of a batch therefore plan with a high percentile of the recent waits
     (``answer_lag_s`` above). Waits recorded before a pause of ``STALE_AFTER_S`` without answers
     are forgotten: otherwise a flood's waits, once every request is refused for them, would

@@ -33,9 +33,9 @@ RUNTIME = "tensorflow"
 def ways(q: QuantLayer) -> dict[Way, int]:
     data = q.params.kernel.data
     bits_held = 4 if data.bits <= NIBBLE_BITS else 8
-    # TensorFlow keeps about one float copy of a dequantized chunk after a run (measured: a
-    # [256, 256, 3, 3] int8 kernel dequantized for a Conv left 2.7 MB more resident after the
-    # first run, its float kernel being 2.4 MB), so the graph way holds that too.
+    # TensorFlow keeps about one float copy of a dequantized chunk after a run (measured:
+    # docs/performance.md, "Measurements behind the backend settings"), so the graph way holds
+    # that too.
     padded = data.codes.shape[0] * data.blocks_per_row * data.block_size
     transient = 4 * min(CHUNK_ELEMENTS, padded)
     return {

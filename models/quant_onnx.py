@@ -87,12 +87,12 @@ def default_way(layer: Layer, data: BlockQuantized) -> Way:
     """How a quantized layer runs when no serving plan says: fully connected layers as
     ``MatMulNBits`` where it fits, everything else dequantized in the graph.
 
-    The serving plan measures instead of guessing. What was measured on ``vision_cnn`` (int4,
-    blocks of 128, one intra-op thread, an AVX2 core without VNNI) shows why it must: per layer
-    against dequantizing, im2col + ``MatMulNBits`` wins at batch 1 where ``Ho*Wo <= 2 O`` (16x16
-    and 8x8 maps: 0.9-0.6 of the time) and loses on 32x32 maps (1.2-1.4x), and at batch 8 and
-    32 it loses everywhere; a kernel dequantized once at load runs ONNX Runtime's pre-packed
-    direct convolution, faster than either, at fp32's memory.
+    The serving plan measures instead of guessing, because which way is fastest depends on the
+    layer's shape, the batch size and the CPU: im2col + ``MatMulNBits`` can win on a small
+    feature map at batch 1 and lose on a large one or at larger batches, and a kernel
+    dequantized once at load runs ONNX Runtime's pre-packed direct convolution, faster than
+    either, at fp32's memory (docs/performance.md, "Measurements behind the backend
+    settings").
     """
     if isinstance(layer, Dense) and matmul_nbits_fits(data):
         return "packed"

@@ -164,10 +164,10 @@ def _quantized_dense(
 ) -> LayerFn:
     """``x @ W.T + b``, with the codes held input-major (``[blocks * size, out]``): a plain
     matmul on them is several times faster in TF than ``transpose_b`` at batch 8 and more
-    (measured on [1024, 4096] at batch 8: 6 ms against 66 ms). Chunks are runs of whole blocks
-    along the input; their partial products add up. Codes of at most 4 bits are paired along
-    the output (``_paired``); unpaired, a chunk's columns are the outputs in order, plus one
-    zero column when their number is odd."""
+    (docs/performance.md, "Measurements behind the backend settings"). Chunks are runs of
+    whole blocks along the input; their partial products add up. Codes of at most 4 bits are
+    paired along the output (``_paired``); unpaired, a chunk's columns are the outputs in
+    order, plus one zero column when their number is odd."""
     data = p.kernel.data  # [out, in], blocks along in
     out_features, length = data.codes.shape
     size, blocks = data.block_size, data.blocks_per_row

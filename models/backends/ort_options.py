@@ -23,20 +23,17 @@ def session_options(threads: Threads, *, checkpoint: bool = False) -> ort.Sessio
     )
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     # No busy-waiting between batches. By default ORT's pool threads spin after each parallel
-    # section, which only pays off when nothing else wants the cores. Measured on the 2-core
-    # target (vision_cnn, 2 intra-op threads, a batch every 2 ms, one busy Python thread standing
-    # in for the event loop; 3 runs): spinning raised median batch-1 latency from 11-14 ms to
-    # 13-24 ms and slowed the other thread by 15-65%; two such sessions at once served batch-1
-    # requests faster without it (318-392 vs 97-272 img/s). A lone session on idle cores does
-    # gain (~1 ms at batch 1), but the gateway always has its event loop and usually more than one
-    # instance. With 1 thread there is no pool and the setting has no effect.
+    # section, which only pays off when nothing else wants the cores: spinning slowed batch-1
+    # latency and the thread beside it (docs/performance.md, "Measurements behind the backend
+    # settings"). A lone session on idle cores does gain a little, but the gateway always has its
+    # event loop and usually more than one instance. With 1 thread there is no pool and the
+    # setting has no effect.
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
     if checkpoint:
         # No memory arena: a checkpoint's graph dequantizes convolution kernels on every run,
         # and the arena would keep the largest such transient float copy for the session's
-        # lifetime (measured on vision_cnn int4, batch 1: 6.5 MB held after a run with the
-        # arena, 1.0 MB without), undoing what quantization saved. Latency, 7 interleaved
-        # rounds: vision_cnn int4 0.89x with the arena off, a 25M-weight MLP int4 1.01x.
+        # lifetime, undoing what quantization saved, at no cost in latency (docs/performance.md,
+        # "Measurements behind the backend settings").
         opts.enable_cpu_mem_arena = False
     return opts
