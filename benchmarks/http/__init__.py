@@ -32,6 +32,11 @@ For ``sensor_mlp`` and ``vision_cnn`` (ONNX Runtime), side by side in one run:
    process's user + system CPU (``/proc``) over requests answered, for ``sensor_mlp`` as JSON
    (the headline, ``cpu_per_request_ratio`` = after / before), as the binary framing, and
    ``vision_cnn`` as JSON (``codec_cpu``).
+5. **CPU per request by load.** One more gateway serving HTTP and MQTT (Mosquitto beside it),
+   ``sensor_mlp`` as JSON: the gateway process's CPU per answered request at a Poisson trickle
+   of 50 requests/s (``iotgw sim``), at one closed-loop client and at saturation (32 in flight),
+   over each transport, and the idle gateway's cores; the trickle against saturation is judged
+   against 2x with the floor its rounds give (``cpu_by_load``).
 
 Every figure is warmed up and repeated (5 runs, median quoted with min and max; ``--quick``: 1-2
 short runs, the whole pipeline in well under a minute). Results: ``benchmarks/results/http.json``
@@ -42,7 +47,8 @@ Run with ``iotgw bench http [--quick] [--out DIR]`` or ``python -m benchmarks.ht
 
 The modules: ``plan`` (how much, and the rules), ``workload`` (the models and their request),
 ``runner`` (the in-process limit), ``bench`` (what the experiments share), one module per
-experiment (``limit``, ``saturation``, ``headline``, ``low_load``, ``codec_cpu``), ``report``
+experiment (``limit``, ``saturation``, ``headline``, ``low_load``, ``codec_cpu``,
+``cpu_by_load``), ``report``
 and ``run``. The
 load generator is ``benchmarks.loadgen``; the servers start through ``benchmarks.servers``.
 """

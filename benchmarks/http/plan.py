@@ -55,6 +55,9 @@ class Plan:
     max_requests_per_run: int
     client_timeout_s: float
     startup_timeout_s: float
+    cpu_idle_s: float  # the idle gateway's window (cpu_by_load)
+    cpu_trickle_s: float  # the simulator's Poisson trickle
+    cpu_level_s: float  # one closed-loop client, and saturation
 
 
 FULL = Plan(
@@ -75,6 +78,9 @@ FULL = Plan(
     max_requests_per_run=500_000,
     client_timeout_s=10.0,
     startup_timeout_s=180.0,
+    cpu_idle_s=5.0,
+    cpu_trickle_s=15.0,
+    cpu_level_s=3.0,
 )
 QUICK = Plan(
     quick=True,
@@ -94,4 +100,7 @@ QUICK = Plan(
     max_requests_per_run=50_000,
     client_timeout_s=10.0,
     startup_timeout_s=50.0,
+    cpu_idle_s=0.5,
+    cpu_trickle_s=2.0,
+    cpu_level_s=0.5,
 )

@@ -3,12 +3,14 @@ into the results file, and the printed tables."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from benchmarks.common import fmt_repeated, format_table, print_summary
+from benchmarks.common import Repeated, fmt_repeated, format_table, print_summary
 from benchmarks.http.codec_cpu import CONFIGS, HEADLINE
 from benchmarks.http.plan import BATCH_SLO_FRACTION, CLOSED_LOOP_SLO_FRACTION, MAX_CLOSED_LOOP, Plan
 from benchmarks.http.workload import Model
+from benchmarks.judging import judge
 
 METHOD = {
     "protocol": "OIP v2 binary tensor extension: JSON header + raw FP32, "
@@ -54,6 +56,7 @@ def summarize(
     heads: dict[str, dict[str, dict[str, Any]]],
     low: dict[str, dict[str, Any]],
     codec: dict[str, dict[str, Any]],
+    by_load: dict[str, Any],
     runs: list[dict[str, Any]],
 ) -> dict[str, Any]:
     mlp, cnn = heads["sensor_mlp"], heads["vision_cnn"]
@@ -90,6 +93,7 @@ def summarize(
         "meets_cnn_ratio_target_0_85": cnn_head["ratio"] >= 0.85,
         "meets_p50_overhead_target_1ms": lo["p50_overhead_ms"].median <= 1.0,
         **_cpu_per_request_summary(codec),
+        **_cpu_by_load_summary(by_load),
     }
 
 
@@ -107,6 +111,47 @@ def _cpu_per_request_summary(codec: dict[str, dict[str, Any]]) -> dict[str, Any]
                 out[f"cpu_per_request_us_{config}"] = None if us is None else round(us.median, 1)
     out["cpu_per_request_workload"] = HEADLINE
     return out
+
+
+TRICKLE_VS_SATURATION_TARGET = 2.0
+SATURATION_CPU_US_TARGET = 150.0
+
+
+def _cpu_by_load_summary(entry: dict[str, Any]) -> dict[str, Any]:
+    """Per transport and level, the gateway's microseconds of CPU per request (median); the
+    trickle against saturation, judged against its target with the floor its rounds give (the
+    larger of the first two over the smaller); the idle gateway's cores."""
+    out: dict[str, Any] = {"idle_gateway_cores": round(entry["idle_cores"].median, 5)}
+    for transport, levels in entry["cpu_us_per_request"].items():
+        for level, us in levels.items():
+            out[f"cpu_us_per_request_{level}_{transport}"] = _round(_median(us), 1)
+        ratio = entry.get(f"trickle_vs_saturation_{transport}")
+        key = f"trickle_vs_saturation_{transport}"
+        out[key] = _round(_median(ratio), 3)
+        out[f"{key}_floor"] = _floor(ratio.values if ratio else ())
+        out[f"{key}_target"] = judge(
+            out[key], TRICKLE_VS_SATURATION_TARGET, out[f"{key}_floor"], at_least=False
+        )
+        saturated = levels.get("saturation")
+        sat_key = f"cpu_us_per_request_saturation_{transport}"
+        out[f"{sat_key}_target"] = judge(
+            out[sat_key],
+            SATURATION_CPU_US_TARGET,
+            _floor(saturated.values if saturated else ()),
+            at_least=False,
+        )
+    return out
+
+
+def _median(figure: Repeated | None) -> float | None:
+    return None if figure is None else figure.median
+
+
+def _floor(values: Sequence[float]) -> float | None:
+    """The same figure measured twice: the larger of the first two over the smaller."""
+    if len(values) < 2 or min(values[:2]) <= 0:
+        return None
+    return round(max(values[:2]) / min(values[:2]), 3)
 
 
 def _others_median(part: dict[str, Any]) -> float | None:
@@ -152,6 +197,7 @@ def print_tables(runs: list[dict[str, Any]], summary: dict[str, Any]) -> None:
     for r in figure("low_load_latency"):
         _print_low_load(r)
     _print_cpu_per_request(figure("cpu_per_request"))
+    _print_cpu_by_load(figure("cpu_by_load"))
     print_summary(summary)
 
 
@@ -323,3 +369,28 @@ def _print_cpu_per_request(entries: list[dict[str, Any]]) -> None:
 def _us(part: dict[str, Any]) -> str:
     us = part.get("server_cpu_per_request_us")
     return "-" if us is None else fmt_repeated(us)
+
+
+def _print_cpu_by_load(entries: list[dict[str, Any]]) -> None:
+    for e in entries:
+        print(
+            f"\nGateway CPU per request by load ({e['model']}, JSON, {e['knobs']}): us per "
+            "answered request, median [min-max]"
+        )
+        headers = ["transport", "trickle", "one client", "saturation", "trickle / saturation"]
+        rows = []
+        for transport, levels in e["cpu_us_per_request"].items():
+            ratio = e.get(f"trickle_vs_saturation_{transport}")
+            rows.append(
+                [
+                    transport,
+                    *(fmt_repeated(levels[level]) if levels[level] else "-" for level in levels),
+                    fmt_repeated(ratio) if ratio else "-",
+                ]
+            )
+        print(format_table(headers, rows))
+        print(
+            f"(trickle: {e['trickle']}; one client: {e['one_client']}; saturation: "
+            f"{e['saturation']}; idle gateway {fmt_repeated(e['idle_cores'])} cores; lost "
+            f"{e['lost']})"
+        )

@@ -11,6 +11,7 @@ from benchmarks.common import BenchRun
 from benchmarks.http import report
 from benchmarks.http.bench import Bench
 from benchmarks.http.codec_cpu import cpu_per_request
+from benchmarks.http.cpu_by_load import cpu_by_load
 from benchmarks.http.headline import paired_headline
 from benchmarks.http.limit import inprocess_sweep
 from benchmarks.http.low_load import low_load
@@ -22,9 +23,9 @@ from benchmarks.servers import start_gateway, start_http_echo
 
 def _experiments(
     bench: Bench, workdir: Path
-) -> tuple[dict[str, Model], dict[str, Any], dict[str, Any], dict[str, Any]]:
+) -> tuple[dict[str, Model], dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
     """(models, the throughput ratios per model, the low-load entries per client kind, the CPU
-    per request entries per workload)."""
+    per request entries per workload, the CPU per request by load)."""
     plan, log = bench.plan, bench.log
     repo = build_repository(workdir / "repo")
     models = load_models(repo)
@@ -45,15 +46,16 @@ def _experiments(
     bench.echo, echo_base = start_http_echo(workdir, plan.startup_timeout_s)
     low = low_load(bench, base, echo_base, models[LOW_LOAD_MODEL])
     codec = cpu_per_request(bench, repo, workdir, models)
-    return models, heads, low, codec
+    by_load = cpu_by_load(bench, repo, workdir, models)
+    return models, heads, low, codec, by_load
 
 
 def run(plan: Plan, out_dir: Path | None) -> Path:
     record = BenchRun(NAME, plan.quick, out_dir)
     bench = Bench(plan, record.log)
     with record.workdir() as workdir, contextlib.closing(bench):
-        models, heads, low, codec = _experiments(bench, workdir)
-    summary = report.summarize(plan, heads, low, codec, bench.runs)
+        models, heads, low, codec, by_load = _experiments(bench, workdir)
+    summary = report.summarize(plan, heads, low, codec, by_load, bench.runs)
     bench.config.update(
         {"models": report.models_config(models), **report.METHOD, "wall_s": record.wall_s()}
     )

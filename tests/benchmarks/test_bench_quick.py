@@ -22,6 +22,7 @@ FIGURES = {
     "throughput_ratio",
     "low_load_latency",
     "cpu_per_request",
+    "cpu_by_load",
 }
 
 
@@ -83,6 +84,14 @@ def test_summary(quick_result: tuple[dict[str, Any], str]) -> None:
     # The gateway's CPU per request, json + asyncio against orjson + uvloop, as a ratio.
     for key in ("cpu_per_request_ratio", "cpu_per_request_us_before", "cpu_per_request_us_after"):
         assert isinstance(summary[key], float) and summary[key] > 0, key
+    # CPU per request by load, over both transports, the trickle judged against saturation.
+    for transport in ("http", "mqtt"):
+        for level in ("trickle", "one_client", "saturation"):
+            key = f"cpu_us_per_request_{level}_{transport}"
+            assert isinstance(summary[key], float) and summary[key] > 0, key
+        verdict = summary[f"trickle_vs_saturation_{transport}_target"]
+        assert verdict in ("met", "missed") or verdict.startswith("unresolved"), verdict
+    assert summary["idle_gateway_cores"] >= 0
 
 
 def test_runs(quick_result: tuple[dict[str, Any], str]) -> None:
@@ -125,6 +134,14 @@ def test_runs(quick_result: tuple[dict[str, Any], str]) -> None:
         for config in ("before", "after"):
             assert _is_repeated(r[config]["server_cpu_per_request_us"])
             assert r[config]["answered"] > 0 and r[config]["lost"] == 0
+    (by_load,) = [r for r in runs if r["figure"] == "cpu_by_load"]
+    assert by_load["model"] == "sensor_mlp" and by_load["lost"] == 0
+    assert _is_repeated(by_load["idle_cores"])
+    for transport in ("http", "mqtt"):
+        for level in ("trickle", "one_client", "saturation"):
+            assert _is_repeated(by_load["cpu_us_per_request"][transport][level]), level
+            for run in by_load["runs"][transport][level]:
+                assert run["answered"] > 0 and run["lost"] == 0, (transport, level)
 
 
 def test_prints_a_table(quick_result: tuple[dict[str, Any], str]) -> None:
