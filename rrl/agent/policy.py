@@ -320,7 +320,6 @@ class Policy:
             margin=self._trial_margin() * (2.0 if blind else 1.0),
             predicted_gain=verdict.gain,
             keep_on_tie=self._keeps_on_tie(candidate),
-            max_windows=self.settings.trial_max_windows,
         )
         return Step(candidate, "explore", reason, verdict.best, verdict)
 

@@ -72,13 +72,6 @@ class AgentSettings:
     """Smallest relative difference a trial reads as better or worse (see ``rrl.agent.trial``)."""
     trial_gap: int = 3
     """Incumbent windows between two trials: at most a quarter of the windows are trials."""
-    trial_max_windows: int = 16
-    """Windows a trial whose candidate leads without clearing the margin may extend to, both
-    sides together (``rrl.agent.trial``). The margin shrinks with the windows measured, so a
-    longer trial resolves a smaller gain: neighbouring configurations a few percent apart
-    need more than four windows a side (rrl/README, "Measurements behind the rules"). Only a
-    candidate that keeps leading extends, so the longer trials are spent on candidates about
-    as good as the incumbent or better."""
     measured_search: bool = True
     """When the gate lets nothing through, measure the incumbent's neighbours before resting
     (``rrl.agent.evidence``); off, the agent rests on the gate's prediction alone."""

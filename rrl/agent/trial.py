@@ -105,9 +105,8 @@ class Trial:
     above this objective (violating the SLO), whatever the incumbent did."""
     keep_on_tie: bool = False
     """A shorter batch timeout predicted no slower: kept unless it measures slower."""
-    max_windows: int = 16
-    """Windows a trial extended round by round may run at most (the agent's setting
-    ``trial_max_windows``)."""
+    max_windows: int = 8
+    """Windows a trial extended round by round may run at most."""
     windows: list[Window] = field(default_factory=list)
     rounds: int = 0
     """Rounds added to the first schedule while the candidate led without clearing the margin."""
