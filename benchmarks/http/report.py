@@ -89,6 +89,9 @@ def summarize(
         "mlp_runtime_batch1_p50_ms": round(lo["inprocess_runtime_batch1"]["p50_ms"].median, 4),
         "lost_requests_headline": _lost_headline(heads, lo),
         "lost_requests_all_runs": _lost(runs),
+        # Of those, the ones the gateway answered with an error status (a sweep point past
+        # capacity is refused with 503 and a reason, by admission): refused, not lost.
+        "refused_requests_all_runs": _refused(runs),
         "runs_per_figure": min(plan.repeats, plan.headline_repeats),
         "meets_cnn_ratio_target_0_85": cnn_head["ratio"] >= 0.85,
         "meets_p50_overhead_target_1ms": lo["p50_overhead_ms"].median <= 1.0,
@@ -171,6 +174,21 @@ def _lost_headline(heads: dict[str, dict[str, dict[str, Any]]], low: dict[str, A
         + int(low["gateway"]["lost"])
         + int(low["echo"]["lost"])
     )
+
+
+def _refused(runs: list[dict[str, Any]]) -> int:
+    """Requests of every run answered with an HTTP error status (the client counts them lost)."""
+
+    def refused(errors: dict[str, int] | None) -> int:
+        return sum(n for what, n in (errors or {}).items() if what.startswith("HTTP "))
+
+    total = 0
+    for r in runs:
+        total += refused(r.get("errors"))
+        for part in ("gateway", "echo"):
+            if isinstance(r.get(part), dict):
+                total += refused(r[part].get("errors"))
+    return total
 
 
 def _lost(runs: list[dict[str, Any]]) -> int:

@@ -81,6 +81,7 @@ def test_summary(quick_result: tuple[dict[str, Any], str]) -> None:
     assert summary["cnn_gateway_rows_per_s"] > 0 and summary["cnn_limit_rows_per_s"] > 0
     for key in ("lost_requests_headline", "lost_requests_all_runs"):
         assert isinstance(summary[key], int) and summary[key] >= 0, key
+    assert 0 <= summary["refused_requests_all_runs"] <= summary["lost_requests_all_runs"]
     # The gateway's CPU per request, json + asyncio against orjson + uvloop, as a ratio.
     for key in ("cpu_per_request_ratio", "cpu_per_request_us_before", "cpu_per_request_us_after"):
         assert isinstance(summary[key], float) and summary[key] > 0, key
