@@ -58,8 +58,9 @@ def bench_parser(prog: str, description: str | None) -> argparse.ArgumentParser:
 @dataclass
 class BenchRun:
     """One run of a benchmark, from its start: what its results file records besides the
-    figures (when it began, the machine as it was then), a log stamped with the seconds since
-    the start, and the results file written at the end."""
+    figures (when it began, the machine as it was then, the commit it ran: ``config.code``
+    unless the benchmark sets its own), a log stamped with the seconds since the start, and
+    the results file written at the end."""
 
     name: str
     quick: bool
@@ -67,6 +68,7 @@ class BenchRun:
     created: str = field(default_factory=now_iso)
     machine: dict[str, Any] = field(default_factory=machine_info)
     started: float = field(default_factory=time.monotonic)
+    code: str | None = field(default_factory=lambda: source_commit())
 
     @contextlib.contextmanager
     def workdir(self) -> Iterator[Path]:
@@ -92,7 +94,7 @@ class BenchRun:
             machine=self.machine,
             summary=summary,
             runs=runs,
-            config=config,
+            config={"code": self.code, **config},
             created=self.created,
         )
         note_if_quick(self.quick)

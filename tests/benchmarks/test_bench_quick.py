@@ -57,6 +57,8 @@ def test_top_level_shape(quick_result: tuple[dict[str, Any], str]) -> None:
     assert machine["packages"]["onnxruntime"]
     assert isinstance(doc["runs"], list) and doc["runs"]
     assert isinstance(doc["config"], dict) and "plan" in doc["config"]
+    # The commit the figures come from (a clone of this checkout, or None outside git).
+    assert doc["config"]["code"] is None or len(doc["config"]["code"]) >= 7
 
 
 def test_summary(quick_result: tuple[dict[str, Any], str]) -> None:
