@@ -80,10 +80,14 @@ def _idle_cores(gateway: ServerProcess, seconds: float) -> float:
 
 
 def _cpu(gateway: ServerProcess) -> float:
-    seconds = process_cpu_seconds(gateway.pid)
-    if seconds is None:
+    return _read(process_cpu_seconds(gateway.pid))
+
+
+def _read(cpu: float | None) -> float:
+    """A CPU reading of the gateway's; the experiment has no figure without one."""
+    if cpu is None:
         raise RuntimeError("the gateway's CPU cannot be read from /proc")
-    return seconds
+    return cpu
 
 
 def _trickle(
@@ -150,9 +154,7 @@ def _http_closed_loop(
         server=gateway,
         body=(body, len(body)),
     )
-    cores = r["server_cpu_cores"]
-    if cores is None:
-        raise RuntimeError("the gateway's CPU cannot be read from /proc")
+    cores = _read(r["server_cpu_cores"])
     wall = r["client_wall_s"]
     return _figure(cores * wall, r["answered"], wall, lost=r.get("lost", 0), sent=None)
 
@@ -174,9 +176,7 @@ def _mqtt_closed_loop(
         watch=(("gateway", gateway.pid),),
     )
     out = run_mqtt_load(job)
-    cores = out["cpu"]["gateway"]
-    if cores is None:
-        raise RuntimeError("the gateway's CPU cannot be read from /proc")
+    cores = _read(out["cpu"]["gateway"])
     wall = out["elapsed_s"]
     return _figure(cores * wall, out["answered"], wall, lost=out["lost"], sent=out["issued"])
 

@@ -3,7 +3,7 @@ into the results file, and the printed tables."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from benchmarks.common import Repeated, fmt_repeated, format_table, print_summary
@@ -176,29 +176,27 @@ def _lost_headline(heads: dict[str, dict[str, dict[str, Any]]], low: dict[str, A
     )
 
 
-def _refused(runs: list[dict[str, Any]]) -> int:
-    """Requests of every run answered with an HTTP error status (the client counts them lost)."""
-
-    def refused(errors: dict[str, int] | None) -> int:
-        return sum(n for what, n in (errors or {}).items() if what.startswith("HTTP "))
-
-    total = 0
+def _counted(runs: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Every run entry and its gateway and echo parts: each holds its own counts."""
     for r in runs:
-        total += refused(r.get("errors"))
+        yield r
         for part in ("gateway", "echo"):
             if isinstance(r.get(part), dict):
-                total += refused(r[part].get("errors"))
-    return total
+                yield r[part]
+
+
+def _refused(runs: list[dict[str, Any]]) -> int:
+    """Requests of every run answered with an HTTP error status (the client counts them lost)."""
+    return sum(
+        n
+        for counts in _counted(runs)
+        for what, n in (counts.get("errors") or {}).items()
+        if what.startswith("HTTP ")
+    )
 
 
 def _lost(runs: list[dict[str, Any]]) -> int:
-    total = 0
-    for r in runs:
-        total += int(r.get("lost", 0))
-        for part in ("gateway", "echo"):
-            if isinstance(r.get(part), dict):
-                total += int(r[part].get("lost", 0))
-    return total
+    return sum(int(counts.get("lost", 0)) for counts in _counted(runs))
 
 
 # -- the tables --------------------------------------------------------------------------------
