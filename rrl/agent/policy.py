@@ -350,23 +350,13 @@ class Policy:
         overloaded = self._incumbent_violates() or self._incumbent_overloaded()
         if not closed and unproven and not overloaded:
             return None, "", False
-        key, budget = self._key(), self.budget
+        key = self._key()
         if (searched := self._searched.get(key, 0)) >= self.settings.measured_trials:
             return None, f"the measured search ran its {searched} trials in this state", False
         if closed and (shorter := self._shorter_wait(key)) is not None:
             return *shorter, True
-        # What lies beyond a candidate that led comes first: ties in the ranking go to it.
-        further = [c for c in self._further.get(key, []) if c != self.incumbent]
-        near = neighbours(self.space, self.incumbent, self.cores)
         leads = self._closed_loop_leads(key) if closed else []
-        near = [*leads, *near]
-        pool = [
-            c
-            for c in dict.fromkeys([*further, *near])
-            if not self.memory.was_rejected(key, c)
-            and not (budget is not None and not budget.fits(self.model, c))
-        ]
-        pool = self._unlike_in_loop(pool, key) if closed else pool
+        pool = self._search_pool(key, leads, closed)
         if not pool:
             return None, "every neighbour lost a measured trial in this state", False
         if closed:
@@ -384,17 +374,43 @@ class Policy:
             best = pick
         return best, f"measured search: {why}; {len(pool)} neighbour(s) untried here", best in leads
 
+    def _search_pool(self, key: StateKey, leads: list[Knobs], closed: bool) -> list[Knobs]:
+        """What the measured search may measure next, in the order it ranks ties: what lies
+        beyond a candidate that led, the closed-loop leads, then the neighbourhood; less what
+        lost a trial here, what the core budget does not fit, and in a closed loop what the
+        loop serves alike (``_unlike_in_loop``)."""
+        assert self.incumbent is not None
+        budget = self.budget
+        further = [c for c in self._further.get(key, []) if c != self.incumbent]
+        # In a closed loop the batch axis starts from the batch size the loop forms: from
+        # batch 128 under 32 clients one notch down is 64, which forms the same batches, and
+        # the smaller batches that do differ (16 splits the loop in two) would never be reached.
+        origin = self._loop_form(self.incumbent) if closed else self.incumbent
+        near = [c for c in neighbours(self.space, origin, self.cores) if c != self.incumbent]
+        pool = [
+            c
+            for c in dict.fromkeys([*further, *leads, *near])
+            if not self.memory.was_rejected(key, c)
+            and not (budget is not None and not budget.fits(self.model, c))
+        ]
+        return self._unlike_in_loop(pool, key) if closed else pool
+
     def _loop_form(self, config: Knobs) -> Knobs:
         """What ``config`` serves a closed loop as: a loop of N single-row requests never
         queues more than N rows, so every batch size above N forms the same batches (none can
         fill; each takes all that waits) and refuses alike; they read as the smallest grid
-        batch size above N. Requests of several rows keep their batch sizes (the rows a loop
-        holds then vary)."""
+        batch size above N. Without a batch timeout a batch of exactly N forms them too (a
+        full batch and one that takes all that waits leave alike), so the form is the
+        smallest that holds N. Requests of several rows keep their batch sizes (the rows a
+        loop holds then vary)."""
         population = self.load_kind.population
         if self.monitor.rows_per_request > 1.0 or config.max_batch_size <= population:
             return config
-        above = min(b for b in self.space.batch_sizes if b > population)
-        return config.with_changes({"max_batch_size": above})
+        eager = config.batch_timeout_ms == 0
+        form = min(
+            b for b in self.space.batch_sizes if b > population or (eager and b == population)
+        )
+        return config.with_changes({"max_batch_size": form})
 
     def _unlike_in_loop(self, pool: list[Knobs], key: StateKey) -> list[Knobs]:
         """``pool`` less what a closed loop serves as the incumbent does, or as a configuration
@@ -818,7 +834,7 @@ class Policy:
         assert self.incumbent is not None
         # A closed loop's p95 is its clients' doing (N of them always waiting): its time per
         # request says whether the configuration serves them worse.
-        per_request = self.load_kind.per_request_ms(m.throughput_per_s)
+        per_request = self.load_kind.per_request_ms(m.loop_throughput_per_s)
         p95, what = (m.p95_ms, "p95") if per_request is None else (per_request, "time per request")
         margin = p95 <= s.p95_fraction * self.objective.slo_ms and m.slo_violations == 0
         if not margin:
@@ -929,7 +945,7 @@ class Policy:
 
     def _observe_band(self, config: Knobs, measurement: Measurement) -> None:
         """A closed loop's window against the closed-loop simulation's prediction for it."""
-        measured = self.load_kind.per_request_ms(measurement.throughput_per_s)
+        measured = self.load_kind.per_request_ms(measurement.loop_throughput_per_s)
         if measured is None:
             return
         predicted = self.queue_model.closed_loop_ms(config, self.load_kind.population)
@@ -1035,7 +1051,7 @@ class Policy:
         """The objective of a measured window; in a closed loop its time per request by
         Little's law (``LoadKind.per_request_ms``) stands in for the p95 (the SLO's penalty for
         late answers is kept)."""
-        per_request_ms = self.load_kind.per_request_ms(measurement.throughput_per_s)
+        per_request_ms = self.load_kind.per_request_ms(measurement.loop_throughput_per_s)
         if per_request_ms is not None:
             measurement = replace(measurement, p95_ms=per_request_ms)
         return self.objective(config, measurement)

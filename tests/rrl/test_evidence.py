@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -928,6 +929,57 @@ def test_the_trial_margin_is_the_typical_spread_not_one_outliers() -> None:
     assert statistics.stdev([*typical, 12.0]) / statistics.fmean([*typical, 12.0]) > 0.3
     assert relative_noise([6.0, 7.0, 8.0, 6.5, 7.5], 0.05) > 0.1  # a wide spread stays wide
     assert relative_noise([6.0, 12.0], 0.05) == 0.05  # too few windows to say
+
+
+def test_a_closed_loop_search_from_an_eager_batch_above_the_loop_reaches_a_smaller_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without a batch timeout, 32 clients form the same batches under batch 32, 64 and 128
+    (each takes all that waits), so the search steps from the batch the loop forms: from an
+    incumbent on batch 128 the batch axis reaches 16 (which splits the loop in two), and never
+    measures 32 or 64 against it."""
+    space = ConfigSpace.for_machine(2, max_batch_size=128)
+    s = AgentSettings(gate_every_s=0.0, trial_gap=0)
+    policy = Policy("m", space=space, slo_ms=100.0, cores=2, settings=s)
+    incumbent = Knobs(128, 0.0, 1, 2, 1)
+    policy.current = policy.incumbent = incumbent
+    for _ in range(policy.load_kind.readings):
+        policy.load_kind.observe(32)
+    assert policy._loop_form(incumbent) == policy._loop_form(Knobs(32, 0.0, 1, 2, 1))
+    assert policy._loop_form(incumbent) == Knobs(32, 0.0, 1, 2, 1)
+    # With a timeout, batch 32 fills and leaves at once while 64 waits out the timeout.
+    assert policy._loop_form(Knobs(128, 1.0, 1, 2, 1)) == Knobs(64, 1.0, 1, 2, 1)
+    monkeypatch.setattr(
+        policy.queue_model, "closed_loop_many", lambda configs, population: [6.3] * len(configs)
+    )
+    key, picks = policy._key(), []
+    for _ in range(12):
+        nothing = Verdict(None, None, None, 0.0, 1.0, 0, "the gate let nothing through")
+        pick, _, _ = policy._measured_candidate(Arrivals(500.0, 1.0, 1.0), nothing)
+        if pick is None:
+            break
+        picks.append(pick)
+        policy.memory.reject(key, pick)
+    assert Knobs(16, 0.0, 1, 2, 1) in picks
+    assert not {Knobs(32, 0.0, 1, 2, 1), Knobs(64, 0.0, 1, 2, 1)} & set(picks)
+
+
+def test_a_closed_loop_reads_its_time_per_request_from_the_paced_rate() -> None:
+    """A window whose edges cut a batch out of its count reads 427 requests/s by its count and
+    400 between its batches: the loop's time per request (32 clients) is read from the 400."""
+    policy = Policy("m", space=SPACE, slo_ms=100.0, cores=2, settings=AgentSettings())
+    for _ in range(policy.load_kind.readings):
+        policy.load_kind.observe(32)
+    edge_cut = WindowStats(
+        0.6, 256, 426.7, 1.0, 40.0, 70.0, 75.0, 0, 0, 0, 256, paced_rate_per_s=400.0
+    )
+    m = Measurement.from_window_stats(edge_cut)
+    assert m.throughput_per_s == pytest.approx(426.7, rel=1e-3)
+    assert m.loop_throughput_per_s == 400.0
+    config = Knobs(16, 0.0, 1, 2, 1)
+    assert policy.value_of(config, m) == policy.objective(config, replace(m, p95_ms=80.0))
+    unpaced = Measurement.from_window_stats(replace(edge_cut, paced_rate_per_s=0.0))
+    assert unpaced.loop_throughput_per_s == unpaced.throughput_per_s
 
 
 def test_a_closed_loop_search_skips_the_batch_sizes_its_clients_cannot_tell_apart(
