@@ -337,7 +337,6 @@ class ModelHost:
         for q in record.queue_s:
             self._queue_seconds.observe(q)
         self.statistics.batch(record.rows, record.queue_s, record.compute_s)
-        self._requests.batch(time.monotonic(), record.requests)
         self._queue_depth_gauge.set(self._batcher.queue_depth)
 
     def _batch_stuck(self) -> None:

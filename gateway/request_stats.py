@@ -12,14 +12,6 @@ Two stores, disjoint, each bounded:
   bins), for the last ``max_window_s`` seconds. A window reaching past the exact records adds
   the buckets it spans; the second at its start edge is counted by the fraction of it inside.
 
-A third exact store keeps the newest batches (when each came back, and how many requests it
-held), for the window's **paced rate**: the requests answered per second counted from the
-window's first batch to its last. Requests leave in batches, so a window's edges cut the count
-by whole batches: under a closed loop of 32 clients in batches of 16 to 32, a half-second
-window holds 10 to 20 batches, and one more or fewer moves ``completed / window_s`` by 5-10 %,
-more than the gains the tuner's trials compare. Counted between batches, the count and the span
-hold the same whole batches.
-
 Once the exact store is full a window that reaches past it is served from both, so no count is
 capped by how many records fit (a fixed 20,000 requests over a 10 s window read 2,000 req/s at
 any higher rate), and its percentiles come from the merged histogram: within one bin, an
@@ -105,7 +97,6 @@ class RequestStats:
         self._done: deque[tuple[float, float, int, bool]] = deque()
         self._arrived: deque[tuple[float, int, int]] = deque()
         self._rejected: deque[float] = deque()
-        self._batches: deque[tuple[float, int]] = deque(maxlen=exact)  # (came back, requests)
         # The time of the newest record of each kind pushed into the seconds (done, arrived,
         # rejected): a window starting after it is served by the exact records alone.
         self._spilled_to = [-math.inf, -math.inf, -math.inf]
@@ -148,10 +139,6 @@ class RequestStats:
             if (second := self._second(t, at, _REJECTED)) is not None:
                 second.rejected += 1
         self._rejected.append(at)
-
-    def batch(self, at: float, requests: int) -> None:
-        """A batch of ``requests`` came back at ``at``."""
-        self._batches.append((at, requests))
 
     def _second(self, t: float, now: float, kind: int) -> _Second | None:
         """The bucket of the second ``t`` fell in, or None when no window reaches it."""
@@ -205,7 +192,6 @@ class RequestStats:
             arrived_rows=round(sum(a[1] for a in arrived) + spilled.arrived_rows),
             in_system=in_system,
             in_system_peak=max(in_system, spilled.peak_inside, *(a[2] for a in arrived)),
-            paced_rate_per_s=_paced_rate(_newest(self._batches, since)),
         )
 
     def _spill(self, since: float) -> _Spilled:
@@ -249,23 +235,6 @@ class RequestStats:
             if second is not None:
                 counts[key - first] += second.completed
         return counts
-
-
-PACED_LEAST_BATCHES = 3
-"""Batches a paced rate is read from, at least: two spans between them."""
-
-
-def _paced_rate(batches: list[tuple[float, int]]) -> float:
-    """Requests per second from the first of ``batches`` (newest first) to the last, the first
-    batch's own requests left out (they came back at the span's start); 0.0 when fewer than
-    ``PACED_LEAST_BATCHES`` or no time between them. Batches older than the store reaches are
-    not counted: the rate is then read over the part of the window it holds."""
-    if len(batches) < PACED_LEAST_BATCHES:
-        return 0.0
-    span = batches[0][0] - batches[-1][0]
-    if span <= 0.0:
-        return 0.0
-    return sum(n for _, n in batches[:-1]) / span
 
 
 def _share(key: int, since: float, spilled_to: float) -> float:

@@ -34,7 +34,3 @@ class WindowStats:
     an open loop's peak moves with its bursts (``rrl.agent.evidence.LoadKind``). A reading at
     one instant says less: a batch that holds every client empties the model at once, so it
     reads anywhere from 1 to N."""
-    paced_rate_per_s: float = 0.0
-    """Requests answered per second from the window's first batch to its last (0.0 when it saw
-    fewer than three): ``rate_per_s`` counts whole batches against a span its edges cut through
-    them, which moves it by a batch's share of the window (``gateway.request_stats``)."""

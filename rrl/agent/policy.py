@@ -834,7 +834,7 @@ class Policy:
         assert self.incumbent is not None
         # A closed loop's p95 is its clients' doing (N of them always waiting): its time per
         # request says whether the configuration serves them worse.
-        per_request = self.load_kind.per_request_ms(m.loop_throughput_per_s)
+        per_request = self.load_kind.per_request_ms(m.throughput_per_s)
         p95, what = (m.p95_ms, "p95") if per_request is None else (per_request, "time per request")
         margin = p95 <= s.p95_fraction * self.objective.slo_ms and m.slo_violations == 0
         if not margin:
@@ -945,7 +945,7 @@ class Policy:
 
     def _observe_band(self, config: Knobs, measurement: Measurement) -> None:
         """A closed loop's window against the closed-loop simulation's prediction for it."""
-        measured = self.load_kind.per_request_ms(measurement.loop_throughput_per_s)
+        measured = self.load_kind.per_request_ms(measurement.throughput_per_s)
         if measured is None:
             return
         predicted = self.queue_model.closed_loop_ms(config, self.load_kind.population)
@@ -1051,7 +1051,7 @@ class Policy:
         """The objective of a measured window; in a closed loop its time per request by
         Little's law (``LoadKind.per_request_ms``) stands in for the p95 (the SLO's penalty for
         late answers is kept)."""
-        per_request_ms = self.load_kind.per_request_ms(measurement.loop_throughput_per_s)
+        per_request_ms = self.load_kind.per_request_ms(measurement.throughput_per_s)
         if per_request_ms is not None:
             measurement = replace(measurement, p95_ms=per_request_ms)
         return self.objective(config, measurement)

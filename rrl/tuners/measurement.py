@@ -26,9 +26,6 @@ class Measurement:
     rows_per_request: float = 1.0
     arrived: int | None = None
     """Requests that arrived in the window (refused ones too), when the source counts them."""
-    paced_throughput_per_s: float | None = None
-    """Requests answered per second between the window's first and last batch, when the source
-    reads it (``WindowStats.paced_rate_per_s``)."""
 
     @property
     def rate_per_s(self) -> float:
@@ -52,13 +49,6 @@ class Measurement:
     def throughput_per_s(self) -> float:
         return self.completed / self.duration_s if self.duration_s > 0 else 0.0
 
-    @property
-    def loop_throughput_per_s(self) -> float:
-        """The throughput a closed loop's time per request is read from: the paced rate where
-        there is one (a half-second window's edges cut whole batches from ``throughput_per_s``,
-        5-10 % of it under a loop of a few batches), else ``throughput_per_s``."""
-        return self.paced_throughput_per_s or self.throughput_per_s
-
     @classmethod
     def from_window_stats(
         cls, stats: WindowStats, *, cpu_cores: float | None = None
@@ -79,5 +69,4 @@ class Measurement:
             cpu_cores=cpu_cores,
             rows_per_request=stats.rows_per_request or 1.0,
             arrived=stats.arrived,
-            paced_throughput_per_s=stats.paced_rate_per_s or None,
         )

@@ -140,33 +140,3 @@ def test_a_window_reaching_past_the_exact_records_keeps_the_peak_of_each_second(
         stats.arrive(10.5 + i / 133.0, 1, 1 + i % 3)
     assert stats.window(13.5, 3.5, queue_depth=0, in_system=0).in_system_peak == 9
     assert stats.window(13.5, 1.0, queue_depth=0, in_system=0).in_system_peak == 3
-
-
-def test_the_paced_rate_holds_whole_batches_where_the_window_edges_cut_them() -> None:
-    """Batches of 16 every 40 ms (400 requests/s): a 0.6 s window holds 15 or 16 of them
-    depending on where its edges fall, so ``rate_per_s`` reads 400 or 427; counted from the
-    window's first batch to its last, the rate is 400 at every edge."""
-    stats = RequestStats(slo_s=SLO_S)
-    for i in range(100):
-        at = 1000.0 + 0.040 * i
-        for _ in range(16):
-            stats.complete(at, 0.010, 1)
-        stats.batch(at, 16)
-    edge_rates, paced = set(), []
-    for offset in np.linspace(0.0, 0.039, 14):
-        w = stats.window(1003.96 + offset, 0.6, queue_depth=0, in_system=0)
-        edge_rates.add(round(w.rate_per_s, 1))
-        paced.append(w.paced_rate_per_s)
-    assert edge_rates == {400.0, 426.7}
-    assert paced == pytest.approx([400.0] * len(paced))
-
-
-def test_a_paced_rate_needs_three_batches() -> None:
-    stats = RequestStats(slo_s=SLO_S)
-    stats.batch(1000.0, 8)
-    stats.batch(1000.1, 8)
-    assert stats.window(1000.2, 1.0, queue_depth=0, in_system=0).paced_rate_per_s == 0.0
-    stats.batch(1000.2, 8)
-    assert stats.window(1000.2, 1.0, queue_depth=0, in_system=0).paced_rate_per_s == (
-        pytest.approx(80.0)
-    )

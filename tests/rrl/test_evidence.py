@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -962,24 +961,6 @@ def test_a_closed_loop_search_from_an_eager_batch_above_the_loop_reaches_a_small
         policy.memory.reject(key, pick)
     assert Knobs(16, 0.0, 1, 2, 1) in picks
     assert not {Knobs(32, 0.0, 1, 2, 1), Knobs(64, 0.0, 1, 2, 1)} & set(picks)
-
-
-def test_a_closed_loop_reads_its_time_per_request_from_the_paced_rate() -> None:
-    """A window whose edges cut a batch out of its count reads 427 requests/s by its count and
-    400 between its batches: the loop's time per request (32 clients) is read from the 400."""
-    policy = Policy("m", space=SPACE, slo_ms=100.0, cores=2, settings=AgentSettings())
-    for _ in range(policy.load_kind.readings):
-        policy.load_kind.observe(32)
-    edge_cut = WindowStats(
-        0.6, 256, 426.7, 1.0, 40.0, 70.0, 75.0, 0, 0, 0, 256, paced_rate_per_s=400.0
-    )
-    m = Measurement.from_window_stats(edge_cut)
-    assert m.throughput_per_s == pytest.approx(426.7, rel=1e-3)
-    assert m.loop_throughput_per_s == 400.0
-    config = Knobs(16, 0.0, 1, 2, 1)
-    assert policy.value_of(config, m) == policy.objective(config, replace(m, p95_ms=80.0))
-    unpaced = Measurement.from_window_stats(replace(edge_cut, paced_rate_per_s=0.0))
-    assert unpaced.loop_throughput_per_s == unpaced.throughput_per_s
 
 
 def test_a_closed_loop_search_skips_the_batch_sizes_its_clients_cannot_tell_apart(
