@@ -75,9 +75,24 @@ class WrkResult:
 
 def ensure_wrk() -> str:
     """The wrk binary, installed from Debian's packages when missing (as root, or with sudo)."""
-    found = shutil.which("wrk")
+    return ensure_debian_binary("wrk", "wrk")
+
+
+def ensure_debian_binary(binary: str, package: str) -> str:
+    """``binary``'s path, installing Debian's ``package`` when it is missing (as root, or with
+    sudo; the package index is refreshed only when the first try fails)."""
+    found = shutil.which(binary)
     if found is not None:
         return found
+    sudo = [] if os.geteuid() == 0 else ["sudo"]
+    install = [*sudo, "apt-get", "install", "-y", "-q", package]
+    if subprocess.run(install, capture_output=True, check=False).returncode != 0:
+        subprocess.run([*sudo, "apt-get", "update", "-q"], capture_output=True, check=True)
+        subprocess.run(install, capture_output=True, check=True)
+    found = shutil.which(binary)
+    if found is None:
+        raise RuntimeError(f"{binary} is not installed and apt-get could not install {package}")
+    return found
     sudo = [] if os.geteuid() == 0 else ["sudo"]
     install = [*sudo, "apt-get", "install", "-y", "-q", "wrk"]
     if subprocess.run(install, capture_output=True, check=False).returncode != 0:

@@ -47,14 +47,17 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
   }
 fi
 
-# iotgw bench find's closed loops run Debian's wrk (a C load generator), its quick run included.
-if ! command -v wrk >/dev/null 2>&1; then
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get install -y -q wrk >/dev/null 2>&1 || {
-    $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q wrk >/dev/null
-  }
-fi
+# The benchmarks' closed loops run C load generators, their quick runs included: Debian's wrk
+# (HTTP) and h2load (gRPC, from nghttp2-client).
+for tool in wrk:wrk h2load:nghttp2-client; do
+  if ! command -v "${tool%%:*}" >/dev/null 2>&1; then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get install -y -q "${tool#*:}" >/dev/null 2>&1 || {
+      $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q "${tool#*:}" >/dev/null
+    }
+  fi
+done
 
 if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"

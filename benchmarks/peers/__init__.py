@@ -13,7 +13,7 @@ intra- and inter-op threads).
 The arms: MLServer and Triton, the default ``iotgw serve`` (agent on: the arm that counts) and
 ``iotgw serve --no-tuner`` with the best static configuration, on the same OIP JSON body
 (Triton's tensors carry the ONNX names, so one body serves all), and the static gateway on the
-binary tensor extension beside them. Three loads, arms interleaved round after round:
+binary tensor extension beside them. Four loads, arms interleaved round after round:
 
 1. The project's closed-loop client (``benchmarks.loadgen``) at 1 and 8 rows per request and 1,
    8, 32 and 128 clients: the MLServer summary, ``vs_mlserver_throughput_ratio_c32`` (target
@@ -21,7 +21,11 @@ binary tensor extension beside them. Three loads, arms interleaved round after r
 2. wrk (``wrk_points``) at 1, 8, 32 and 128 connections, one row per request: the Triton
    summary, ``vs_triton_throughput_ratio_c8``, ``_c32``, ``_c128`` (>= 1.2),
    ``vs_triton_p99_ratio_c32`` (<= 1.0), ``vs_triton_p50_ratio_c1`` (<= 0.5).
-3. Poisson arrivals (``capacity``, through ``iotgw sim``): each arm's capacity at the model's
+3. h2load over gRPC (``grpc_points``) at 1, 8, 32 and 128 calls in flight, one row per
+   request: both gateways' gRPC endpoints against Triton's, the same serialized
+   ``ModelInferRequest`` to each, the server's own success count checked against every run;
+   the same keys as through wrk, prefixed ``grpc_``, judged against the same targets.
+4. Poisson arrivals (``capacity``, through ``iotgw sim``): each arm's capacity at the model's
    SLO, ``vs_triton_capacity_ratio`` (>= 1.25).
 
 Each Triton figure stands beside its noise floor and its verdict (``triton_report``,

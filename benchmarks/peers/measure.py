@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -23,6 +23,8 @@ from benchmarks.http.workload import Model
 from benchmarks.loadgen import LoadJob, run_load
 from benchmarks.peers.plan import PEERS, Plan, windows
 from benchmarks.peers.workload import Request, binary_request, json_request
+
+_Arm = TypeVar("_Arm")
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +103,7 @@ def one_run(
     }
 
 
-def rotated(arms: Sequence[Arm], round_no: int) -> list[Arm]:
+def rotated(arms: Sequence[_Arm], round_no: int) -> list[_Arm]:
     """Round ``r`` starts with arm ``r mod n``: each arm takes each place in turn, so that a
     drift of the machine over a point does not favour one arm."""
     k = round_no % len(arms)
@@ -171,11 +173,20 @@ def repeat_floor(runs: Sequence[dict[str, Any]], key: str) -> float | None:
     return pair_floor([r[key] for r in runs])
 
 
-def peer_ratios(by_arm: dict[str, list[dict[str, Any]]], throughput: str) -> dict[str, Any]:
-    """``vs_<peer>`` for each peer measured: per gateway arm, the median over rounds of its
-    figure over the peer's in the same round (``throughput``, p50 and p99)."""
+def median_of(runs: Sequence[dict[str, Any]], key: str) -> float | None:
+    """The median of the runs' ``key`` where they have one (None: none has)."""
+    values = [r[key] for r in runs if r[key] is not None]
+    return statistics.median(values) if values else None
+
+
+def peer_ratios(
+    by_arm: dict[str, list[dict[str, Any]]], throughput: str, peers: Sequence[str] = PEERS
+) -> dict[str, Any]:
+    """``vs_<peer>`` for each of ``peers`` measured (its name less ``_json``): per gateway arm,
+    the median over rounds of its figure over the peer's in the same round (``throughput``,
+    p50 and p99)."""
     out: dict[str, Any] = {}
-    for peer in PEERS:
+    for peer in peers:
         runs_of_peer = by_arm.get(peer)
         out[f"vs_{peer.removesuffix('_json')}"] = {
             name: {
@@ -184,7 +195,7 @@ def peer_ratios(by_arm: dict[str, list[dict[str, Any]]], throughput: str) -> dic
                 "p99_ratio": _round_ratios(runs, runs_of_peer, "p99_ms"),
             }
             for name, runs in by_arm.items()
-            if runs_of_peer and name not in PEERS
+            if runs_of_peer and name not in peers
         }
     return out
 

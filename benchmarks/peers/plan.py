@@ -42,6 +42,11 @@ GATEWAY_BINARY = "gateway_binary"
 ARMS = (MLSERVER, TRITON, GATEWAY, GATEWAY_STATIC, GATEWAY_BINARY)
 PEERS = (MLSERVER, TRITON)
 JSON_ARMS = (MLSERVER, TRITON, GATEWAY, GATEWAY_STATIC)  # what wrk and the open loop drive
+# Over gRPC (``grpc_points``): Triton's endpoint and the same two gateways'.
+TRITON_GRPC = "triton_grpc"
+GATEWAY_GRPC = "gateway_grpc"
+GATEWAY_STATIC_GRPC = "gateway_static_grpc"
+GRPC_ARMS = (TRITON_GRPC, GATEWAY_GRPC, GATEWAY_STATIC_GRPC)
 
 # Issue 16's targets for the gateway against MLServer (JSON, one row per request).
 TARGETS = {
@@ -77,8 +82,9 @@ class Plan:
     # full run without the peers it is about fails instead.
     peers_optional: bool
     wrk_concurrency: tuple[int, ...]  # closed loops through wrk, one row per request
-    wrk_s: float  # timed window of one wrk run, after a warm-up of ``wrk_warmup_s``
+    wrk_s: float  # timed window of one wrk (or h2load) run, after a warm-up of ``wrk_warmup_s``
     wrk_warmup_s: float
+    grpc_concurrency: tuple[int, ...]  # closed loops over gRPC through h2load, calls in flight
     capacity_repeats: int  # capacity searches per arm (two or more give the noise floor)
     open_s: float  # one open-loop step, after a warm-up of ``open_warmup_s`` on the first
     open_warmup_s: float
@@ -98,6 +104,7 @@ FULL = Plan(
     startup_timeout_s=180.0,
     peers_optional=False,
     wrk_concurrency=(1, 8, 32, 128),
+    grpc_concurrency=(1, 8, 32, 128),
     wrk_s=5.0,
     wrk_warmup_s=1.0,
     capacity_repeats=2,
@@ -118,6 +125,7 @@ QUICK = Plan(
     startup_timeout_s=90.0,
     peers_optional=True,
     wrk_concurrency=(1, 32),
+    grpc_concurrency=(1, 32),
     wrk_s=1.0,
     wrk_warmup_s=0.5,
     capacity_repeats=1,

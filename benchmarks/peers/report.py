@@ -12,6 +12,8 @@ from benchmarks.peers.plan import (
     ARMS,
     GATEWAY,
     GATEWAY_BINARY,
+    GATEWAY_GRPC,
+    GRPC_ARMS,
     MLSERVER,
     MODELS,
     TARGETS,
@@ -19,7 +21,7 @@ from benchmarks.peers.plan import (
     TRITON_TARGETS,
     Plan,
 )
-from benchmarks.peers.triton_report import triton_summary
+from benchmarks.peers.triton_report import grpc_summary, triton_summary
 
 METHOD = {
     "protocol": "Open Inference Protocol v2 over HTTP/1.1 on loopback, "
@@ -35,6 +37,13 @@ METHOD = {
     "wrk": "closed loops through wrk (one thread, keep-alive, the same JSON body, one row per "
     "request) at every JSON arm, a warm-up then the timed window, arms interleaved round by "
     "round; the headline ratios against Triton are these",
+    "grpc": "closed loops over gRPC through h2load (Debian's nghttp2-client, one thread; the "
+    "calls in flight over up to 8 HTTP/2 connections) at Triton's gRPC endpoint and both "
+    "gateways', the same serialized inference.ModelInferRequest (one row in "
+    "raw_input_contents, the same time budget) to each, a warm-up then the timed window, arms "
+    "interleaved round by round; h2load cannot read a gRPC status, so a call is served only "
+    "when the server's own statistics (/v2/models/<model>/stats, success count) counted it, "
+    "and each arm's reply was checked against the runtime before any timing",
     "open_loop": "Poisson arrivals from iotgw sim over HTTP (JSON, one row per request): per "
     "arm, the highest rate on a 1.25x ladder from half its wrk rate at 32 connections (then "
     "the rate between the last passing and the first failing one) whose p99 stays under the "
@@ -135,17 +144,20 @@ def summarize(
     plan: Plan,
     points: Sequence[dict[str, Any]],
     wrk_points: Sequence[dict[str, Any]],
+    grpc_points: Sequence[dict[str, Any]],
     capacity: Sequence[dict[str, Any]],
     runs: Sequence[dict[str, Any]],
     peers: dict[str, dict[str, Any]],
 ) -> dict[str, Any]:
     timed = [r for r in runs if r["figure"] == "peer_run"]
     wrk_runs = [r for r in runs if r["figure"] == "peer_wrk_run"]
+    grpc_runs = [r for r in runs if r["figure"] == "peer_grpc_run"]
     return {
         **{
             model: {
                 **model_summary(points, model),
                 **triton_summary(points, wrk_points, capacity, model),
+                **grpc_summary(grpc_points, model),
             }
             for model in MODELS
         },
@@ -158,6 +170,9 @@ def summarize(
         "lost_requests": {arm: sum(r["lost"] for r in timed if r["arm"] == arm) for arm in ARMS},
         "wrk_failed_requests": {
             arm: sum(r["failed"] for r in wrk_runs if r["arm"] == arm) for arm in ARMS
+        },
+        "grpc_failed_requests": {
+            arm: sum(r["failed"] for r in grpc_runs if r["arm"] == arm) for arm in GRPC_ARMS
         },
         "runs_per_figure": plan.repeats,
         "capacity_searches_per_arm": plan.capacity_repeats,
@@ -174,16 +189,18 @@ def point_line(p: dict[str, Any], throughput: str) -> str:
         return "-" if doc is None else f"{doc:.4g}"
 
     parts = [
-        f"{arm} {med(fig[throughput])}/s p99 {med(fig['p99_ms'])} ms lost {fig['lost']}"
+        f"{arm} {med(fig[throughput])}/s p99 {med(fig['p99_ms'])} ms "
+        f"lost {fig.get('lost', fig.get('failed'))}"
         for arm, fig in p["arms"].items()
     ]
-    for peer in ("mlserver", "triton"):
-        ratio = p.get(f"vs_{peer}", {}).get(GATEWAY, {}).get("throughput_ratio")
+    for peer, arm in (("mlserver", GATEWAY), ("triton", GATEWAY), ("triton_grpc", GATEWAY_GRPC)):
+        ratio = p.get(f"vs_{peer}", {}).get(arm, {}).get("throughput_ratio")
         if ratio is not None:
             parts.append(f"x{med(ratio)} vs {peer}")
     where = p.get("rows_per_request")
     head = f"{p['model']} c={p.get('concurrency', p.get('connections'))}"
-    head += f" rows={where}" if where is not None else " (wrk)"
+    client = " (h2load, gRPC)" if p["figure"] == "peer_grpc_point" else " (wrk)"
+    head += f" rows={where}" if where is not None else client
     return f"{head}: {'; '.join(parts)}"
 
 
@@ -191,9 +208,11 @@ def _cell(doc: dict[str, Any] | None, digits: int = 1) -> str:
     return "-" if doc is None else f"{doc['median']:.{digits}f}"
 
 
-def _ratio_cells(p: dict[str, Any], arm: str) -> list[str]:
+def _ratio_cells(
+    p: dict[str, Any], arm: str, peers: Sequence[str] = ("mlserver", "triton")
+) -> list[str]:
     cells = []
-    for peer in ("mlserver", "triton"):
+    for peer in peers:
         ratio = p.get(f"vs_{peer}", {}).get(arm, {})
         cells += [_cell(ratio.get("throughput_ratio"), 3), _cell(ratio.get("p99_ratio"), 3)]
     return cells
@@ -226,7 +245,9 @@ def _number(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _print_wrk_points(wrk_points: Sequence[dict[str, Any]]) -> None:
+def _print_closed_points(points: Sequence[dict[str, Any]], client: str, grpc: bool) -> None:
+    """wrk's points (HTTP, against both peers) or h2load's (gRPC, against Triton's)."""
+    peers = ("triton_grpc",) if grpc else ("mlserver", "triton")
     for model in MODELS:
         table = [
             [
@@ -236,25 +257,27 @@ def _print_wrk_points(wrk_points: Sequence[dict[str, Any]]) -> None:
                 _number(fig["p50_ms"], 2),
                 _number(fig["p99_ms"], 2),
                 fig["failed"],
-                *_ratio_cells(p, arm),
+                *_ratio_cells(p, arm, peers),
             ]
-            for p in wrk_points
+            for p in points
             if p["model"] == model
             for arm, fig in p["arms"].items()
         ]
-        print(f"\n{model}, wrk, one row per request (medians)")
+        print(f"\n{model}, {client}, one row per request (medians)")
         headers = ["connections", "arm", "req/s", "p50 ms", "p99 ms", "failed"]
-        ratios = ["x req/s MLS", "x p99 MLS", "x req/s Triton", "x p99 Triton"]
+        ratios = [f"x {what} {peer}" for peer in peers for what in ("req/s", "p99")]
         print(format_table([*headers, *ratios], table))
 
 
 def print_tables(
     points: Sequence[dict[str, Any]],
     wrk_points: Sequence[dict[str, Any]],
+    grpc_points: Sequence[dict[str, Any]],
     summary: dict[str, Any],
 ) -> None:
     _print_points(points)
-    _print_wrk_points(wrk_points)
+    _print_closed_points(wrk_points, "wrk", grpc=False)
+    _print_closed_points(grpc_points, "h2load over gRPC", grpc=True)
     print("\nSummary vs MLServer (JSON, one row per request; targets: " + str(summary["targets"]))
     keys = [*TARGETS, *(f"binary_{k}" for k in TARGETS)]
     print(format_table(["figure", *MODELS], [[k, *(summary[m][k] for m in MODELS)] for k in keys]))
@@ -267,7 +290,7 @@ def print_tables(
                 for m in MODELS
             ),
         ]
-        for k in TRITON_TARGETS
+        for k in [*TRITON_TARGETS, *(f"grpc_{k}" for k in TRITON_TARGETS if "capacity" not in k)]
     ]
     print(format_table(["figure", *MODELS], rows_out))
     for m in MODELS:
@@ -277,3 +300,4 @@ def print_tables(
             print(f"{peer} arm skipped: {summary[f'{peer}_skipped']}")
     print(f"lost requests: {summary['lost_requests']}")
     print(f"wrk failed requests: {summary['wrk_failed_requests']}")
+    print(f"gRPC failed requests: {summary['grpc_failed_requests']}")

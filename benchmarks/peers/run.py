@@ -14,6 +14,15 @@ from benchmarks.common import BenchRun, ServerProcess
 from benchmarks.http.workload import Model, build_repository, load_models
 from benchmarks.peers import report
 from benchmarks.peers.capacity import arm_capacity
+from benchmarks.peers.grpc_points import (
+    GATEWAY_COUNTER,
+    TRITON_COUNTER,
+    GrpcArm,
+    SuccessCounter,
+    gateway_target,
+    grpc_point,
+)
+from benchmarks.peers.grpc_points import reply_difference as grpc_reply_difference
 from benchmarks.peers.measure import Arm, measure_point, rotated
 from benchmarks.peers.peer_env import (
     MLSERVER_VERSION,
@@ -27,13 +36,16 @@ from benchmarks.peers.plan import (
     FULL,
     GATEWAY,
     GATEWAY_BINARY,
+    GATEWAY_GRPC,
     GATEWAY_STATIC,
+    GATEWAY_STATIC_GRPC,
     JSON_ARMS,
     MLSERVER,
     MODELS,
     NAME,
     QUICK,
     TRITON,
+    TRITON_GRPC,
     Plan,
 )
 from benchmarks.peers.servers import (
@@ -55,6 +67,7 @@ class Peers:
         self.runs: list[dict[str, Any]] = []
         self.points: list[dict[str, Any]] = []
         self.wrk_points: list[dict[str, Any]] = []
+        self.grpc_points: list[dict[str, Any]] = []
         self.capacity: list[dict[str, Any]] = []
         self.config: dict[str, Any] = {"plan": asdict(plan), **report.METHOD}
         self.peers: dict[str, dict[str, Any]] = {MLSERVER: {}, TRITON: {}}
@@ -127,14 +140,44 @@ def _start_servers(peers: Peers, workdir: Path, models: dict[str, Model]) -> lis
     return arms
 
 
-def _check(peers: Peers, arms: list[Arm], models: dict[str, Model]) -> None:
-    """Every arm answers what the runtime computes, at every row count, before any timing."""
+def _grpc_arms(peers: Peers, arms: list[Arm]) -> list[GrpcArm]:
+    """The gRPC endpoints of both gateways and, when it runs, Triton's (first), each with the
+    metric its server counts successful inferences in."""
+    by_name = {a.name: a for a in arms}
+    sample, labels = GATEWAY_COUNTER
+    out = [
+        GrpcArm(
+            name,
+            gateway_target(by_name[of].server),
+            SuccessCounter(f"{by_name[of].base}/metrics", sample, labels),
+            by_name[of].server,
+        )
+        for name, of in ((GATEWAY_GRPC, GATEWAY), (GATEWAY_STATIC_GRPC, GATEWAY_STATIC))
+    ]
+    if TRITON in by_name:
+        config = peers.peers[TRITON]["config"]
+        sample, labels = TRITON_COUNTER
+        metrics = f"http://{config['host']}:{config['metrics_port']}/metrics"
+        target = f"{config['host']}:{config['grpc_port']}"
+        counter = SuccessCounter(metrics, sample, labels)
+        out.insert(0, GrpcArm(TRITON_GRPC, target, counter, by_name[TRITON].server))
+    return out
+
+
+def _check(
+    peers: Peers, arms: list[Arm], grpc_arms: list[GrpcArm], models: dict[str, Model]
+) -> None:
+    """Every arm answers what the runtime computes, at every row count (one row over gRPC),
+    before any timing."""
     worst: dict[str, float] = {}
     for arm in arms:
         for model in models.values():
             for rows in peers.plan.rows_per_request:
                 diff = reply_difference(model.url(arm.base), model, arm.request(model, rows))
                 worst[arm.name] = max(worst.get(arm.name, 0.0), diff)
+    for g in grpc_arms:
+        for model in models.values():
+            worst[g.name] = max(worst.get(g.name, 0.0), grpc_reply_difference(g, model))
     peers.config["reply_check_max_abs_diff"] = worst
     peers.log(f"every arm answers what the runtime computes (max abs diff {worst})")
 
@@ -166,6 +209,15 @@ def _measure_wrk(peers: Peers, arms: list[Arm], models: dict[str, Model]) -> Non
             peers.log(report.point_line(p, "requests_per_s"))
 
 
+def _measure_grpc(peers: Peers, arms: list[GrpcArm], models: dict[str, Model]) -> None:
+    """The closed loops over gRPC through h2load, one row per request, every gRPC arm."""
+    for name in MODELS:
+        for c in peers.plan.grpc_concurrency:
+            p = grpc_point(peers.plan, arms, models[name], c, peers.runs.append)
+            peers.grpc_points.append(p)
+            peers.log(report.point_line(p, "requests_per_s"))
+
+
 def _measure_capacity(
     peers: Peers, arms: list[Arm], models: dict[str, Model], workdir: Path
 ) -> None:
@@ -192,12 +244,20 @@ def run(plan: Plan, out_dir: Path | None) -> Path:
     with record.workdir() as workdir, contextlib.closing(peers):
         models = load_models(build_repository(workdir / "repo"))
         arms = _start_servers(peers, workdir, models)
-        _check(peers, arms, models)
+        grpc_arms = _grpc_arms(peers, arms)
+        _check(peers, arms, grpc_arms, models)
         _measure(peers, arms, models)
         _measure_wrk(peers, arms, models)
+        _measure_grpc(peers, grpc_arms, models)
         _measure_capacity(peers, arms, models, workdir)
     summary = report.summarize(
-        plan, peers.points, peers.wrk_points, peers.capacity, peers.runs, peers.peers
+        plan,
+        peers.points,
+        peers.wrk_points,
+        peers.grpc_points,
+        peers.capacity,
+        peers.runs,
+        peers.peers,
     )
     packages = {
         **record.machine.get("packages", {}),
@@ -207,8 +267,8 @@ def run(plan: Plan, out_dir: Path | None) -> Path:
     record.machine["packages"] = packages
     peers.config.update({"mlserver": peers.peers[MLSERVER], "triton": peers.peers[TRITON]})
     peers.config["wall_s"] = record.wall_s()
-    report.print_tables(peers.points, peers.wrk_points, summary)
-    runs = [*peers.points, *peers.wrk_points, *peers.capacity, *peers.runs]
+    report.print_tables(peers.points, peers.wrk_points, peers.grpc_points, summary)
+    runs = [*peers.points, *peers.wrk_points, *peers.grpc_points, *peers.capacity, *peers.runs]
     return record.write(summary=summary, runs=runs, config=peers.config)
 
 

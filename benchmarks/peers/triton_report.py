@@ -9,7 +9,8 @@ repeat floors (``measure.repeat_floor``: the same arm in two consecutive rounds)
 larger of the search's resolution and the two arms' repeat floors (None with one search each:
 nothing measured twice). The arm that counts is the default ``iotgw serve`` (``GATEWAY``); the
 ``--no-tuner`` arm's figures (``static_``) and the project's client's (``loadgen_``) stand
-beside it."""
+beside it. The same closed loops over gRPC (``grpc_points``, h2load against Triton's gRPC
+endpoint) are judged the same way under ``grpc_``."""
 
 from __future__ import annotations
 
@@ -21,7 +22,15 @@ from typing import Any
 from benchmarks.judging import judge
 from benchmarks.peers.capacity import STEP
 from benchmarks.peers.measure import pair_floor
-from benchmarks.peers.plan import GATEWAY, GATEWAY_STATIC, TRITON, TRITON_TARGETS
+from benchmarks.peers.plan import (
+    GATEWAY,
+    GATEWAY_GRPC,
+    GATEWAY_STATIC,
+    GATEWAY_STATIC_GRPC,
+    TRITON,
+    TRITON_GRPC,
+    TRITON_TARGETS,
+)
 
 # key -> (concurrency, the ratio's kind, the figure whose floors bound it)
 CLOSED_KEYS = {
@@ -36,14 +45,22 @@ SEARCH_RESOLUTION = math.sqrt(STEP)  # the last step of a search halves the ladd
 
 
 def _closed(
-    points: Sequence[dict[str, Any]], model: str, c: int, arm: str, kind: str, figure: str
+    points: Sequence[dict[str, Any]],
+    model: str,
+    c: int,
+    arm: str,
+    kind: str,
+    figure: str,
+    peer: str = TRITON,
 ) -> tuple[float | None, float | None]:
-    """(ratio, floor) of ``arm`` against Triton at ``c`` connections."""
+    """(ratio, floor) of ``arm`` against ``peer`` (Triton over HTTP, or over gRPC) at ``c``
+    connections."""
     p = next((p for p in points if (p["model"], p["connections"]) == (model, c)), None)
-    if p is None or arm not in p.get("vs_triton", {}):
+    vs = f"vs_{peer.removesuffix('_json')}"
+    if p is None or arm not in p.get(vs, {}):
         return None, None
-    ratio = p["vs_triton"][arm].get(kind)
-    floors = [p["arms"][a]["floors"].get(figure) for a in (arm, TRITON)]
+    ratio = p[vs][arm].get(kind)
+    floors = [p["arms"][a]["floors"].get(figure) for a in (arm, peer)]
     floor = None if None in floors else max(f for f in floors if f is not None)
     return (None if ratio is None else float(ratio["median"])), floor
 
@@ -75,13 +92,27 @@ def _capacity(
     return round(statistics.median(ratios), 4), None if floor is None else round(floor, 4)
 
 
-def _judged(key: str, value: float | None, floor: float | None) -> dict[str, Any]:
+def _judged(key: str, value: float | None, floor: float | None, prefix: str = "") -> dict[str, Any]:
     op, target = TRITON_TARGETS[key]
     return {
-        key: None if value is None else round(value, 4),
-        f"{key}_noise_floor": floor,
-        f"{key}_judged": judge(value, target, floor, at_least=op == ">="),
+        prefix + key: None if value is None else round(value, 4),
+        f"{prefix}{key}_noise_floor": floor,
+        f"{prefix}{key}_judged": judge(value, target, floor, at_least=op == ">="),
     }
+
+
+def grpc_summary(grpc_points: Sequence[dict[str, Any]], model: str) -> dict[str, Any]:
+    """The closed-loop keys over gRPC (``grpc_points``: h2load against Triton's gRPC
+    endpoint), prefixed ``grpc_``, judged against the same targets as over HTTP; the static
+    gateway's beside them (``grpc_static_``)."""
+    out: dict[str, Any] = {}
+    for key, (c, kind, figure) in CLOSED_KEYS.items():
+        found = _closed(grpc_points, model, c, GATEWAY_GRPC, kind, figure, TRITON_GRPC)
+        out.update(_judged(key, *found, prefix="grpc_"))
+    for key, (c, kind, figure) in CLOSED_KEYS.items():
+        static = _closed(grpc_points, model, c, GATEWAY_STATIC_GRPC, kind, figure, TRITON_GRPC)
+        out[f"grpc_static_{key}"] = static[0]
+    return out
 
 
 def triton_summary(

@@ -5,13 +5,19 @@ gateway's ratios to each peer taken within each round."""
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from benchmarks.http.workload import Model
-from benchmarks.peers.measure import Arm, peer_ratios, repeat_floor, rotated, tree_cpu_seconds
+from benchmarks.peers.measure import (
+    Arm,
+    median_of,
+    peer_ratios,
+    repeat_floor,
+    rotated,
+    tree_cpu_seconds,
+)
 from benchmarks.peers.plan import Plan
 from benchmarks.peers.workload import json_request
 from benchmarks.wrk import run_wrk
@@ -58,11 +64,11 @@ def wrk_point(
     arms_out = {}
     for name, runs in by_arm.items():
         arms_out[name] = {
-            **{k: _median(runs, k) for k in KEYS},
+            **{k: median_of(runs, k) for k in KEYS},
             "floors": {k: repeat_floor(runs, k) for k in KEYS},
             "failed": sum(r["failed"] for r in runs),
             "lost": sum(r["lost"] for r in runs),
-            "server_cpu_ms_per_request": _median(runs, "server_cpu_ms_per_request"),
+            "server_cpu_ms_per_request": median_of(runs, "server_cpu_ms_per_request"),
         }
     return {
         "figure": "peer_wrk_point",
@@ -70,8 +76,3 @@ def wrk_point(
         "arms": arms_out,
         **peer_ratios(by_arm, "requests_per_s"),
     }
-
-
-def _median(runs: list[dict[str, Any]], key: str) -> float | None:
-    values = [r[key] for r in runs if r[key] is not None]
-    return statistics.median(values) if values else None

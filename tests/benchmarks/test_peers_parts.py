@@ -24,6 +24,7 @@ from aiohttp import web
 from benchmarks.loadgen import LoadJob, run_load
 from benchmarks.peers import servers as peer_servers
 from benchmarks.peers.capacity import search, step_verdict
+from benchmarks.peers.grpc_points import GATEWAY_COUNTER, TRITON_COUNTER, counted
 from benchmarks.peers.measure import pair_floor
 from benchmarks.peers.peer_env import (
     PeerEnv,
@@ -36,14 +37,17 @@ from benchmarks.peers.plan import (
     FULL,
     GATEWAY,
     GATEWAY_BINARY,
+    GATEWAY_GRPC,
     GATEWAY_STATIC,
+    GATEWAY_STATIC_GRPC,
     MLSERVER,
     TRITON,
+    TRITON_GRPC,
     windows,
 )
 from benchmarks.peers.report import model_summary
 from benchmarks.peers.servers import write_triton_config
-from benchmarks.peers.triton_report import SEARCH_RESOLUTION, triton_summary
+from benchmarks.peers.triton_report import SEARCH_RESOLUTION, grpc_summary, triton_summary
 from gateway.codecs.oip import HEADER_LENGTH
 
 
@@ -423,3 +427,44 @@ def test_one_capacity_search_per_arm_has_no_floor() -> None:
     s = triton_summary([], [], capacity, "sensor_mlp")
     assert s["vs_triton_capacity_ratio"] == 1.5
     assert s["vs_triton_capacity_ratio_judged"] == "unresolved: no noise floor measured"
+
+
+def test_grpc_summary_judges_the_gateways_grpc_against_tritons() -> None:
+    """The same closed-loop keys over gRPC, prefixed ``grpc_``, against Triton's gRPC arm's
+    floors; the static gateway's beside them."""
+    floors = {TRITON_GRPC: 1.02, GATEWAY_GRPC: 1.05, GATEWAY_STATIC_GRPC: 1.0}
+    point = _wrk_point(32, {"throughput_ratio": 1.4, "p50_ratio": 0.8, "p99_ratio": 0.9}, floors)
+    point["vs_triton_grpc"] = {
+        GATEWAY_GRPC: point.pop("vs_triton")[GATEWAY],
+        GATEWAY_STATIC_GRPC: {"throughput_ratio": {"median": 1.6}},
+    }
+    s = grpc_summary([point], "sensor_mlp")
+    assert s["grpc_vs_triton_throughput_ratio_c32"] == 1.4
+    assert s["grpc_vs_triton_throughput_ratio_c32_noise_floor"] == 1.05
+    assert s["grpc_vs_triton_throughput_ratio_c32_judged"] == "met"  # 1.4 / 1.05 >= 1.2
+    assert s["grpc_vs_triton_p99_ratio_c32_judged"] == "met"  # 0.9 x 1.05 <= 1.0
+    assert s["grpc_vs_triton_throughput_ratio_c8_judged"] == "missed: no figure"
+    assert s["grpc_static_vs_triton_throughput_ratio_c32"] == 1.6
+    assert "grpc_vs_triton_capacity_ratio" not in s  # no open loop over gRPC
+
+
+def test_a_servers_success_count_is_read_from_its_metrics() -> None:
+    """Over gRPC the benchmark trusts a call only as far as the server counted it a success:
+    Triton's counter (no ``_total`` in its exposition) and the gateway's, by model, summed over
+    versions, the gateway's over gRPC with outcome ok only."""
+    triton = (
+        "# TYPE nv_inference_request_success counter\n"
+        'nv_inference_request_success{model="vision_cnn",version="1"} 3\n'
+        'nv_inference_request_success{model="sensor_mlp",version="1"} 785\n'
+    )
+    sample, labels = TRITON_COUNTER
+    assert counted(triton, sample, {**labels, "model": "sensor_mlp"}) == 785
+    gateway = (
+        "# TYPE iotgw_requests counter\n"
+        'iotgw_requests_total{model="sensor_mlp",version="1",transport="grpc",outcome="ok"} 40\n'
+        'iotgw_requests_total{model="sensor_mlp",version="2",transport="grpc",outcome="ok"} 2\n'
+        'iotgw_requests_total{model="sensor_mlp",version="1",transport="http",outcome="ok"} 9\n'
+        'iotgw_requests_total{model="sensor_mlp",version="1",transport="grpc",outcome="error"} 5\n'
+    )
+    sample, labels = GATEWAY_COUNTER
+    assert counted(gateway, sample, {**labels, "model": "sensor_mlp"}) == 42

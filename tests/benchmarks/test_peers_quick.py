@@ -18,7 +18,10 @@ from benchmarks.peers.peer_env import PeerUnavailable, ensure_mlserver, ensure_t
 from benchmarks.peers.plan import (
     ARMS,
     GATEWAY,
+    GATEWAY_GRPC,
     GATEWAY_STATIC,
+    GATEWAY_STATIC_GRPC,
+    GRPC_ARMS,
     JSON_ARMS,
     MLSERVER,
     MODELS,
@@ -26,6 +29,7 @@ from benchmarks.peers.plan import (
     STATIC_KNOBS,
     TARGETS,
     TRITON,
+    TRITON_GRPC,
     TRITON_TARGETS,
 )
 from tests.benchmarks.bench_process import run_bench
@@ -186,6 +190,38 @@ def test_wrk_measures_every_json_arm(
             assert set(p["vs_triton"]) == {GATEWAY, GATEWAY_STATIC}
     runs = [r for r in doc["runs"] if r["figure"] == "peer_wrk_run"]
     assert len(runs) == len(expected) * len(arms) * QUICK.repeats
+
+
+def test_h2load_measures_every_grpc_arm(
+    quick: tuple[dict[str, Any], str], uninstallable: dict[str, str]
+) -> None:
+    """Over gRPC every arm answered what the runtime computes before any timing, every call
+    h2load saw answered was counted as a success by the server itself, and the gateway's
+    ratios to Triton's gRPC endpoint are judged as over HTTP."""
+    doc = quick[0]
+    arms = {a for a in GRPC_ARMS if not (a == TRITON_GRPC and TRITON in uninstallable)}
+    assert arms <= set(doc["config"]["reply_check_max_abs_diff"])
+    points = [r for r in doc["runs"] if r["figure"] == "peer_grpc_point"]
+    expected = {(m, c) for m in MODELS for c in QUICK.grpc_concurrency}
+    assert {(p["model"], p["connections"]) for p in points} == expected
+    for p in points:
+        assert set(p["arms"]) == arms
+        for fig in p["arms"].values():
+            assert fig["requests_per_s"] > 0 and fig["failed"] == 0
+    runs = [r for r in doc["runs"] if r["figure"] == "peer_grpc_run"]
+    assert len(runs) == len(expected) * len(arms) * QUICK.repeats
+    for r in runs:  # the server's own count agrees with what h2load saw answered
+        assert r["served_by_server"] >= r["answered"] > 0
+    assert doc["summary"]["grpc_failed_requests"] == dict.fromkeys(GRPC_ARMS, 0)
+    if TRITON in uninstallable:
+        return
+    for model in MODELS:
+        s = doc["summary"][model]
+        for key in ("vs_triton_throughput_ratio_c32", "vs_triton_p50_ratio_c1"):
+            for name in (f"grpc_{key}", f"grpc_static_{key}"):
+                assert isinstance(s[name], float) and s[name] > 0, name
+            assert isinstance(s[f"grpc_{key}_judged"], str)
+    assert {GATEWAY_GRPC, GATEWAY_STATIC_GRPC} == set(points[0]["vs_triton_grpc"])
 
 
 def test_every_point_measures_every_arm(
