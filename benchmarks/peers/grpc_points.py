@@ -27,16 +27,12 @@ from benchmarks.common import ServerProcess
 from benchmarks.h2load import run_h2load
 from benchmarks.http.workload import TOLERANCE, Model
 from benchmarks.peers.measure import (
-    median_of,
-    peer_ratios,
-    repeat_floor,
-    rotated,
+    interleaved_point,
     tree_cpu_seconds,
 )
 from benchmarks.peers.plan import REQUEST_BUDGET_S, TRITON_GRPC, Plan
 
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
-KEYS = ("requests_per_s", "p50_ms", "p99_ms")
 _GRPC_LISTENING = r"gRPC listening on grpc://([^:\s]+):(\d+)"
 
 
@@ -177,27 +173,14 @@ def grpc_point(
     record: Callable[[dict[str, Any]], None],
 ) -> dict[str, Any]:
     """Every arm ``plan.repeats`` times at ``calls`` in flight, interleaved; each run handed to
-    ``record``. Returns the point: per arm the medians and floors, the ratios to Triton."""
+    ``record``. Returns the point: per arm the medians and floors, the ratios to Triton's."""
     message = infer_message(model)
-    point = {"model": model.name, "connections": calls}
-    by_arm: dict[str, list[dict[str, Any]]] = {arm.name: [] for arm in arms}
-    for round_no in range(plan.repeats):
-        for arm in rotated(arms, round_no):
-            run = grpc_run(plan, arm, model, message, calls)
-            by_arm[arm.name].append(run)
-            record({"figure": "peer_grpc_run", **point, "arm": arm.name, "round": round_no, **run})
-    arms_out = {
-        name: {
-            **{k: median_of(runs, k) for k in KEYS},
-            "floors": {k: repeat_floor(runs, k) for k in KEYS},
-            "failed": sum(r["failed"] for r in runs),
-            "server_cpu_ms_per_request": median_of(runs, "server_cpu_ms_per_request"),
-        }
-        for name, runs in by_arm.items()
-    }
-    return {
-        "figure": "peer_grpc_point",
-        **point,
-        "arms": arms_out,
-        **peer_ratios(by_arm, "requests_per_s", peers=(TRITON_GRPC,)),
-    }
+    return interleaved_point(
+        plan,
+        arms,
+        {"model": model.name, "connections": calls},
+        "peer_grpc",
+        lambda arm: grpc_run(plan, arm, model, message, calls),
+        record,
+        peers=(TRITON_GRPC,),
+    )

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -108,6 +108,53 @@ def rotated(arms: Sequence[_Arm], round_no: int) -> list[_Arm]:
     drift of the machine over a point does not favour one arm."""
     k = round_no % len(arms)
     return [*arms[k:], *arms[:k]]
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+_NamedArm = TypeVar("_NamedArm", bound=_Named)
+
+CLOSED_KEYS = ("requests_per_s", "p50_ms", "p99_ms")
+"""What a closed-loop point through a C client (wrk, h2load) summarises per arm."""
+
+
+def interleaved_point(
+    plan: Plan,
+    arms: Sequence[_NamedArm],
+    point: dict[str, Any],
+    figure: str,
+    run_one: Callable[[_NamedArm], dict[str, Any]],
+    record: Callable[[dict[str, Any]], None],
+    peers: Sequence[str] = PEERS,
+) -> dict[str, Any]:
+    """Every arm ``plan.repeats`` times (``run_one``), interleaved (``rotated``); each run
+    handed to ``record`` as ``<figure>_run``. Returns the point (``<figure>_point``): per arm
+    the medians and floors of ``CLOSED_KEYS``, its failed (and lost) calls and its server's
+    CPU per request, and the ratios to each of ``peers``."""
+    by_arm: dict[str, list[dict[str, Any]]] = {arm.name: [] for arm in arms}
+    for round_no in range(plan.repeats):
+        for arm in rotated(arms, round_no):
+            run = run_one(arm)
+            by_arm[arm.name].append(run)
+            record({"figure": f"{figure}_run", **point, "arm": arm.name, "round": round_no, **run})
+    arms_out = {
+        name: {
+            **{k: median_of(runs, k) for k in CLOSED_KEYS},
+            "floors": {k: repeat_floor(runs, k) for k in CLOSED_KEYS},
+            **{k: sum(r[k] for r in runs) for k in ("failed", "lost") if k in runs[0]},
+            "server_cpu_ms_per_request": median_of(runs, "server_cpu_ms_per_request"),
+        }
+        for name, runs in by_arm.items()
+    }
+    return {
+        "figure": f"{figure}_point",
+        **point,
+        "arms": arms_out,
+        **peer_ratios(by_arm, "requests_per_s", peers),
+    }
 
 
 def measure_point(

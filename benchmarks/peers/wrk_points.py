@@ -12,17 +12,12 @@ from typing import Any
 from benchmarks.http.workload import Model
 from benchmarks.peers.measure import (
     Arm,
-    median_of,
-    peer_ratios,
-    repeat_floor,
-    rotated,
+    interleaved_point,
     tree_cpu_seconds,
 )
 from benchmarks.peers.plan import Plan
 from benchmarks.peers.workload import json_request
 from benchmarks.wrk import run_wrk
-
-KEYS = ("requests_per_s", "p50_ms", "p99_ms")
 
 
 def wrk_run(plan: Plan, arm: Arm, model: Model, body: bytes, connections: int) -> dict[str, Any]:
@@ -54,25 +49,11 @@ def wrk_point(
     """Every arm ``plan.repeats`` times at ``connections``, interleaved; each run handed to
     ``record``. Returns the point: per arm the medians and floors, the ratios to each peer."""
     body = json_request(model, 1).body
-    point = {"model": model.name, "connections": connections}
-    by_arm: dict[str, list[dict[str, Any]]] = {arm.name: [] for arm in arms}
-    for round_no in range(plan.repeats):
-        for arm in rotated(arms, round_no):
-            run = wrk_run(plan, arm, model, body, connections)
-            by_arm[arm.name].append(run)
-            record({"figure": "peer_wrk_run", **point, "arm": arm.name, "round": round_no, **run})
-    arms_out = {}
-    for name, runs in by_arm.items():
-        arms_out[name] = {
-            **{k: median_of(runs, k) for k in KEYS},
-            "floors": {k: repeat_floor(runs, k) for k in KEYS},
-            "failed": sum(r["failed"] for r in runs),
-            "lost": sum(r["lost"] for r in runs),
-            "server_cpu_ms_per_request": median_of(runs, "server_cpu_ms_per_request"),
-        }
-    return {
-        "figure": "peer_wrk_point",
-        **point,
-        "arms": arms_out,
-        **peer_ratios(by_arm, "requests_per_s"),
-    }
+    return interleaved_point(
+        plan,
+        arms,
+        {"model": model.name, "connections": connections},
+        "peer_wrk",
+        lambda arm: wrk_run(plan, arm, model, body, connections),
+        record,
+    )

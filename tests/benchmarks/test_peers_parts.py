@@ -14,6 +14,7 @@ import math
 import os
 import subprocess
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -25,7 +26,7 @@ from benchmarks.loadgen import LoadJob, run_load
 from benchmarks.peers import servers as peer_servers
 from benchmarks.peers.capacity import search, step_verdict
 from benchmarks.peers.grpc_points import GATEWAY_COUNTER, TRITON_COUNTER, counted
-from benchmarks.peers.measure import pair_floor
+from benchmarks.peers.measure import interleaved_point, pair_floor
 from benchmarks.peers.peer_env import (
     PeerEnv,
     PeerUnavailable,
@@ -468,3 +469,44 @@ def test_a_servers_success_count_is_read_from_its_metrics() -> None:
     )
     sample, labels = GATEWAY_COUNTER
     assert counted(gateway, sample, {**labels, "model": "sensor_mlp"}) == 42
+
+
+def test_an_interleaved_point_rotates_the_arms_and_takes_ratios_within_rounds() -> None:
+    """wrk's and h2load's points: every arm once a round, the first arm rotating, each run
+    recorded; per arm the medians and floors, the calls failed summed, and the gateway's
+    ratio to the peer taken round by round."""
+    rates = {TRITON_GRPC: [100.0, 110.0, 90.0], GATEWAY_GRPC: [150.0, 121.0, 180.0]}
+    order: list[str] = []
+
+    def run_one(arm: SimpleNamespace) -> dict[str, Any]:
+        order.append(arm.name)
+        rate = rates[arm.name][sum(name == arm.name for name in order) - 1]
+        return {
+            "requests_per_s": rate,
+            "p50_ms": 1000.0 / rate,
+            "p99_ms": 2000.0 / rate,
+            "failed": 1,
+            "server_cpu_ms_per_request": 0.5,
+        }
+
+    recorded: list[dict[str, Any]] = []
+    arms = [SimpleNamespace(name=TRITON_GRPC), SimpleNamespace(name=GATEWAY_GRPC)]
+    plan = replace(FULL, repeats=3)
+    p = interleaved_point(
+        plan,
+        arms,
+        {"model": "m", "connections": 8},
+        "peer_grpc",
+        run_one,
+        recorded.append,
+        peers=(TRITON_GRPC,),
+    )
+    first, second = TRITON_GRPC, GATEWAY_GRPC
+    assert order == [first, second, second, first, first, second]  # rounds 0, 1, 2
+    assert [r["figure"] for r in recorded] == ["peer_grpc_run"] * 6
+    assert p["figure"] == "peer_grpc_point" and p["connections"] == 8
+    mine = p["arms"][GATEWAY_GRPC]
+    assert mine["requests_per_s"] == 150.0 and mine["failed"] == 3 and "lost" not in mine
+    assert mine["floors"]["requests_per_s"] == pair_floor([150.0, 121.0, 180.0])
+    ratio = p["vs_triton_grpc"][GATEWAY_GRPC]["throughput_ratio"]
+    assert ratio["median"] == 1.5 and ratio["min"] == 1.1 and ratio["max"] == 2.0
