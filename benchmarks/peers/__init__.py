@@ -24,7 +24,8 @@ binary tensor extension beside them. Four loads, arms interleaved round after ro
 3. h2load over gRPC (``grpc_points``) at 1, 8, 32 and 128 calls in flight, one row per
    request: both gateways' gRPC endpoints against Triton's, the same serialized
    ``ModelInferRequest`` to each, the server's own success count checked against every run;
-   the same keys as through wrk, prefixed ``grpc_``, judged against the same targets.
+   ``grpc_vs_triton_grpc_throughput_ratio_c32`` (>= 1.0), and the other closed-loop figures as
+   through wrk (``grpc_vs_triton_grpc_...``), each beside its floor.
 4. Poisson arrivals (``capacity``, through ``iotgw sim``): each arm's capacity at the model's
    SLO, ``vs_triton_capacity_ratio`` (>= 1.25).
 

@@ -65,6 +65,9 @@ TRITON_TARGETS = {
     "vs_triton_capacity_ratio": (">=", 1.25),
 }
 
+# Issue 33's target for the gateway's gRPC (agent on) against Triton's gRPC, h2load at 32 calls.
+GRPC_TARGETS = {"grpc_vs_triton_grpc_throughput_ratio_c32": (">=", 1.0)}
+
 
 @dataclass(frozen=True, slots=True)
 class Plan:

@@ -14,6 +14,7 @@ from benchmarks.peers.plan import (
     GATEWAY_BINARY,
     GATEWAY_GRPC,
     GRPC_ARMS,
+    GRPC_TARGETS,
     MLSERVER,
     MODELS,
     TARGETS,
@@ -21,7 +22,7 @@ from benchmarks.peers.plan import (
     TRITON_TARGETS,
     Plan,
 )
-from benchmarks.peers.triton_report import grpc_summary, triton_summary
+from benchmarks.peers.triton_report import CLOSED_KEYS, grpc_key, grpc_summary, triton_summary
 
 METHOD = {
     "protocol": "Open Inference Protocol v2 over HTTP/1.1 on loopback, "
@@ -167,6 +168,7 @@ def summarize(
         "triton_skipped": peers[TRITON].get("skipped"),
         "targets": {k: f"{op} {bound:g}" for k, (op, bound) in TARGETS.items()},
         "triton_targets": {k: f"{op} {bound:g}" for k, (op, bound) in TRITON_TARGETS.items()},
+        "grpc_targets": {k: f"{op} {bound:g}" for k, (op, bound) in GRPC_TARGETS.items()},
         "lost_requests": {arm: sum(r["lost"] for r in timed if r["arm"] == arm) for arm in ARMS},
         "wrk_failed_requests": {
             arm: sum(r["failed"] for r in wrk_runs if r["arm"] == arm) for arm in ARMS
@@ -290,7 +292,20 @@ def print_tables(
                 for m in MODELS
             ),
         ]
-        for k in [*TRITON_TARGETS, *(f"grpc_{k}" for k in TRITON_TARGETS if "capacity" not in k)]
+        for k in TRITON_TARGETS
+    ]
+    print(format_table(["figure", *MODELS], rows_out))
+    print("\nOver gRPC, against Triton's gRPC (value, noise floor, verdict where a target is set)")
+    rows_out = [
+        [
+            k,
+            *(
+                f"{summary[m][k]} ({summary[m][k + '_noise_floor']})"
+                + (f": {summary[m][k + '_judged']}" if k in GRPC_TARGETS else "")
+                for m in MODELS
+            ),
+        ]
+        for k in (grpc_key(c) for c in CLOSED_KEYS)
     ]
     print(format_table(["figure", *MODELS], rows_out))
     for m in MODELS:

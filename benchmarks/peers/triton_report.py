@@ -10,7 +10,7 @@ larger of the search's resolution and the two arms' repeat floors (None with one
 nothing measured twice). The arm that counts is the default ``iotgw serve`` (``GATEWAY``); the
 ``--no-tuner`` arm's figures (``static_``) and the project's client's (``loadgen_``) stand
 beside it. The same closed loops over gRPC (``grpc_points``, h2load against Triton's gRPC
-endpoint) are judged the same way under ``grpc_``."""
+endpoint) give ``grpc_vs_triton_grpc_...``, each beside its floor, issue 33's target judged."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from benchmarks.peers.plan import (
     GATEWAY_GRPC,
     GATEWAY_STATIC,
     GATEWAY_STATIC_GRPC,
+    GRPC_TARGETS,
     TRITON,
     TRITON_GRPC,
     TRITON_TARGETS,
@@ -92,26 +93,36 @@ def _capacity(
     return round(statistics.median(ratios), 4), None if floor is None else round(floor, 4)
 
 
-def _judged(key: str, value: float | None, floor: float | None, prefix: str = "") -> dict[str, Any]:
+def _judged(key: str, value: float | None, floor: float | None) -> dict[str, Any]:
     op, target = TRITON_TARGETS[key]
     return {
-        prefix + key: None if value is None else round(value, 4),
-        f"{prefix}{key}_noise_floor": floor,
-        f"{prefix}{key}_judged": judge(value, target, floor, at_least=op == ">="),
+        key: None if value is None else round(value, 4),
+        f"{key}_noise_floor": floor,
+        f"{key}_judged": judge(value, target, floor, at_least=op == ">="),
     }
 
 
+def grpc_key(key: str) -> str:
+    """A closed-loop key over HTTP (``vs_triton_...``) as its gRPC twin
+    (``grpc_vs_triton_grpc_...``: the gateway's gRPC against Triton's gRPC)."""
+    return "grpc_" + key.replace("vs_triton_", "vs_triton_grpc_")
+
+
 def grpc_summary(grpc_points: Sequence[dict[str, Any]], model: str) -> dict[str, Any]:
-    """The closed-loop keys over gRPC (``grpc_points``: h2load against Triton's gRPC
-    endpoint), prefixed ``grpc_``, judged against the same targets as over HTTP; the static
-    gateway's beside them (``grpc_static_``)."""
+    """The closed-loop figures over gRPC (``grpc_points``: h2load against Triton's gRPC
+    endpoint), each beside its noise floor; issue 33's target (``GRPC_TARGETS``) judged
+    against it; the static gateway's beside them (``static_grpc_...``)."""
     out: dict[str, Any] = {}
-    for key, (c, kind, figure) in CLOSED_KEYS.items():
-        found = _closed(grpc_points, model, c, GATEWAY_GRPC, kind, figure, TRITON_GRPC)
-        out.update(_judged(key, *found, prefix="grpc_"))
-    for key, (c, kind, figure) in CLOSED_KEYS.items():
+    for http_key, (c, kind, figure) in CLOSED_KEYS.items():
+        key = grpc_key(http_key)
+        value, floor = _closed(grpc_points, model, c, GATEWAY_GRPC, kind, figure, TRITON_GRPC)
+        out[key] = None if value is None else round(value, 4)
+        out[f"{key}_noise_floor"] = floor
+        if key in GRPC_TARGETS:
+            op, target = GRPC_TARGETS[key]
+            out[f"{key}_judged"] = judge(value, target, floor, at_least=op == ">=")
         static = _closed(grpc_points, model, c, GATEWAY_STATIC_GRPC, kind, figure, TRITON_GRPC)
-        out[f"grpc_static_{key}"] = static[0]
+        out[f"static_{key}"] = static[0]
     return out
 
 
