@@ -10,6 +10,8 @@ two apart in that run, and the results file says so rather than passing or faili
 
 from __future__ import annotations
 
+import itertools
+import statistics
 from collections.abc import Sequence
 
 
@@ -54,3 +56,14 @@ def judge_each(
         if of_kind:
             return worst(of_kind)
     return worst(verdicts)
+
+
+def pair_floor(values: Sequence[float | None]) -> float | None:
+    """What the same thing reads measured twice: the larger over the smaller of two
+    consecutive values, median over the pairs (None: no two values)."""
+    pairs = [
+        max(a, b) / min(a, b)
+        for a, b in itertools.pairwise(values)
+        if a is not None and b is not None and min(a, b) > 0
+    ]
+    return round(statistics.median(pairs), 4) if pairs else None

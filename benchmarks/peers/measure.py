@@ -6,7 +6,6 @@ in this process), the arms interleaved round by round, and the gateway's ratios 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
 import statistics
 import time
@@ -20,6 +19,7 @@ import numpy as np
 
 from benchmarks.common import Repeated, ServerProcess, percentiles
 from benchmarks.http.workload import Model
+from benchmarks.judging import pair_floor
 from benchmarks.loadgen import LoadJob, run_load
 from benchmarks.peers.plan import PEERS, Plan, windows
 from benchmarks.peers.workload import Request, binary_request, json_request
@@ -202,17 +202,6 @@ def _arm_figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "lost": sum(r["lost"] for r in runs),
         "errors": dict(errors),
     }
-
-
-def pair_floor(values: Sequence[float | None]) -> float | None:
-    """What the same thing reads measured twice: the larger over the smaller of two
-    consecutive values, median over the pairs (None: no two values)."""
-    pairs = [
-        max(a, b) / min(a, b)
-        for a, b in itertools.pairwise(values)
-        if a is not None and b is not None and min(a, b) > 0
-    ]
-    return round(statistics.median(pairs), 4) if pairs else None
 
 
 def repeat_floor(runs: Sequence[dict[str, Any]], key: str) -> float | None:

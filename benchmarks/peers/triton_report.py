@@ -19,9 +19,8 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks.judging import judge
+from benchmarks.judging import judge, pair_floor
 from benchmarks.peers.capacity import STEP
-from benchmarks.peers.measure import pair_floor
 from benchmarks.peers.plan import (
     GATEWAY,
     GATEWAY_GRPC,

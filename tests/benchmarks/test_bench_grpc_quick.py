@@ -37,4 +37,6 @@ def test_bench_grpc_quick_serves_every_arm(tmp_path: Path) -> None:
         "grpc_vs_http_json_throughput_ratio_c32",
     ):
         assert doc["summary"][figure] > 0
-    assert isinstance(doc["summary"]["grpc_vs_http_json_throughput_ratio_c32_target_met"], bool)
+    # One round in quick mode: nothing measured twice, so the target is not judged.
+    judged = doc["summary"]["grpc_vs_http_json_throughput_ratio_c32_judged"]
+    assert judged == "unresolved: no noise floor measured"

@@ -22,11 +22,12 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from benchmarks.judging import pair_floor
 from benchmarks.loadgen import LoadJob, run_load
 from benchmarks.peers import servers as peer_servers
 from benchmarks.peers.capacity import search, step_verdict
 from benchmarks.peers.grpc_points import GATEWAY_COUNTER, TRITON_COUNTER, counted
-from benchmarks.peers.measure import interleaved_point, pair_floor
+from benchmarks.peers.measure import interleaved_point
 from benchmarks.peers.peer_env import (
     PeerEnv,
     PeerUnavailable,
