@@ -13,7 +13,6 @@ runtime."""
 
 from __future__ import annotations
 
-import time
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from benchmarks.h2load import run_h2load
 from benchmarks.http.workload import TOLERANCE, Model
 from benchmarks.peers.measure import (
     interleaved_point,
-    tree_cpu_seconds,
+    with_server_cores,
 )
 from benchmarks.peers.plan import REQUEST_BUDGET_S, TRITON_GRPC, Plan
 
@@ -144,20 +143,21 @@ def grpc_run(plan: Plan, arm: GrpcArm, model: Model, message: bytes, calls: int)
         arm.target, METHOD, message, calls=calls, seconds=plan.wrk_warmup_s, timeout_s=timeout_s
     )
     before = served(arm, model)
-    cpu0, t0 = tree_cpu_seconds(arm.server.pid), time.perf_counter()
-    res = run_h2load(
-        arm.target, METHOD, message, calls=calls, seconds=plan.wrk_s, timeout_s=timeout_s
+    res, server_cores = with_server_cores(
+        arm.server.pid,
+        lambda: run_h2load(
+            arm.target, METHOD, message, calls=calls, seconds=plan.wrk_s, timeout_s=timeout_s
+        ),
     )
-    server_cores = (tree_cpu_seconds(arm.server.pid) - cpu0) / (time.perf_counter() - t0)
     # Calls answered in the run's last instants may be counted by the server after h2load
     # stopped timing; fewer counted than answered means failed calls.
-    counted = served(arm, model) - before
-    unconfirmed = max(0, res.done - counted)
+    confirmed = served(arm, model) - before
+    unconfirmed = max(0, res.done - confirmed)
     answered = res.done - unconfirmed
     rate = answered / res.seconds if res.seconds > 0 else 0.0
     return {
         **res.as_dict(),
-        "served_by_server": counted,
+        "served_by_server": confirmed,
         "failed": res.failed + unconfirmed,
         "requests_per_s": rate,
         "server_cpu_cores": server_cores,

@@ -25,6 +25,7 @@ from benchmarks.peers.plan import PEERS, Plan, windows
 from benchmarks.peers.workload import Request, binary_request, json_request
 
 _Arm = TypeVar("_Arm")
+_Result = TypeVar("_Result")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +60,13 @@ def tree_cpu_seconds(pid: int) -> float:
         total += cpu.get(p, 0.0)
         todo.extend(children.get(p, []))
     return total
+
+
+def with_server_cores(pid: int, run: Callable[[], _Result]) -> tuple[_Result, float]:
+    """``run()``'s result and the cores the server ``pid`` (its process tree) used meanwhile."""
+    cpu0, t0 = tree_cpu_seconds(pid), time.perf_counter()
+    result = run()
+    return result, (tree_cpu_seconds(pid) - cpu0) / (time.perf_counter() - t0)
 
 
 def one_run(

@@ -5,7 +5,6 @@ gateway's ratios to each peer taken within each round."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -13,7 +12,7 @@ from benchmarks.http.workload import Model
 from benchmarks.peers.measure import (
     Arm,
     interleaved_point,
-    tree_cpu_seconds,
+    with_server_cores,
 )
 from benchmarks.peers.plan import Plan
 from benchmarks.peers.workload import json_request
@@ -26,9 +25,12 @@ def wrk_run(plan: Plan, arm: Arm, model: Model, body: bytes, connections: int) -
     url = model.url(arm.base)
     timeout_s = plan.client_timeout_s
     run_wrk(url, body, connections=connections, seconds=plan.wrk_warmup_s, timeout_s=timeout_s)
-    cpu0, t0 = tree_cpu_seconds(arm.server.pid), time.perf_counter()
-    res = run_wrk(url, body, connections=connections, seconds=plan.wrk_s, timeout_s=timeout_s)
-    server_cores = (tree_cpu_seconds(arm.server.pid) - cpu0) / (time.perf_counter() - t0)
+    res, server_cores = with_server_cores(
+        arm.server.pid,
+        lambda: run_wrk(
+            url, body, connections=connections, seconds=plan.wrk_s, timeout_s=timeout_s
+        ),
+    )
     return {
         **res.as_dict(),
         "requests_per_s": res.rate_per_s,  # answered 2xx only; ``failed`` counts the others

@@ -930,6 +930,32 @@ def test_the_trial_margin_is_the_typical_spread_not_one_outliers() -> None:
     assert relative_noise([6.0, 12.0], 0.05) == 0.05  # too few windows to say
 
 
+def _in_a_loop_of_32(incumbent: Knobs) -> Policy:
+    """A policy on ``incumbent`` (batch up to 128, two cores) that has read a closed loop of 32
+    single-row clients."""
+    space = ConfigSpace.for_machine(2, max_batch_size=128)
+    s = AgentSettings(gate_every_s=0.0, trial_gap=0)
+    policy = Policy("m", space=space, slo_ms=100.0, cores=2, settings=s)
+    policy.current = policy.incumbent = incumbent
+    for _ in range(policy.load_kind.readings):
+        policy.load_kind.observe(32)
+    return policy
+
+
+def _search_until_none_is_left(policy: Policy, arrivals: Arrivals) -> list[Knobs]:
+    """The measured search's picks, in order, each rejected as if it lost its trial, until it
+    has none left (at most 12)."""
+    key, picks = policy._key(), []
+    for _ in range(12):
+        nothing = Verdict(None, None, None, 0.0, 1.0, 0, "the gate let nothing through")
+        pick, _, _ = policy._measured_candidate(arrivals, nothing)
+        if pick is None:
+            break
+        picks.append(pick)
+        policy.memory.reject(key, pick)
+    return picks
+
+
 def test_a_closed_loop_search_from_an_eager_batch_above_the_loop_reaches_a_smaller_batch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -937,13 +963,8 @@ def test_a_closed_loop_search_from_an_eager_batch_above_the_loop_reaches_a_small
     (each takes all that waits), so the search steps from the batch the loop forms: from an
     incumbent on batch 128 the batch axis reaches 16 (which splits the loop in two), and never
     measures 32 or 64 against it."""
-    space = ConfigSpace.for_machine(2, max_batch_size=128)
-    s = AgentSettings(gate_every_s=0.0, trial_gap=0)
-    policy = Policy("m", space=space, slo_ms=100.0, cores=2, settings=s)
     incumbent = Knobs(128, 0.0, 1, 2, 1)
-    policy.current = policy.incumbent = incumbent
-    for _ in range(policy.load_kind.readings):
-        policy.load_kind.observe(32)
+    policy = _in_a_loop_of_32(incumbent)
     assert policy._loop_form(incumbent) == policy._loop_form(Knobs(32, 0.0, 1, 2, 1))
     assert policy._loop_form(incumbent) == Knobs(32, 0.0, 1, 2, 1)
     # With a timeout, batch 32 fills and leaves at once while 64 waits out the timeout.
@@ -951,14 +972,7 @@ def test_a_closed_loop_search_from_an_eager_batch_above_the_loop_reaches_a_small
     monkeypatch.setattr(
         policy.queue_model, "closed_loop_many", lambda configs, population: [6.3] * len(configs)
     )
-    key, picks = policy._key(), []
-    for _ in range(12):
-        nothing = Verdict(None, None, None, 0.0, 1.0, 0, "the gate let nothing through")
-        pick, _, _ = policy._measured_candidate(Arrivals(500.0, 1.0, 1.0), nothing)
-        if pick is None:
-            break
-        picks.append(pick)
-        policy.memory.reject(key, pick)
+    picks = _search_until_none_is_left(policy, Arrivals(500.0, 1.0, 1.0))
     assert Knobs(16, 0.0, 1, 2, 1) in picks
     assert not {Knobs(32, 0.0, 1, 2, 1), Knobs(64, 0.0, 1, 2, 1)} & set(picks)
 
@@ -970,13 +984,8 @@ def test_a_closed_loop_search_skips_the_batch_sizes_its_clients_cannot_tell_apar
     fill, each takes all that waits): with the incumbent on batch 128, the search never
     measures batch 64 on the same instances and threads, and batch 64 losing a trial rules
     out batch 128 as well. Batch 32, which can fill, is still another configuration."""
-    space = ConfigSpace.for_machine(2, max_batch_size=128)
-    s = AgentSettings(gate_every_s=0.0, trial_gap=0)
-    policy = Policy("m", space=space, slo_ms=100.0, cores=2, settings=s)
     incumbent = Knobs(128, 1.0, 2, 1, 1)
-    policy.current = policy.incumbent = incumbent
-    for _ in range(policy.load_kind.readings):
-        policy.load_kind.observe(32)
+    policy = _in_a_loop_of_32(incumbent)
     assert policy.load_kind.closed
     same, other = Knobs(64, 1.0, 2, 1, 1), Knobs(32, 1.0, 2, 1, 1)
     assert policy._loop_form(same) == policy._loop_form(incumbent)
@@ -990,12 +999,5 @@ def test_a_closed_loop_search_skips_the_batch_sizes_its_clients_cannot_tell_apar
     monkeypatch.setattr(
         policy.queue_model, "closed_loop_many", lambda configs, population: [6.3] * len(configs)
     )
-    picks = set()
-    for _ in range(12):
-        nothing = Verdict(None, None, None, 0.0, 1.0, 0, "the gate let nothing through")
-        pick, _, _ = policy._measured_candidate(Arrivals(5000.0, 1.0, 1.0), nothing)
-        if pick is None:
-            break
-        picks.add(pick)
-        policy.memory.reject(key, pick)
+    picks = set(_search_until_none_is_left(policy, Arrivals(5000.0, 1.0, 1.0)))
     assert picks and all(policy._loop_form(p) != policy._loop_form(incumbent) for p in picks)
