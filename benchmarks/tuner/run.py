@@ -21,6 +21,7 @@ from benchmarks.common import (
     note_if_quick,
     now_iso,
     results_path,
+    source_commit,
     usable_cores,
     write_results,
 )
@@ -341,6 +342,9 @@ def run(opts: Options) -> Path:
     machine = machine_info()  # with the load average at the start
     runs, summary, scenarios = ([], {}, {}) if opts.quick else _kept(opts)
     config: dict[str, Any] = {
+        # The commit every gateway of this run starts from; a scenario kept from an earlier
+        # file carries its own in ``measured`` (absent in files written before it was recorded).
+        "code": source_commit(),
         "seeds": list(opts.seeds),
         "arms": list(opts.arms),
         "agent_algorithm": arm_runs.AGENT_ALGORITHM,
@@ -352,7 +356,11 @@ def run(opts: Options) -> Path:
         workdir.mkdir(parents=True, exist_ok=True)
         for name in opts.scenarios:
             scenario = SCENARIOS[name].scaled(opts.factor)
-            started = {"created": now_iso(), "load_average_start": load_average()}
+            started = {
+                "created": now_iso(),
+                "code": config["code"],
+                "load_average_start": load_average(),
+            }
             scenario_runs, summary[name], scenarios[name] = run_scenario(scenario, opts, workdir)
             scenarios[name]["measured"] = {**started, "load_average_end": load_average()}
             runs += scenario_runs

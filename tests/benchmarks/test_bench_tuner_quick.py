@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.common import source_commit
 from benchmarks.tuner.report import SUMMARY_KEYS, phase_windows
 from tests.benchmarks.bench_process import run_bench
 
@@ -50,6 +51,8 @@ def test_quick_single_model_over_mqtt(tmp_path: Path) -> None:
     doc = _quick(tmp_path, "sensor_mlp_mqtt")
     config = doc["config"]["scenarios"]["sensor_mlp_mqtt"]
     assert config["transport"] == "mqtt"
+    # The commit the run's gateways started from, for the file and for the scenario.
+    assert doc["config"]["code"] == config["measured"]["code"] == source_commit()
     model = config["models"]["sensor_mlp"]
     runs = {r["arm"]: r for r in doc["runs"]}
     assert set(runs) == {"oracle", "agent"}
