@@ -11,7 +11,9 @@ in time, and at a batch's start those it would answer late. Only its clock diffe
 dispatcher waits on the wall clock and on the instances' runtime calls instead of drawing batch
 times. Arrivals are a Poisson process scheduled in advance (open loop), so a slow configuration
 builds a queue instead of slowing the clients down, and latency is measured from each request's
-*scheduled* arrival, which leaves no room for coordinated omission.
+*scheduled* arrival, which leaves no room for coordinated omission. The clock and the queues
+between the threads are one seam (``rrl.offline.clock``): profiling runs on the wall clock,
+tests on virtual time.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import numpy as np
 from models.knobs import Knobs
 from models.runtime import Runtime
 from rrl.offline.batcher_sim import BatcherSim, BatchTimes
+from rrl.offline.clock import Channel, Clock, WallClock
 
 _STOP = None
 
@@ -66,13 +69,17 @@ class _Done:
 class ServingHarness:
     """Owns the instances' worker threads; ``run`` serves one scheduled arrival sequence."""
 
-    def __init__(self, runtimes: Sequence[Runtime], inputs: Mapping[str, np.ndarray]) -> None:
+    def __init__(
+        self,
+        runtimes: Sequence[Runtime],
+        inputs: Mapping[str, np.ndarray],
+        clock: Clock | None = None,
+    ) -> None:
         self._runtimes = list(runtimes)
         self._inputs = dict(inputs)  # at least max_batch_size rows of every input
-        self._jobs: list[queue.SimpleQueue[_Job | None]] = [
-            queue.SimpleQueue() for _ in self._runtimes
-        ]
-        self._returned: queue.SimpleQueue[_Done] = queue.SimpleQueue()
+        self._clock: Clock = clock or WallClock()
+        self._jobs: list[Channel[_Job | None]] = [self._clock.channel() for _ in self._runtimes]
+        self._returned: Channel[_Done] = self._clock.channel()
         self._done = np.zeros(0)
         self._batch_rows: list[int] = []
         self._rows_per_request = 1
@@ -84,6 +91,7 @@ class ServingHarness:
             for i in range(len(self._runtimes))
         ]
         for t in self._threads:
+            self._clock.thread_started()
             t.start()
 
     def close(self) -> None:
@@ -93,16 +101,22 @@ class ServingHarness:
             t.join()
 
     def _work(self, index: int) -> None:
+        try:
+            self._serve(index)
+        finally:
+            self._clock.thread_ended()
+
+    def _serve(self, index: int) -> None:
         runtime = self._runtimes[index]
         jobs = self._jobs[index]
         while (job := jobs.get()) is not _STOP:
             rows = len(job.requests) * self._rows_per_request
-            began = time.perf_counter()
+            began = self._clock.now()
             try:
                 runtime.infer({name: arr[:rows] for name, arr in self._inputs.items()})
             except BaseException as exc:  # surfaced by run(); the instance stays usable
                 self._error = exc
-            ended = time.perf_counter()
+            ended = self._clock.now()
             self._done[job.requests] = ended
             self._batch_rows.append(rows)
             self._returned.put(_Done(job.seq, index, ended - began))
@@ -127,7 +141,7 @@ class ServingHarness:
         self._batch_rows = []
         self._rows_per_request = rows_per_request
         self._error = None
-        start = time.perf_counter() + 0.005
+        start = self._clock.now() + 0.005
         knobs = Knobs(
             max_batch_size=max(1, max_batch_size // rows_per_request),
             batch_timeout_ms=batch_timeout_s * 1000.0,
@@ -135,10 +149,14 @@ class ServingHarness:
             intra_op_threads=1,  # the rule reads neither thread count
             inter_op_threads=1,
         )
-        cpu_marks = _CpuSampler(start + np.asarray(window_edges_s))
+        cpu_marks = _CpuSampler(start + np.asarray(window_edges_s), self._clock)
+        self._clock.thread_started()
         cpu_marks.start()
-        dispatch = _WallClockDispatch(knobs, slo_s, start, self._jobs, self._returned)
+        dispatch = _ClockDispatch(knobs, slo_s, self._clock, start, self._jobs, self._returned)
         dispatch.run(arrivals_s.tolist())
+        # The sampler reads the last edge's CPU then; waiting for that time on the clock (not
+        # only in join) lets a virtual clock move to it.
+        self._clock.sleep_until(start + float(window_edges_s[-1]))
         cpu_marks.join()
         if self._error is not None:
             raise self._error
@@ -164,8 +182,8 @@ def _no_draw(rows: int) -> float:
     raise AssertionError("the wall-clock dispatch runs its batches, it draws no times")
 
 
-class _WallClockDispatch(BatcherSim):
-    """``BatcherSim``'s decisions, its clock the wall clock (seconds since ``start``), its
+class _ClockDispatch(BatcherSim):
+    """``BatcherSim``'s decisions, its clock the harness's (seconds since ``start``), its
     batches run by the harness's instances: a batch goes to an idle instance's queue, and the
     dispatcher waits for a runtime call to return or for its next arrival or timer, whichever
     comes first."""
@@ -174,18 +192,20 @@ class _WallClockDispatch(BatcherSim):
         self,
         config: Knobs,
         slo_s: float,
+        clock: Clock,
         start: float,
-        jobs: Sequence[queue.SimpleQueue[_Job | None]],
-        returned: queue.SimpleQueue[_Done],
+        jobs: Sequence[Channel[_Job | None]],
+        returned: Channel[_Done],
     ) -> None:
         super().__init__(config, BatchTimes(_no_draw), slo_s=slo_s)
+        self._clock = clock
         self._origin = start
         self._jobs = jobs
         self._returned = returned
         self._idle_instances = list(range(len(jobs)))
 
     def _elapsed(self) -> float:
-        return time.perf_counter() - self._origin
+        return self._clock.now() - self._origin
 
     def _start(self, batch: list[int]) -> None:
         self._seq += 1
@@ -200,13 +220,7 @@ class _WallClockDispatch(BatcherSim):
             self.now = math.inf  # nothing left to arrive, wait for or run
             return False
         try:
-            wait = until - self._elapsed()
-            if until == math.inf:
-                done = self._returned.get()
-            elif wait > 0:
-                done = self._returned.get(timeout=wait)
-            else:
-                done = self._returned.get_nowait()
+            done = self._returned.get(self._origin + until)
         except queue.Empty:
             self.now = max(until, self._elapsed())
             return False
@@ -222,15 +236,19 @@ class _WallClockDispatch(BatcherSim):
 class _CpuSampler(threading.Thread):
     """Reads this process's CPU time at each window edge (the dispatcher may be blocked then)."""
 
-    def __init__(self, at: np.ndarray) -> None:
+    def __init__(self, at: np.ndarray, clock: Clock) -> None:
         super().__init__(name="profile-cpu", daemon=True)
         self._at = at
+        self._clock = clock
         self.cpu: list[float] = []
 
     def run(self) -> None:
-        for t in self._at:
-            _sleep_until(float(t))
-            self.cpu.append(time.process_time())
+        try:
+            for t in self._at:
+                self._clock.sleep_until(float(t))
+                self.cpu.append(time.process_time())
+        finally:
+            self._clock.thread_ended()
 
 
 def _windows(
@@ -279,13 +297,3 @@ def poisson_arrivals(rate_per_s: float, duration_s: float, rng: np.random.Genera
     gaps = rng.exponential(1.0 / rate_per_s, size=int(expected + 6 * np.sqrt(expected) + 16))
     times = np.cumsum(gaps)
     return times[times < duration_s]
-
-
-def _at(values: np.ndarray, index: int) -> float:
-    return float(values[index]) if index < len(values) else float("inf")
-
-
-def _sleep_until(t: float) -> None:
-    delay = t - time.perf_counter()
-    if delay > 0:
-        time.sleep(delay)

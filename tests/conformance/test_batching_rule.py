@@ -7,9 +7,10 @@ batcher itself, run in virtual time on the same arrivals and batch times
   of the gateway's own ``Batcher``;
 - the agent's closed-loop prediction (``rrl.offline.replay.closed_loop_throughput``) serves
   what it serves, within 1%;
-- the profiling harness (``rrl.offline.harness``) runs ``BatcherSim``'s decisions on the wall
-  clock, so what holds the simulation holds it (``tests/rrl/test_harness.py`` checks that it
-  forms the simulation's batches and refusals);
+- the profiling harness (``rrl.offline.harness``) runs ``BatcherSim``'s decisions on its clock
+  (the wall clock when it profiles), so what holds the simulation holds it
+  (``tests/rrl/test_harness.py`` checks on virtual time that it forms the simulation's batches,
+  refusals and latencies);
 - ``iotgw bench tuner``'s whole-gateway replay (``benchmarks.tuner.serial_loop``), with no loop
   costs and cores to spare, refuses and answers as it does.
 
