@@ -10,6 +10,7 @@ arm (``arms``) for real on a fresh gateway and summarize (``report``) into
 ``benchmarks/results/tuner_e2e.json``.
 """
 
-from benchmarks.tuner.run import NAME, Options, cli, main, run
+from benchmarks.tuner.cli import cli
+from benchmarks.tuner.run import NAME, Options, main, run
 
 __all__ = ["NAME", "Options", "cli", "main", "run"]

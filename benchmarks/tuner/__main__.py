@@ -1,5 +1,5 @@
 import sys
 
-from benchmarks.tuner.run import cli
+from benchmarks.tuner.cli import cli
 
 sys.exit(cli())

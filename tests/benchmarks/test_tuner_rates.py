@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.tuner.run import cli
+from benchmarks.tuner.cli import cli
 from benchmarks.tuner.scenarios import SCENARIOS, Capacity, pinned_capacity, resolve
 
 RESULTS = Path(__file__).parents[2] / "benchmarks" / "results" / "tuner_e2e.json"
