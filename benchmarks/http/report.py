@@ -3,14 +3,14 @@ into the results file, and the printed tables."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 from benchmarks.common import Repeated, fmt_repeated, format_table, print_summary
 from benchmarks.http.codec_cpu import CONFIGS, HEADLINE
 from benchmarks.http.plan import BATCH_SLO_FRACTION, CLOSED_LOOP_SLO_FRACTION, MAX_CLOSED_LOOP, Plan
 from benchmarks.http.workload import Model
-from benchmarks.judging import judge
+from benchmarks.judging import judge, pair_floor
 
 METHOD = {
     "protocol": "OIP v2 binary tensor extension: JSON header + raw FP32, "
@@ -122,8 +122,9 @@ SATURATION_CPU_US_TARGET = 150.0
 
 def _cpu_by_load_summary(entry: dict[str, Any]) -> dict[str, Any]:
     """Per transport and level, the gateway's microseconds of CPU per request (median); the
-    trickle against saturation, judged against its target with the floor its rounds give (the
-    larger of the first two over the smaller); the idle gateway's cores."""
+    trickle against saturation, judged against its target with the floor its rounds give
+    (``pair_floor``: consecutive rounds, the larger over the smaller, median over the pairs);
+    the idle gateway's cores."""
     out: dict[str, Any] = {"idle_gateway_cores": round(entry["idle_cores"].median, 5)}
     for transport, levels in entry["cpu_us_per_request"].items():
         for level, us in levels.items():
@@ -131,7 +132,7 @@ def _cpu_by_load_summary(entry: dict[str, Any]) -> dict[str, Any]:
         ratio = entry.get(f"trickle_vs_saturation_{transport}")
         key = f"trickle_vs_saturation_{transport}"
         out[key] = _round(_median(ratio), 3)
-        out[f"{key}_floor"] = _floor(ratio.values if ratio else ())
+        out[f"{key}_floor"] = pair_floor(ratio.values if ratio else ())
         out[f"{key}_target"] = judge(
             out[key], TRICKLE_VS_SATURATION_TARGET, out[f"{key}_floor"], at_least=False
         )
@@ -140,7 +141,7 @@ def _cpu_by_load_summary(entry: dict[str, Any]) -> dict[str, Any]:
         out[f"{sat_key}_target"] = judge(
             out[sat_key],
             SATURATION_CPU_US_TARGET,
-            _floor(saturated.values if saturated else ()),
+            pair_floor(saturated.values if saturated else ()),
             at_least=False,
         )
     return out
@@ -148,13 +149,6 @@ def _cpu_by_load_summary(entry: dict[str, Any]) -> dict[str, Any]:
 
 def _median(figure: Repeated | None) -> float | None:
     return None if figure is None else figure.median
-
-
-def _floor(values: Sequence[float]) -> float | None:
-    """The same figure measured twice: the larger of the first two over the smaller."""
-    if len(values) < 2 or min(values[:2]) <= 0:
-        return None
-    return round(max(values[:2]) / min(values[:2]), 3)
 
 
 def _others_median(part: dict[str, Any]) -> float | None:
