@@ -65,7 +65,13 @@ from benchmarks.chaos.scenarios import (
 )
 from benchmarks.chaos.stack import MODEL, OVERLOAD_MODEL, demo_repository
 from benchmarks.clients import ClientProcesses
-from benchmarks.common import load_average, machine_info, note_if_quick, write_results
+from benchmarks.common import (
+    load_average,
+    machine_info,
+    note_if_quick,
+    source_commit,
+    write_results,
+)
 from models.repository import read_config
 
 DEVICE_PROCESSES = 2
@@ -85,6 +91,7 @@ def run(
     overload_model: str = OVERLOAD_MODEL,
 ) -> Path:
     machine = machine_info()
+    code = source_commit()  # the checkout every gateway of the run starts from
     cases: list[Case] = []
     with tempfile.TemporaryDirectory(prefix="iotgw-bench-chaos-") as tmp:
         folder = Path(tmp)
@@ -125,6 +132,7 @@ def run(
         summary=summary,
         runs=results,
         config={
+            "code": code,
             "model": MODEL,
             "slo_ms": slo_ms,
             "overload_model": overload_model if "d" in cases_run else None,

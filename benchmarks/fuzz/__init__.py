@@ -34,7 +34,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError("iotgw bench fuzz needs hypothesis: pip install 'iotgw[bench]'") from exc
 
-from benchmarks.common import machine_info
+from benchmarks.common import machine_info, source_commit
 from benchmarks.fuzz import report
 from benchmarks.fuzz.cases import MODEL
 from benchmarks.fuzz.runner import Gateway, Plan, fuzz
@@ -78,6 +78,7 @@ def run(plan: Plan, quick: bool, out_dir: Path | None, logs: Path | None = None)
     from benchmarks.servers import start_mosquitto
 
     machine = machine_info()
+    code = source_commit()  # the checkout every gateway of the run starts from
     with tempfile.TemporaryDirectory(prefix="iotgw-bench-fuzz-") as tmp:
         folder = Path(tmp)
         repo = build_repository(folder / "repo")
@@ -100,6 +101,7 @@ def run(plan: Plan, quick: bool, out_dir: Path | None, logs: Path | None = None)
         tallies=fuzz_run.tallies,
         run={"seed": plan.seed, **figures},
         config={
+            "code": code,
             "plan": plan.__dict__,
             "model": MODEL,
             "broker": "mosquitto, persistence off, set_tcp_nodelay true",

@@ -20,6 +20,7 @@ from benchmarks.common import (
     note_if_quick,
     percentiles,
     print_summary,
+    source_commit,
     tree_cpu_seconds,
     usable_cores,
     write_results,
@@ -161,6 +162,7 @@ def main(quick: bool = False, out_dir: Path | None = None) -> int:
     from models.demo import FLOAT_DEMO_MODELS, ensure_demo_repository
 
     plan = Plan.make(quick)
+    code = source_commit()  # the checkout every gateway of the run starts from
     arms = [Arm(m, c, p) for m in MODELS for c in plan.cores for p in plan.processes]
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="iotgw-bench-ingest-") as tmp:
@@ -191,6 +193,7 @@ def main(quick: bool = False, out_dir: Path | None = None) -> int:
         summary=summary,
         runs=runs,
         config={
+            "code": code,
             "models": list(MODELS),
             "concurrency": CONCURRENCY,
             "client_processes": CLIENT_PROCESSES,

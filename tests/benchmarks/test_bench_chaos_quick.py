@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.common import source_commit
 from tests.benchmarks.bench_process import run_bench
 
 pytestmark = pytest.mark.slow
@@ -34,6 +35,7 @@ def test_bench_chaos_quick_loses_no_request(tmp_path: Path) -> None:
     # A run of some cases is named for them, so it never stands in for chaos.json.
     assert doc["benchmark"] == "chaos_abcd" and doc["quick"] is True
     assert doc["config"]["cases"] == "abcd"
+    assert doc["config"]["code"] == source_commit()  # the checkout the run started from
     cases = {run["case"]: run for run in doc["runs"]}
     assert set(cases) == set(CASES)
     for name, case in cases.items():

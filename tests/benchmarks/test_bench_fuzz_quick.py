@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.common import source_commit
 from tests.benchmarks.bench_process import run_bench
 
 pytestmark = pytest.mark.slow
@@ -20,6 +21,7 @@ def test_bench_fuzz_quick_meets_its_targets(tmp_path: Path) -> None:
     run_bench("gateway.cli", "bench", "fuzz", "--quick", "--out", str(tmp_path))
     doc = json.loads((tmp_path / "fuzz.quick.json").read_text())
     assert doc["benchmark"] == "fuzz" and doc["quick"] is True
+    assert doc["config"]["code"] == source_commit()  # the checkout the run started from
     transports = doc["transports"]
     assert set(transports) == {"http", "mqtt", "grpc"}
     # What went wrong, with payloads, so that a failure here names its cause.

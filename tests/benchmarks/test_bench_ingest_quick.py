@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.common import source_commit
 from tests.benchmarks.bench_process import run_bench
 
 pytestmark = pytest.mark.slow
@@ -18,6 +19,7 @@ def test_bench_ingest_quick_serves_every_arm(tmp_path: Path) -> None:
     run_bench("gateway.cli", "bench", "ingest", "--quick", "--out", str(tmp_path))
     doc = json.loads((tmp_path / "ingest.quick.json").read_text())
     assert doc["benchmark"] == "ingest" and doc["quick"] is True
+    assert doc["config"]["code"] == source_commit()  # the checkout the run started from
     arms = {(r["model"], r["cores"], r["ingest_processes"]) for r in doc["runs"]}
     assert arms == {(m, 1, p) for m in ("sensor_mlp", "vision_cnn") for p in (0, 2)}
     for run in doc["runs"]:
