@@ -57,3 +57,12 @@ def test_a_file_without_the_scenario_is_refused_before_anything_is_measured(
     with pytest.raises(SystemExit):
         cli(["--scenarios", "vision_cnn", "--rates-from", str(tmp_path / "missing.json")])
     assert "No such file" in capsys.readouterr().err
+
+
+def test_the_committed_run_measured_every_scenario_on_one_commit() -> None:
+    # A file whose scenarios were kept from runs on other code would compare agents that
+    # differ; each scenario records the commit its gateways started from.
+    doc = json.loads(RESULTS.read_text(encoding="utf-8"))
+    code = doc["config"]["code"]
+    assert code is not None and not code.endswith("+changes")
+    assert {c["measured"]["code"] for c in doc["config"]["scenarios"].values()} == {code}
