@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -118,28 +119,43 @@ def run(
             if soak_run:
                 cases.append(_announce(soak(load, repo, folder)))
     machine["load_average_at_end"] = load_average()
-    results = [account(case, slo_ms) for case in cases]
+    config = {
+        "code": code,
+        "model": MODEL,
+        "slo_ms": slo_ms,
+        "overload_model": overload_model if "d" in cases_run else None,
+        "plan": plan.__dict__,
+        "soak": soak_run,
+        "cases": cases_run,
+    }
+    return _report(cases, config, machine, quick=quick, out_dir=out_dir)
+
+
+def _report(
+    cases: list[Case],
+    config: dict[str, Any],
+    machine: dict[str, Any],
+    *,
+    quick: bool,
+    out_dir: Path | None,
+) -> Path:
+    """Every case accounted for at the device, the table and the summary printed, and the
+    results file written (a run of some cases only is kept apart: chaos.json holds every
+    case); returns its path."""
+    results = [account(case, config["slo_ms"]) for case in cases]
     print_table(results)
     summary = summarize(results)
     print(" ".join(f"{k}={v}" for k, v in summary.items()))
     note_if_quick(quick)
+    cases_run = config["cases"]
     path = write_results(
-        # A run of some cases only is kept apart: chaos.json holds every case.
         "chaos" if cases_run == CASES else f"chaos_{cases_run}",
         quick=quick,
         out_dir=out_dir,
         machine=machine,
         summary=summary,
         runs=results,
-        config={
-            "code": code,
-            "model": MODEL,
-            "slo_ms": slo_ms,
-            "overload_model": overload_model if "d" in cases_run else None,
-            "plan": plan.__dict__,
-            "soak": soak_run,
-            "cases": cases_run,
-        },
+        config=config,
     )
     print(f"results: {path}")
     return path
