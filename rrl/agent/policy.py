@@ -881,7 +881,14 @@ class Policy:
         return index_of_dispersion(list(self._tick_counts))
 
     def _key(self) -> StateKey:
-        return StateKey.of(self.workload or WorkloadState(0), self.dispersion())
+        """The workload state's key. A closed loop's arrivals follow its service: their
+        dispersion measures the knobs (a trial of a slower candidate halves a tick's count),
+        not the devices, so while the state is held for a loop it is never bursty; keyed by
+        it, the trials the search spent, the candidates it rejected and the incumbent it
+        remembered would split between two keys as trials came and went, and each rejected
+        candidate be tried again under the other."""
+        dispersion = 0.0 if self.load_kind.held is not None else self.dispersion()
+        return StateKey.of(self.workload or WorkloadState(0), dispersion)
 
     def learn(
         self,

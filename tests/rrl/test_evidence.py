@@ -22,6 +22,7 @@ from rrl.agent.evidence import (
     neighbours,
 )
 from rrl.agent.gate import Verdict
+from rrl.agent.memory import BURSTY_DISPERSION
 from rrl.agent.policy import Policy
 from rrl.agent.queueing import Arrivals, Prediction
 from rrl.agent.settings import AgentSettings
@@ -77,10 +78,17 @@ def test_a_closed_loop_keeps_its_population_and_an_open_loop_does_not() -> None:
     for reading in [32, 18, 31, 17, 32, 32, 32, 32, 29, 32, 32, 32, 32, 30, 32, 32]:
         too_many_dips.observe(reading)  # 12 of 16 on the largest would begin one; 11 do not
     assert not too_many_dips.closed
-    spilled = LoadKind()
-    for reading in [32] * 16 + [33]:  # more inside than 32 clients hold
-        spilled.observe(reading)
-    assert not spilled.closed
+    restarted = LoadKind()
+    for reading in [32] * 16 + [64]:  # the clients restarted: the old requests still inside
+        restarted.observe(reading)
+    assert restarted.closed and restarted.population == 32
+    for reading in [32] * 4 + [57]:  # another restart, the first still among the readings
+        restarted.observe(reading)
+    assert not restarted.closed  # more inside than 32 clients hold, twice: not that loop
+    through = LoadKind()
+    for reading in [32] * 7 + [64] + [32] * 8:  # a loop read through a restart's reading
+        through.observe(reading)
+    assert through.closed and through.population == 32
     emptied = LoadKind()
     for reading in [32] * 16 + [0]:  # a tick with nobody inside: no loop holds its clients
         emptied.observe(reading)
@@ -1001,3 +1009,18 @@ def test_a_closed_loop_search_skips_the_batch_sizes_its_clients_cannot_tell_apar
     )
     picks = set(_search_until_none_is_left(policy, Arrivals(5000.0, 1.0, 1.0)))
     assert picks and all(policy._loop_form(p) != policy._loop_form(incumbent) for p in picks)
+
+
+def test_a_closed_loops_state_is_never_bursty_however_its_trials_move_the_counts() -> None:
+    counts = [250, 125, 250, 125, 250, 250, 125, 250]  # a slower candidate's windows halve them
+    opened, looped = calibrated_policy(), calibrated_policy()
+    for reading, count in zip([5, 9, 3, 7, 6, 8, 4, 9] * 2, counts * 2, strict=True):
+        opened._tick_counts.append(count)
+        looped._tick_counts.append(count)
+        opened.load_kind.observe(reading)
+        looped.load_kind.observe(32)
+    assert opened.dispersion() > BURSTY_DISPERSION and looped.dispersion() > BURSTY_DISPERSION
+    assert opened._key().bursty  # devices that send in bursts
+    assert looped.load_kind.closed and looped.load_kind.held == 32
+    # The same key as before the trials: what the search spent and rejected stays counted.
+    assert not looped._key().bursty
