@@ -143,14 +143,14 @@ class LoadKind:
         """One tick's reading of the most requests inside the model at once, and the requests
         refused since the last. A tick with refusals starts the readings over: an overloaded
         open loop keeps a full queue as steady as a closed loop keeps its clients, so a loop is
-        never first read from refusing ticks. A loop already read stays read through refusals
-        that leave the tick within its population: its clients were refused for their deadline
-        (admission's refusal of a request its batch would answer late) and send again, still
-        the same clients; read as open after each such tick, its trials would value one window
-        by p95 and the next by time per request (rrl/README, "Where it stands")."""
-        if refused > 0 and not (self._loop is not None and peak_inside <= self._loop):
+        never first read from refusing ticks. A loop already read is judged by its readings
+        alone, refusals or not: its clients were refused for their deadline (admission's
+        refusal of a request its batch would answer late) and send again, still the same
+        clients, and a client's restart refuses the requests its old connections left inside
+        as it reads above the loop; read as open after each such tick, its trials would value
+        one window by p95 and the next by time per request (rrl/README, "Where it stands")."""
+        if refused > 0 and self._loop is None:
             self._seen.clear()
-            self._loop = None
             return
         self._seen.append(peak_inside)
         while len(self._seen) > self.readings:
@@ -169,6 +169,8 @@ class LoadKind:
         if len(seen) < self.readings or min(seen) < 1:
             return None
         top = sorted(seen)[-(self.strays + 1)]
+        if self._above(top, seen) > self._strays_of(top):
+            top = max(seen)
         return top if sum(r == top for r in seen) >= self.exact * len(seen) else None
 
     def _still_the_loop(self, population: int) -> bool:
@@ -177,7 +179,12 @@ class LoadKind:
         seen = self._seen
         near = sum(r >= (1.0 - self.near) * population for r in seen)
         above = self._above(population, seen)
-        return min(seen) >= 1 and above <= self.strays and 2 * near >= len(seen)
+        return min(seen) >= 1 and above <= self._strays_of(population) and 2 * near >= len(seen)
+
+    def _strays_of(self, population: int) -> int:
+        """Readings above ``population`` a loop of it outlives: none below ``least_new``, where
+        an open trickle's peaks of 1 to 3 would read as a loop through its rarer highs."""
+        return self.strays if population >= self.least_new else 0
 
     @staticmethod
     def _above(population: int, seen: deque[int]) -> int:

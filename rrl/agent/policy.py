@@ -159,6 +159,7 @@ class Policy:
         self.trust = ModelTrust(kappa=s.gate.kappa)
         # Search trials per state; the state the running search trial counts in (_enter_state)
         self._searched: dict[StateKey, int] = {}
+        self._losing: dict[StateKey, int] = {}  # search trials lost running, per state
         self._search_trial_in: StateKey | None = None
         self._further: dict[StateKey, list[Knobs]] = {}  # beyond candidates that led (per state)
         self.load_kind = LoadKind()
@@ -353,6 +354,15 @@ class Policy:
         key = self._key()
         if (searched := self._searched.get(key, 0)) >= self.settings.measured_trials:
             return None, f"the measured search ran its {searched} trials in this state", False
+        if (losing := self._losing.get(key, 0)) >= self.settings.search_patience:
+            return (
+                None,
+                (
+                    f"the last {losing} configurations the search measured here each lost to the "
+                    "incumbent (no gain beyond the noise): resting on those measurements"
+                ),
+                False,
+            )
         if closed and (shorter := self._shorter_wait(key)) is not None:
             return *shorter, True
         leads = self._closed_loop_leads(key) if closed else []
@@ -505,8 +515,20 @@ class Policy:
         its own kind's band: one the band cannot judge (a kind measured too little) is kept."""
         assert self.incumbent is not None
         population = self.load_kind.population
-        mine, *theirs = self.queue_model.closed_loop_many([self.incumbent, *pool], population)
-        ranked = sorted(zip(theirs, pool, strict=True), key=lambda h: _or_inf(h[0]))
+        lost = sorted(self.memory.rejected.get(self._key(), set()))
+        mine, *theirs = self.queue_model.closed_loop_many(
+            [self.incumbent, *pool, *lost], population
+        )
+        ranked = _new_forms(
+            sorted(zip(theirs[: len(pool)], pool, strict=True), key=lambda h: _or_inf(h[0])),
+            [(mine, self.incumbent), *zip(theirs[len(pool) :], lost, strict=True)],
+        )
+        if not ranked:
+            return None, (
+                f"not tried: {len(pool)} untried neighbour(s), each differing from one measured "
+                "here only in a batch timeout the closed-loop simulation says the loop never "
+                "waits out"
+            )
         # The smallest margin a trial asks for, not the incumbent's noise: a noisy incumbent
         # must not make a neighbour easier to rule out.
         margin, band = self.settings.trial_margin, self.band
@@ -817,6 +839,9 @@ class Policy:
             return None
         if self.rest.due_for_recheck(self._clock()):
             self._gated_at = -math.inf  # the gate asked again; a "no" rests again, longer
+            key, patience = self._key(), self.settings.search_patience
+            if self._losing.get(key, 0) >= patience:  # and the search measures one more
+                self._losing[key] = patience - 1
             return None
         reason = (
             f"resting since {self._clock() - rest.since:.0f}s, the incumbent meeting the SLO "
@@ -1025,6 +1050,11 @@ class Policy:
         self.trial = None
         self._since_trial = 0
         key = self._key()
+        searched, self._search_trial_in = self._search_trial_in, None
+        if outcome.verdict == "accept":
+            self._losing.pop(key, None)
+        elif searched is not None:
+            self._losing[key] = self._losing.get(key, 0) + 1
         if outcome.verdict == "accept":
             self.memory.reject(key, trial.incumbent)  # it lost: not tried again in this state
             self.incumbent, self._violating = trial.candidate, 0
@@ -1106,6 +1136,7 @@ class Policy:
             key = self._key()
             self.memory.forget_measured(key)
             self._searched.pop(key, None)
+            self._losing.pop(key, None)
             self._further.pop(key, None)
         self.load_kind.hold()
         self.rest.wake()  # the "workload" decision says why
@@ -1165,3 +1196,27 @@ class Policy:
 
 def _or_inf(value: float | None) -> float:
     return math.inf if value is None else value
+
+
+def _new_forms(
+    ranked: list[tuple[float | None, Knobs]], measured: list[tuple[float | None, Knobs]]
+) -> list[tuple[float | None, Knobs]]:
+    """``ranked`` less each configuration that differs from one measured (or from one ranked
+    before it) only in its batch timeout, with the same closed-loop prediction: a loop that
+    always has a batch's worth waiting never waits out a timeout, so such a trial measures the
+    machine's noise only (a run tried batch 4 at 2, 4 and 8 ms, one after another, after batch
+    4 at 1 ms: four trials the simulation predicted alike, 52.7 ms a request)."""
+    seen = list(measured)
+    out = []
+    for ms, config in ranked:
+        form = config.with_changes({"batch_timeout_ms": 0.0})
+        if ms is not None and any(
+            m is not None
+            and other.with_changes({"batch_timeout_ms": 0.0}) == form
+            and abs(ms - m) <= SAME_PREDICTION * m
+            for m, other in seen
+        ):
+            continue
+        seen.append((ms, config))
+        out.append((ms, config))
+    return out

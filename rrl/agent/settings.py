@@ -79,6 +79,12 @@ class AgentSettings:
     """Measured-search trials per workload state at most: each runs a window of a candidate
     that may be worse (and a rebuild), so the search has a budget; spent, the agent rests on
     the best it measured."""
+    search_patience: int = 3
+    """Measured-search trials lost running after which the agent rests in a state (one more is
+    measured at each recheck of the rest): each costs the devices windows of a configuration
+    that measured worse, and where the best are within a few percent of each other (a closed
+    loop on two cores: a dozen configurations within 5%), a search that went on to its budget
+    spent the last third of every run on losing trials."""
     closed_loop_leads: int = 3
     """In a closed loop, the grid's configurations the closed-loop simulation predicts best
     that the measured search adds to the incumbent's neighbours."""

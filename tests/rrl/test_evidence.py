@@ -23,7 +23,7 @@ from rrl.agent.evidence import (
 )
 from rrl.agent.gate import Verdict
 from rrl.agent.memory import BURSTY_DISPERSION
-from rrl.agent.policy import Policy
+from rrl.agent.policy import Policy, _new_forms
 from rrl.agent.queueing import Arrivals, Prediction
 from rrl.agent.settings import AgentSettings
 from rrl.agent.trial import Trial, Window, relative_noise
@@ -470,9 +470,10 @@ def test_a_full_queue_that_refuses_is_not_a_closed_loop() -> None:
     assert not overloaded.closed  # one refusal starts the readings over
 
 
-def test_a_closed_loop_stays_read_through_refusals_within_its_population() -> None:
+def test_a_closed_loop_stays_read_through_refusals_and_one_restart() -> None:
     """32 clients, a few of their requests refused for their deadline: they send again, and
-    the loop is still 32 clients; a tick with more inside than that is not this loop."""
+    the loop is still 32 clients; so it is after the clients restart (one tick reads the old
+    requests inside beside the new, some of them refused), not after a second such tick."""
     loop = LoadKind()
     for _ in range(16):
         loop.observe(32)
@@ -481,6 +482,8 @@ def test_a_closed_loop_stays_read_through_refusals_within_its_population() -> No
     loop.observe(30, refused=2)
     assert loop.closed and loop.population == 32
     loop.observe(40, refused=1)
+    assert loop.closed and loop.population == 32
+    loop.observe(64, refused=3)
     assert not loop.closed
 
 
@@ -1024,3 +1027,53 @@ def test_a_closed_loops_state_is_never_bursty_however_its_trials_move_the_counts
     assert looped.load_kind.closed and looped.load_kind.held == 32
     # The same key as before the trials: what the search spent and rejected stays counted.
     assert not looped._key().bursty
+
+
+def test_the_search_rests_after_its_patience_of_lost_trials_and_measures_one_more_at_recheck() -> (
+    None
+):
+    now = [0.0]
+    policy = calibrated_policy(search_patience=2, measured_trials=12)
+    policy._clock = lambda: now[0]
+    for _ in range(2):  # the incumbent measures far slower than the model says: untrusted
+        predicted = policy._predict(INCUMBENT)
+        assert predicted is not None
+        policy.learn(Step(INCUMBENT, "exploit", predicted=predicted), window(80.0))
+    lost: list[Knobs] = []
+    for _ in range(40):
+        now[0] += 1.0
+        step = policy.choose()
+        if step.kind == "exploit" and "resting on those measurements" in step.reason:
+            break
+        # Every configuration the search measures answers slower than the incumbent.
+        policy.learn(step, window(120.0 if step.config != INCUMBENT else 80.0))
+        if step.kind == "explore" and step.config not in lost:
+            lost.append(step.config)
+    assert len(lost) == 2 and policy._searched[policy._key()] == 2  # then no third
+    assert "each lost to the incumbent" in step.reason
+    assert policy._asked == (policy._key(), INCUMBENT)  # the rest may begin
+    # The rest's recheck lets the search measure one more.
+    key = (policy._key(), INCUMBENT)
+    policy.rest.begin(now[0], policy.monitor.rate_per_s, policy.monitor.rows_per_request, key)
+    assert policy.rest_step() is not None  # resting
+    now[0] += policy.settings.rest.recheck_s
+    assert policy.rest_step() is None  # the recheck: the rule chooses
+    step = policy.choose()
+    assert step.kind == "explore" and step.config not in lost
+
+
+def test_a_timeout_the_closed_loop_never_waits_out_is_not_measured_again() -> None:
+    def knobs(batch: int, timeout_ms: float) -> Knobs:
+        return Knobs(batch, timeout_ms, 2, 1, 1)
+
+    ranked: list[tuple[float | None, Knobs]] = [
+        (50.0, knobs(16, 0.0)),
+        (52.7, knobs(4, 2.0)),  # batch 4 at 1 ms was measured: the same prediction
+        (52.7, knobs(4, 4.0)),
+        (55.0, knobs(8, 2.0)),
+        (55.2, knobs(8, 4.0)),  # the same as batch 8 at 2 ms, ranked before it
+        (61.0, knobs(8, 8.0)),  # a timeout the loop does wait out: predicted otherwise
+        (None, knobs(2, 1.0)),  # not predicted: kept
+    ]
+    kept = _new_forms(ranked, [(52.7, knobs(4, 1.0))])
+    assert [c for _, c in kept] == [knobs(16, 0.0), knobs(8, 2.0), knobs(8, 8.0), knobs(2, 1.0)]
