@@ -157,10 +157,9 @@ class Policy:
         self._rests_on = ""  # why nothing is left to try there: what a rest's decisions repeat
         self._pending: list[tuple[Knobs, Arrivals, Measurement]] = []
         self.trust = ModelTrust(kappa=s.gate.kappa)
-        # Search trials per state; the state the running search trial counts in (_enter_state)
-        self._searched: dict[StateKey, int] = {}
-        self._losing: dict[StateKey, int] = {}  # search trials lost running, per state
-        self._search_trial_in: StateKey | None = None
+        self._searched: dict[StateKey, int] = {}  # measured-search trials per state
+        self._losing: dict[StateKey, int] = {}  # those lost running, per state
+        self._search_trial_in: StateKey | None = None  # where the running one counts
         self._further: dict[StateKey, list[Knobs]] = {}  # beyond candidates that led (per state)
         self.load_kind = LoadKind()
         self.band = ClosedLoopBand()  # the closed-loop simulation's error, in this state
