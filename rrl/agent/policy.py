@@ -16,7 +16,8 @@ here.
 - **Measured search** (``rrl.agent.evidence``): when the gate lets nothing through, the agent still
   measures the incumbent's neighbours (one notch on each axis, and the corners: the largest
   batch with every core in one instance's threads, or in single-thread instances) before it
-  rests; it rests only once each lost a measured trial in this state. Which neighbour next:
+  rests; it rests only on measurement: once each lost a measured trial in this state, or
+  once ``search_patience`` trials running lost (one more at each recheck). Which neighbour next:
   in a closed loop (the most requests inside at once the same N tick after tick), a
   simulation of the loop (``QueueModel.closed_loop_ms``), which also puts the grid's best
   predicted first; once the model's predictions of the incumbent missed beyond their stated
