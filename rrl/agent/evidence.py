@@ -132,12 +132,14 @@ class LoadKind:
     """The population of the closed loop read, while it is read as one."""
     least_new: int = 4
     """The smallest loop that is a new workload at the rate level of another (``another_loop``)."""
-    strays: int = 1
-    """Readings above a loop's population it outlives: a client that restarts (a load tool's
-    next run, a device that reconnects) sends its next requests while the gateway still
-    answers the ones the old connections left inside, so one tick reads up to twice the loop
-    (measured: every restart of wrk's 32 connections read 40 to 64 once), and the loop read
-    as lost at each restart made the agent take a closed loop for an open one."""
+    strays: int = 4
+    """Readings above a loop's population (of the last ``readings``) it outlives, and one a
+    loop may begin through: a client that restarts (a load tool's next run, a device that
+    reconnects) sends its next requests while the gateway still answers the ones the old
+    connections left inside, so one tick reads up to twice the loop (measured: every restart
+    of wrk's 32 connections read 40 to 64 once, and a rebuild's tick 41), and the loop read as
+    lost at each made the agent take a closed loop for an open one. More than a quarter above
+    it is another load (a loop grown to 64 is lost within five readings, then read anew)."""
 
     def observe(self, peak_inside: int, refused: int = 0) -> None:
         """One tick's reading of the most requests inside the model at once, and the requests
@@ -163,13 +165,13 @@ class LoadKind:
             self.held = self.population
 
     def _begins(self) -> int | None:
-        """A full set of readings, at least ``exact`` of them on the largest but ``strays``:
-        a loop of that many begins (its population; None when none does)."""
+        """A full set of readings, at least ``exact`` of them on the largest but one: a loop
+        of that many begins (its population; None when none does)."""
         seen = self._seen
         if len(seen) < self.readings or min(seen) < 1:
             return None
-        top = sorted(seen)[-(self.strays + 1)]
-        if self._above(top, seen) > self._strays_of(top):
+        top = sorted(seen)[-2]
+        if self._above(top, seen) > min(1, self._strays_of(top)):
             top = max(seen)
         return top if sum(r == top for r in seen) >= self.exact * len(seen) else None
 

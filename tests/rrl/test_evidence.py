@@ -82,9 +82,12 @@ def test_a_closed_loop_keeps_its_population_and_an_open_loop_does_not() -> None:
     for reading in [32] * 16 + [64]:  # the clients restarted: the old requests still inside
         restarted.observe(reading)
     assert restarted.closed and restarted.population == 32
-    for reading in [32] * 4 + [57]:  # another restart, the first still among the readings
+    for reading in [32] * 4 + [57, 41]:  # more restarts, the first still among the readings
         restarted.observe(reading)
-    assert not restarted.closed  # more inside than 32 clients hold, twice: not that loop
+    assert restarted.closed and restarted.population == 32
+    for reading in [64] * 2:  # a quarter of the readings above 32 clients: not that loop
+        restarted.observe(reading)
+    assert not restarted.closed
     through = LoadKind()
     for reading in [32] * 7 + [64] + [32] * 8:  # a loop read through a restart's reading
         through.observe(reading)
@@ -483,7 +486,8 @@ def test_a_closed_loop_stays_read_through_refusals_and_one_restart() -> None:
     assert loop.closed and loop.population == 32
     loop.observe(40, refused=1)
     assert loop.closed and loop.population == 32
-    loop.observe(64, refused=3)
+    for _ in range(4):
+        loop.observe(64, refused=3)
     assert not loop.closed
 
 
