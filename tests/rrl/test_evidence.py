@@ -1081,3 +1081,18 @@ def test_a_timeout_the_closed_loop_never_waits_out_is_not_measured_again() -> No
     ]
     kept = _new_forms(ranked, [(52.7, knobs(4, 1.0))])
     assert [c for _, c in kept] == [knobs(16, 0.0), knobs(8, 2.0), knobs(8, 8.0), knobs(2, 1.0)]
+
+
+def test_a_resting_closed_loop_does_not_wake_on_its_own_rate_but_an_open_loop_does() -> None:
+    looped, opened = calibrated_policy(), calibrated_policy()
+    for _ in range(16):
+        looped.load_kind.observe(32)
+    assert looped.load_kind.same_loop() and not opened.load_kind.same_loop()
+    now = time.monotonic()
+    for policy in (looped, opened):
+        key = (policy._key(), INCUMBENT)
+        policy.rest.begin(now, policy.monitor.rate_per_s, 1.0, key)
+        policy.monitor.update(now + 1.0, 600)  # 1.7x the rested rate over the window
+        assert policy.monitor.rate_per_s > 1.5 * policy.rest.state.rate_per_s  # type: ignore[union-attr]
+    assert looped.rest_step() is not None  # the machine served the same clients faster
+    assert opened.rest_step() is None and not opened.rest.resting  # devices sent more
