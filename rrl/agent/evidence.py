@@ -170,9 +170,8 @@ class LoadKind:
         seen = self._seen
         if len(seen) < self.readings or min(seen) < 1:
             return None
-        top = sorted(seen)[-2]
-        if self._above(top, seen) > min(1, self._strays_of(top)):
-            top = max(seen)
+        ordered = sorted(seen)
+        top = ordered[-2] if self._strays_of(ordered[-2]) else ordered[-1]
         return top if sum(r == top for r in seen) >= self.exact * len(seen) else None
 
     def _still_the_loop(self, population: int) -> bool:

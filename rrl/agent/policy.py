@@ -781,8 +781,11 @@ class Policy:
             # Counts from before a step would read the step itself as burstiness.
             self._tick_counts.clear()
             return "state"
+        # A closed loop's arrivals follow its service: not asked (this runs on the event loop).
+        if self.load_kind.same_loop():
+            return None
         surprise = self.rest.surprised(stats.arrived, stats.arrived_rows, span_s)
-        if surprise is not None and not self.load_kind.same_loop():
+        if surprise is not None:
             self.wake(surprise)
             return "wake"
         return None
@@ -1056,9 +1059,6 @@ class Policy:
         searched, self._search_trial_in = self._search_trial_in, None
         if outcome.verdict == "accept":
             self._losing.pop(key, None)
-        elif searched is not None:
-            self._losing[key] = self._losing.get(key, 0) + 1
-        if outcome.verdict == "accept":
             self.memory.reject(key, trial.incumbent)  # it lost: not tried again in this state
             self.incumbent, self._violating = trial.candidate, 0
             self.memory.remember(key, trial.candidate, outcome.candidate)
@@ -1068,6 +1068,8 @@ class Policy:
             self._incumbent_values.clear()
             self._after = ("accept", outcome.reason)
         else:
+            if searched is not None:
+                self._losing[key] = self._losing.get(key, 0) + 1
             self.memory.reject(key, trial.candidate)
             self._after = ("revert", outcome.reason)
             led = outcome.verdict == "reject" and outcome.led_by_half_the_margin()
@@ -1209,17 +1211,19 @@ def _new_forms(
     always has a batch's worth waiting never waits out a timeout, so such a trial measures the
     machine's noise only (a run tried batch 4 at 2, 4 and 8 ms one after another, after batch 4
     at 1 ms had run: three trials of what the simulation predicted alike, 52.7 ms a request)."""
-    seen = list(measured)
+
+    def form(config: Knobs) -> Knobs:
+        return config.with_changes({"batch_timeout_ms": 0.0})
+
+    seen = [(m, form(c)) for m, c in measured if m is not None]
     out = []
     for ms, config in ranked:
-        form = config.with_changes({"batch_timeout_ms": 0.0})
+        mine = form(config)
         if ms is not None and any(
-            m is not None
-            and other.with_changes({"batch_timeout_ms": 0.0}) == form
-            and abs(ms - m) <= SAME_PREDICTION * m
-            for m, other in seen
+            f == mine and abs(ms - m) <= SAME_PREDICTION * m for m, f in seen
         ):
             continue
-        seen.append((ms, config))
+        if ms is not None:
+            seen.append((ms, mine))
         out.append((ms, config))
     return out
