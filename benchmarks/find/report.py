@@ -14,10 +14,11 @@ from models.knobs import Knobs
 
 
 def finalists(screened: dict[str, list[dict[str, Any]]], keep: int) -> list[Knobs]:
-    """The ``keep`` fastest configurations (nothing failed) at each screened load, together."""
+    """The ``keep`` fastest configurations by goodput (``_score``: none that lost a request) at
+    each screened load, together."""
     out: list[Knobs] = []
     for rows in screened.values():
-        ok = sorted((r for r in rows if not r["failed"]), key=lambda r: -r["rate_per_s"])
+        ok = sorted((r for r in rows if not r.get("lost")), key=lambda r: -r["rate_per_s"])
         for r in ok[:keep]:
             k = Knobs(**r["knobs"])
             if k not in out:
@@ -30,8 +31,12 @@ def is_closed(load: str) -> bool:
 
 
 def _score(row: dict[str, Any], closed: bool) -> float | None:
+    """A closed loop's figure is its goodput (the refused replies not counted, as the agent's
+    own figure counts them), so a load beyond every configuration's deadline (vision_cnn's 128
+    clients wait 250 ms and more whatever the knobs) still has a best static; a run that lost
+    a request (no answer at all) has none. An open loop's is its p99, none with a loss."""
     if closed:
-        return None if row["failed"] else float(row["rate_per_s"])
+        return None if row.get("lost") else float(row["rate_per_s"])
     lost = row["lost"] or row["errors"]
     return None if lost or row["p99_ms"] is None else float(row["p99_ms"])
 

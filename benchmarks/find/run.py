@@ -107,7 +107,7 @@ def best_statics(
             ]
         finalists = report.finalists(screened, plan.finalists)
         top = max(
-            (r for r in screened[f"c{max(plan.screen_at)}"] if not r["failed"]),
+            (r for r in screened[f"c{max(plan.screen_at)}"] if not r.get("lost")),
             key=lambda r: r["rate_per_s"],
         )
         capacity = top["rate_per_s"]
@@ -174,10 +174,17 @@ def open_loop_capacity(
 
 def earlier_statics(path: Path, model: str) -> dict[str, Any]:
     """The static measurements of ``model`` from an earlier results file (to rerun the agent
-    alone; the results say so, since their ratio then spans two runs)."""
+    alone; the results say so, since their ratio then spans two runs). The best static of each
+    load is chosen again from its rows by today's rule (``report.best_static``)."""
     doc = json.loads(path.read_text(encoding="utf-8"))
     (static,) = [r for r in doc["runs"] if r["kind"] == "static" and r["model"] == model]
-    return {k: v for k, v in static.items() if k not in ("model", "kind")}
+    out = {k: v for k, v in static.items() if k not in ("model", "kind")}
+    screened = out.get("screened", {})
+    out["best"] = {
+        name: report.best_static(rows, name, screened.get(name))
+        for name, rows in out["loads"].items()
+    }
+    return out
 
 
 def static_at(

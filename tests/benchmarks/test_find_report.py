@@ -18,21 +18,46 @@ from models.knobs import Knobs
 A, B, C = Knobs(32, 2.0, 1, 2, 1), Knobs(2, 0.0, 2, 1, 1), Knobs(1, 0.0, 1, 1, 1)
 
 
-def closed_row(knobs: Knobs, rate: float, failed: int = 0, repeat: int = 0) -> dict[str, Any]:
-    return {"knobs": knobs.as_dict(), "rate_per_s": rate, "failed": failed, "repeat": repeat}
+def closed_row(
+    knobs: Knobs, rate: float, failed: int = 0, repeat: int = 0, lost: int = 0
+) -> dict[str, Any]:
+    return {
+        "knobs": knobs.as_dict(),
+        "rate_per_s": rate,
+        "failed": failed,
+        "lost": lost,
+        "repeat": repeat,
+    }
 
 
 def open_row(knobs: Knobs, p99: float | None, lost: int = 0) -> dict[str, Any]:
     return {"knobs": knobs.as_dict(), "p99_ms": p99, "lost": lost, "errors": 0}
 
 
-def test_the_finalists_are_the_fastest_at_each_screened_load_without_failures() -> None:
+def test_the_finalists_are_the_fastest_at_each_screened_load_without_a_lost_request() -> None:
     screened = {
-        "c1": [closed_row(C, 900.0), closed_row(A, 400.0), closed_row(B, 950.0, failed=3)],
+        "c1": [closed_row(C, 900.0), closed_row(A, 400.0), closed_row(B, 950.0, 3, lost=3)],
         "c32": [closed_row(A, 700.0), closed_row(B, 560.0), closed_row(C, 300.0)],
     }
     assert finalists(screened, 1) == [C, A]
     assert finalists(screened, 2) == [C, A, B]
+
+
+def test_a_load_beyond_every_deadline_is_judged_by_goodput() -> None:
+    """128 clients of a model that answers 500/s wait past its 250 ms deadline whatever the
+    knobs, so every configuration refuses some: the best static is the best goodput (the
+    refused not counted in ``rate_per_s``), and only a run that lost a request (no answer at
+    all) is out."""
+    rows = [
+        closed_row(A, 480.0, failed=40),
+        closed_row(B, 500.0, failed=90),
+        closed_row(A, 470.0, failed=35),
+        closed_row(B, 520.0, failed=12, lost=2),
+    ]
+    best = best_static(rows, "c128")
+    assert best["knobs"] == A.as_dict() and best["value"] == 475.0
+    screened = {"c128": rows[:2]}
+    assert finalists(screened, 1) == [B]
 
 
 def test_the_best_static_is_the_best_mean_of_two_runs_and_its_floor_their_ratio() -> None:
@@ -198,13 +223,13 @@ def test_each_run_is_also_judged_against_the_static_measured_right_after_it() ->
     runs = [
         static,
         agent("c32", "default", slices=slices, measured=measured, adjacent_static=after),
-        # A pair with a failed run says nothing: no adjacent figure for that run.
+        # A pair with a run that lost a request says nothing: no adjacent figure for that run.
         agent(
             "c32",
             "batch1",
             slices=slices,
             measured=measured,
-            adjacent_static={**after, "runs": [after["runs"][0], {"failed": 3, "lost": 0}]},
+            adjacent_static={**after, "runs": [after["runs"][0], {"failed": 3, "lost": 3}]},
         ),
     ]
     s = summarize(runs)
