@@ -18,7 +18,7 @@ def finalists(screened: dict[str, list[dict[str, Any]]], keep: int) -> list[Knob
     each screened load, together."""
     out: list[Knobs] = []
     for rows in screened.values():
-        ok = sorted((r for r in rows if not r.get("lost")), key=lambda r: -r["rate_per_s"])
+        ok = sorted((r for r in rows if counted(r)), key=lambda r: -r["rate_per_s"])
         for r in ok[:keep]:
             k = Knobs(**r["knobs"])
             if k not in out:
@@ -30,13 +30,18 @@ def is_closed(load: str) -> bool:
     return load.startswith("c")
 
 
+def counted(row: dict[str, Any]) -> bool:
+    """Whether a closed loop's row has a figure (``_score``): it lost no request."""
+    return not row.get("lost")
+
+
 def _score(row: dict[str, Any], closed: bool) -> float | None:
     """A closed loop's figure is its goodput (the refused replies not counted, as the agent's
     own figure counts them), so a load beyond every configuration's deadline (vision_cnn's 128
     clients wait 250 ms and more whatever the knobs) still has a best static; a run that lost
     a request (no answer at all) has none. An open loop's is its p99, none with a loss."""
     if closed:
-        return None if row.get("lost") else float(row["rate_per_s"])
+        return float(row["rate_per_s"]) if counted(row) else None
     lost = row["lost"] or row["errors"]
     return None if lost or row["p99_ms"] is None else float(row["p99_ms"])
 
@@ -87,6 +92,13 @@ def best_static(
             out["p95_ms"] = round(statistics.fmean(p95s), 3)
             out["p95_floor"] = round(max(p95s) / min(p95s), 4)
     return out
+
+
+def best_per_load(
+    per_load: dict[str, list[dict[str, Any]]], screened: dict[str, list[dict[str, Any]]]
+) -> dict[str, dict[str, Any]]:
+    """``best_static`` of each load's finalist rows, its screening beside it where there was one."""
+    return {name: best_static(rows, name, screened.get(name)) for name, rows in per_load.items()}
 
 
 def settle_s(
@@ -209,13 +221,20 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     near: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
     settles: list[float | None] = []
     agents = [r for r in runs if r["kind"] == "agent"]
+    by_load: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in agents:
+        by_load.setdefault((r["model"], r["load"]), []).append(r)
+    besides = {
+        (model, load): beside_floor(same, value, is_closed(load))
+        for (model, load), same in by_load.items()
+        if (value := statics[model]["best"][load]["value"]) is not None
+    }
     for r in agents:
         best = statics[r["model"]]["best"][r["load"]]
         closed = is_closed(r["load"])
         if best["value"] is None:
             continue
-        same = [a for a in agents if (a["model"], a["load"]) == (r["model"], r["load"])]
-        beside = beside_floor(same, best["value"], closed)
+        beside = besides[(r["model"], r["load"])]
         floor = max(best["floor"] or 1.0, beside or 1.0)
         if closed:
             ratio = r["measured"]["rate_per_s"] / best["value"]

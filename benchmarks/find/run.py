@@ -107,7 +107,7 @@ def best_statics(
             ]
         finalists = report.finalists(screened, plan.finalists)
         top = max(
-            (r for r in screened[f"c{max(plan.screen_at)}"] if not r.get("lost")),
+            (r for r in screened[f"c{max(plan.screen_at)}"] if report.counted(r)),
             key=lambda r: r["rate_per_s"],
         )
         capacity = top["rate_per_s"]
@@ -139,10 +139,7 @@ def best_statics(
         "open_capacity_rps": open_capacity,
         "open_capacity_probes": probes,
         "loads": per_load,
-        "best": {
-            name: report.best_static(rows, name, screened.get(name))
-            for name, rows in per_load.items()
-        },
+        "best": report.best_per_load(per_load, screened),
     }
 
 
@@ -175,15 +172,11 @@ def open_loop_capacity(
 def earlier_statics(path: Path, model: str) -> dict[str, Any]:
     """The static measurements of ``model`` from an earlier results file (to rerun the agent
     alone; the results say so, since their ratio then spans two runs). The best static of each
-    load is chosen again from its rows by today's rule (``report.best_static``)."""
+    load is chosen again from its rows by today's rule (``report.best_per_load``)."""
     doc = json.loads(path.read_text(encoding="utf-8"))
     (static,) = [r for r in doc["runs"] if r["kind"] == "static" and r["model"] == model]
     out = {k: v for k, v in static.items() if k not in ("model", "kind")}
-    screened = out.get("screened", {})
-    out["best"] = {
-        name: report.best_static(rows, name, screened.get(name))
-        for name, rows in out["loads"].items()
-    }
+    out["best"] = report.best_per_load(out["loads"], out.get("screened", {}))
     return out
 
 
