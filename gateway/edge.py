@@ -103,6 +103,15 @@ class Edge:
         """Refuse an unknown or unavailable model (or version) before its body is decoded."""
         self.service.check_model(model, version)
 
+    def refuse_before_decoding(self, body: bytes, *, model: str, version: str | None) -> None:
+        """Refuse a request admission would refuse anyway before its body is decoded
+        (``ServingCore.refuse_early``): only one that cannot name a budget of its own
+        (``oip.may_name_budget``), whose deadline is therefore the model's SLO. MQTT does not
+        ask: a request's expiry and its reply's correlation id are read from the decoded
+        message."""
+        if not oip.may_name_budget(body):
+            self.service.refuse_early(model, version, transport=self.transport)
+
     async def decode_oip(
         self, body: bytes, *, model: str, version: str | None, header_length: int | None
     ) -> tuple[InferenceRequest, oip.OutputFormat]:

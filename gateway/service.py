@@ -22,7 +22,12 @@ from concurrent.futures import Executor
 import numpy as np
 
 from gateway.batching.watchdog import StuckCalls, WatchdogLimits
-from gateway.errors import MemoryBudgetExceeded, ModelUnavailable, PayloadTooLarge
+from gateway.errors import (
+    GatewayError,
+    MemoryBudgetExceeded,
+    ModelUnavailable,
+    PayloadTooLarge,
+)
 from gateway.metrics import GatewayMetrics
 from gateway.model_host import ModelHost
 from gateway.model_registry import ModelRegistry, RuntimeLoader
@@ -100,6 +105,18 @@ class InferenceService:
 
     def metadata(self, model: str, version: int | str | None = None) -> ModelMetadata:
         return self.registry.host(model, version).metadata
+
+    def refuse_early(self, model: str, version: int | str | None, *, transport: str) -> None:
+        """Refuse now, before its body is decoded, a request with the model's SLO as its budget
+        if admission would refuse even one row of it (``ModelHost.refuse_early``); counted as
+        ``infer`` counts a refusal."""
+        host = self.registry.host(model, version)
+        started = time.monotonic()
+        try:
+            host.refuse_early()
+        except GatewayError as exc:
+            host.record_request(transport, exc.reason, time.monotonic() - started)
+            raise
 
     # -- inference -------------------------------------------------------------------------
 

@@ -145,6 +145,20 @@ class Batcher:
                 item.future.set_exception(error)
         self._queued_rows = 0
 
+    def check_arrival(self, *, rows: int, deadline: float) -> None:
+        """Raise the refusal a request of ``rows`` arriving now with ``deadline`` would get
+        (``Admission.check_arrival``), if it would be refused; nothing is queued."""
+        self.admission.check_arrival(
+            rows=rows,
+            deadline=deadline,
+            knobs=self._knobs(),
+            queued=len(self._heap),
+            queued_rows=self._queued_rows,
+            max_queue_size=self.max_queue_size,
+            busy=self._pool.busy,
+            instances=self._pool.size,
+        )
+
     async def submit(
         self,
         inputs: dict[str, np.ndarray],
@@ -154,17 +168,7 @@ class Batcher:
         priority: int = 0,
     ) -> tuple[Outputs, float, float]:
         """Queue one request; returns (outputs, queue seconds, compute seconds)."""
-        knobs = self._knobs()
-        self.admission.check_arrival(
-            rows=rows,
-            deadline=deadline,
-            knobs=knobs,
-            queued=len(self._heap),
-            queued_rows=self._queued_rows,
-            max_queue_size=self.max_queue_size,
-            busy=self._pool.busy,
-            instances=self._pool.size,
-        )
+        self.check_arrival(rows=rows, deadline=deadline)
         now = self._clock()
         level = priority if priority > 0 else DEFAULT_PRIORITY_LEVEL
         future: asyncio.Future[tuple[Outputs, float, float]] = (

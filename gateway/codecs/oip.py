@@ -408,6 +408,18 @@ def _int_param(params: dict[str, Any], key: str, default: int, upper: int) -> in
     return value
 
 
+_BUDGET_KEYS = (b"timeout", b"deadline_unix_ms", b"\\u")
+"""What a body that names a budget of its own holds (``_timeout``), a key spelt with escapes
+included (a JSON string may write any letter as ``\\uXXXX``)."""
+
+
+def may_name_budget(body: bytes) -> bool:
+    """Whether ``body`` may name a budget of its own (a ``timeout`` or ``deadline_unix_ms``
+    parameter): false only when none can be in it. A byte search, a few microseconds on a
+    30 kB body where decoding it takes about a millisecond."""
+    return any(key in body for key in _BUDGET_KEYS)
+
+
 def _timeout(params: dict[str, Any]) -> float | None:
     """The request's time budget from now: the ``timeout`` parameter (microseconds, as in
     Triton; 0 or absent: the model SLO), capped by ``deadline_unix_ms``, an absolute deadline

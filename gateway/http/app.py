@@ -216,10 +216,11 @@ async def repository_index(request: web.Request) -> web.Response:
 
 
 async def infer(request: web.Request) -> web.Response:
-    service = request.app[CORE_KEY]
+    service, edge = request.app[CORE_KEY], request.app[EDGE_KEY]
     name, version = request.match_info["model"], _version(request)
-    request.app[EDGE_KEY].check_model(name, version)  # 404 before the body is even read
+    edge.check_model(name, version)  # 404 before the body is even read
     body = await _read_body(request)
+    edge.refuse_before_decoding(body, model=name, version=version)  # and 503 before decoding
     raw_len = request.headers.get(oip.HEADER_LENGTH)
     header_length: int | None = None
     if raw_len is not None:
@@ -227,9 +228,7 @@ async def infer(request: web.Request) -> web.Response:
             header_length = int(raw_len)
         except ValueError:
             raise BadRequest(f"{oip.HEADER_LENGTH} must be an integer, got {raw_len!r}") from None
-    req, fmt = await request.app[EDGE_KEY].decode_oip(
-        body, model=name, version=version, header_length=header_length
-    )
+    req, fmt = await edge.decode_oip(body, model=name, version=version, header_length=header_length)
     response = await service.infer(req, transport=TRANSPORT)
     payload, json_len = oip.encode_response(response, fmt)
     if json_len is None:
@@ -316,11 +315,11 @@ _TF_DTYPES = {
 
 
 async def tfs_predict(request: web.Request) -> web.Response:
-    service = request.app[CORE_KEY]
+    service, edge = request.app[CORE_KEY], request.app[EDGE_KEY]
     name, version = request.match_info["model"], _version(request)
-    edge = request.app[EDGE_KEY]
     edge.check_model(name, version)  # 404 before the body is even read
     body = await _read_body(request)
+    edge.refuse_before_decoding(body, model=name, version=version)  # and 503 before decoding
     req, rows = await edge.decode_tfs(body, model=name, version=version)
     response = await service.infer(req, transport=TRANSPORT)
     return web.Response(body=tfserving.encode_predict(response, rows=rows), content_type=_JSON)

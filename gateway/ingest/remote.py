@@ -67,6 +67,10 @@ class RemoteService:
     def metadata(self, model: str, version: int | str | None = None) -> ModelMetadata:
         return self.catalog.metadata(model, version)
 
+    def refuse_early(self, model: str, version: int | str | None, *, transport: str) -> None:
+        """Nothing: admission's queue and pace live in the serving process, which refuses (or
+        admits) the request once it is sent over."""
+
     async def infer(self, request: InferenceRequest, *, transport: str) -> InferenceResponse:
         if self.closed.is_set():
             raise ServingGone("the gateway is restarting its serving process; retry", retry_after=1)

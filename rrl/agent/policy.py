@@ -776,7 +776,8 @@ class Policy:
         self._tick_counts.append(stats.arrived * self.settings.tick_s / span_s)
         self.load_kind.observe(stats.in_system_peak, stats.rejected)
         changed = self.monitor.state is not None and state != self.workload
-        if (changed and not self.load_kind.same_loop()) or self.load_kind.another_loop():
+        turned = self.load_kind.turned() and self.monitor.state is not None
+        if (changed and not self.load_kind.same_loop()) or self.load_kind.another_loop() or turned:
             self.workload = state
             # Counts from before a step would read the step itself as burstiness.
             self._tick_counts.clear()
@@ -795,7 +796,12 @@ class Policy:
         changes = self.monitor.changes
         rate = changes[-1].rate_per_s if changes else self.monitor.rate_per_s
         reason = f"rate {rate:.1f}/s"
-        if self.load_kind.another_loop():
+        if self.load_kind.storm:
+            reason = (
+                f"refusals in most ticks: read as a closed loop of {self.load_kind.population} "
+                f"requests judged by what it answers, rate {self.monitor.rate_per_s:.1f}/s"
+            )
+        elif self.load_kind.another_loop():
             reason = (
                 f"a closed loop of {self.load_kind.population} requests after one of "
                 f"{self.load_kind.held}, rate {self.monitor.rate_per_s:.1f}/s"
@@ -1040,8 +1046,13 @@ class Policy:
         outcome = trial.record(config, value, load, self._normalise)
         # Beyond the safety limit a candidate goes back at once, unless the incumbent's last
         # window measured worse still (an overloaded incumbent: the candidate may be the way out).
-        base = trial.baseline[-1] if trial.baseline else None
-        unsafe = value > self._unsafe_value(config) and (base is None or value >= base.objective)
+        limit = self._unsafe_value(config)
+        base = trial.baseline[-1].objective if trial.baseline else None
+        if base is not None and base > limit:
+            # Both beyond it (a storm's every window is): one window is not a trial, and only a
+            # loss beyond the noise ends it before its windows are in.
+            base *= 1.0 + self._trial_margin()
+        unsafe = value > limit and (base is None or value >= base)
         if outcome is None and config == trial.candidate and unsafe:
             outcome = Outcome(
                 "revert",
@@ -1092,8 +1103,21 @@ class Policy:
     def value_of(self, config: Knobs, measurement: Measurement) -> float:
         """The objective of a measured window; in a closed loop its time per request by
         Little's law (``LoadKind.per_request_ms``) stands in for the p95 (the SLO's penalty for
-        late answers is kept)."""
-        per_request_ms = self.load_kind.per_request_ms(measurement.throughput_per_s)
+        late answers is kept). In a storm (``LoadKind.storm``) the refusals are left out: they
+        count how fast the gateway refuses clients that send again at once, not what the
+        configuration serves; it is judged on what it answered, a window that answered none as
+        if it had answered one."""
+        throughput = measurement.throughput_per_s
+        if self.load_kind.storm and measurement.duration_s > 0:
+            throughput = max(throughput, 1.0 / measurement.duration_s)
+            measurement = replace(
+                measurement,
+                offered=max(measurement.completed, 1),
+                completed=max(measurement.completed, 1),
+                slo_violations=max(0, measurement.slo_violations - measurement.rejected),
+                rejected=0,
+            )
+        per_request_ms = self.load_kind.per_request_ms(throughput)
         if per_request_ms is not None:
             measurement = replace(measurement, p95_ms=per_request_ms)
         return self.objective(config, measurement)

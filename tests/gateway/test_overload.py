@@ -21,6 +21,7 @@ from tests.gateway.helpers import (
     binary_request,
     decode_response,
     infer_binary,
+    json_request,
     make_repo,
     metric_samples,
     random_inputs,
@@ -149,3 +150,57 @@ async def test_full_queue_is_refused_with_retry_after_and_nothing_is_lost(
         )
         assert status == 200
         np.testing.assert_array_equal(outputs["probabilities"], wants[0])
+
+
+async def test_a_request_admission_would_refuse_is_refused_before_its_body_is_decoded(
+    http: aiohttp.ClientSession, demo_repo: Path, tmp_path: Path, reference: Reference
+) -> None:
+    """A closed loop of clients beyond its deadlines sends each refused request again at once;
+    over HTTP, a request with the model's SLO as its budget that admission would refuse even
+    at one row is refused before its body is decoded. What shows it: a body that could not be
+    decoded gets the overload's 503, not a 400, while the pace stays beyond the SLO; a body
+    that names a budget of its own is decoded and judged at that budget."""
+    repo = make_repo(
+        tmp_path / "repo",
+        demo_repo,
+        {"sensor_mlp": {"slo_ms": 200.0, "batching": {"concurrency": 1, "max_batch_size": 4}}},
+    )
+    metadata = reference.metadata("sensor_mlp")
+    row = random_inputs(metadata, 1, np.random.default_rng(11))
+    async with running_gateway(repo, tmp_path / "cache") as gw:
+        url = base_url(gw)
+        infer_url, tfs_url = f"{url}/v2/models/sensor_mlp/infer", f"{url}/v1/models/sensor_mlp"
+        host = gw.service.registry.host("sensor_mlp")
+        for _ in range(3):  # every recent batch took 10 s: no request makes a 200 ms SLO
+            host._batcher.service_time.observe(1, 10.0)
+
+        async def post(url: str, body: bytes) -> tuple[int, dict[str, Any]]:
+            async with http.post(url, data=body) as r:
+                return r.status, json.loads(await r.read())
+
+        garbage = b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, ' + b"]" * 3
+        status, reply = await post(infer_url, garbage)
+        assert status == 503 and "deadline cannot be met" in reply["error"], reply
+        status, reply = await post(f"{tfs_url}:predict", b"[[[")
+        assert status == 503 and "deadline cannot be met" in reply["error"], reply
+        # One that may name a budget is decoded first: this one's fault is then its own.
+        status, reply = await post(infer_url, garbage + b' "timeout"')
+        assert status == 400, reply
+        # And one that names 60 s is admitted at them, and served correctly.
+        body = json.dumps(json_request(row, timeout_us=60_000_000)).encode()
+        status, reply = await post(infer_url, body)
+        assert status == 200, reply
+        got = np.asarray(reply["outputs"][0]["data"], dtype=np.float32)
+        want = reference.infer("sensor_mlp", row)[reply["outputs"][0]["name"]]
+        np.testing.assert_allclose(got, want.ravel(), rtol=1e-6)
+
+        # Counted as any refusal: by reason, by outcome, and in the stats the agent reads.
+        samples = metric_samples(await (await http.get(f"{url}/metrics")).text())
+        counted = {
+            (name, labels.get("outcome"), labels.get("reason")): value
+            for name, labels, value in samples
+            if labels.get("model") == "sensor_mlp"
+        }
+        assert counted[("iotgw_rejections_total", None, "deadline")] == 2
+        assert counted[("iotgw_requests_total", "deadline", None)] == 2
+        assert host.stats().rejected == 2

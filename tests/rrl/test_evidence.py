@@ -462,15 +462,117 @@ def test_a_lead_within_the_noise_is_not_followed() -> None:
     assert policy.trial is None and not policy._further.get(policy._key())
 
 
-def test_a_full_queue_that_refuses_is_not_a_closed_loop() -> None:
-    overloaded = LoadKind()
-    for _ in range(16):  # the queue held at its bound, arrivals beyond it refused
-        overloaded.observe(512, refused=40)
-    assert not overloaded.closed
+def test_a_few_refusing_ticks_never_begin_a_loop() -> None:
+    busy = LoadKind()
+    for i in range(16):  # steady readings, one tick in four refusing: read again from each
+        busy.observe(512, refused=40 if i % 4 == 3 else 0)
+    assert not busy.closed and not busy.storm
     for _ in range(15):
-        overloaded.observe(512)
-    overloaded.observe(512, refused=1)
-    assert not overloaded.closed  # one refusal starts the readings over
+        busy.observe(512)
+    busy.observe(512, refused=1)
+    assert not busy.closed  # one refusal starts the readings over
+
+
+def storm_readings(kind: LoadKind, ticks: int = 16) -> None:
+    """wrk's 128 connections to a model that answers 300 a second within a 100 ms SLO: most
+    are refused for their deadline and send again at once; no two ticks read alike."""
+    peaks = [61, 74, 58, 90, 66, 71, 83, 64, 77, 69, 88, 60, 72, 79, 67, 85]
+    for i in range(ticks):
+        kind.observe(peaks[i % len(peaks)], refused=150 + i)
+
+
+def test_a_load_refused_in_most_ticks_is_a_storm_read_at_one_population_while_it_lasts() -> None:
+    kind = LoadKind()
+    storm_readings(kind, 15)
+    assert not kind.closed  # fewer than sixteen readings
+    kind.observe(64)
+    assert kind.storm and kind.population == 90  # fifteen of the sixteen refused
+    some = LoadKind()
+    for i in range(32):  # eleven of each sixteen refusing: short of three quarters
+        some.observe(64, refused=10 if i % 16 < 11 else 0)
+        assert not some.closed
+    kind.reset()
+    storm_readings(kind)
+    assert kind.storm and kind.closed and kind.population == 90 and kind.held == 90
+    for peak in (120, 40, 128, 30):  # what it holds moves; the population it is judged at not
+        kind.observe(peak, refused=200)
+    assert kind.population == 90 and kind.same_loop()
+    for _ in range(5):  # a few calm ticks inside it
+        kind.observe(70)
+    assert kind.storm
+    for _ in range(4):  # refusing in fewer than half of the last sixteen: over
+        kind.observe(70)
+    assert not kind.storm and not kind.closed
+
+
+def test_a_storms_window_is_valued_by_what_it_answered_not_by_what_it_refused() -> None:
+    policy = calibrated_policy()
+    storm_readings(policy.load_kind)
+    assert policy.load_kind.storm and policy.load_kind.population == 90
+
+    def storm_window(answered: int, refused: int, late: int = 0) -> Measurement:
+        offered = answered + refused
+        return Measurement(1.0, offered, answered, 60.0, 95.0, 99.0, late + refused, refused)
+
+    # 300 answered a second: 90 / 300 = 300 ms a request, however many were refused beside.
+    fast_refusals = policy.value_of(INCUMBENT, storm_window(300, 3800))
+    slow_refusals = policy.value_of(INCUMBENT, storm_window(300, 1600))
+    assert fast_refusals == slow_refusals == policy.objective(INCUMBENT, window(300.0, 300, 1.0))
+    # More answered is better, whatever was refused: 100 a second reads 900 ms.
+    assert policy.value_of(INCUMBENT, storm_window(100, 900)) > fast_refusals
+    # Late answers still count against it; a window that answered nothing reads as one that
+    # answered one (no figure of a time per request is infinite), worse than any answering more.
+    assert policy.value_of(INCUMBENT, storm_window(300, 3800, late=30)) > fast_refusals
+    nothing = policy.value_of(INCUMBENT, storm_window(0, 5000))
+    assert nothing == policy.value_of(INCUMBENT, storm_window(1, 5000)) > fast_refusals
+
+
+def storm_ticks(policy: Policy, start: float) -> list[str | None]:
+    """Sixteen half-second ticks of ``storm_readings``' load through the policy, the new state
+    entered when a tick says so, as the agent's loop enters it."""
+    events = []
+    peaks = [61, 74, 58, 90, 66, 71, 83, 64, 77, 69, 88, 60, 72, 79, 67, 85]
+    for i, peak in enumerate(peaks):
+        refused, answered = 1900, 150
+        stats = WindowStats(
+            0.5, answered, 300.0, 1.0, 60.0, 95.0, 99.0, refused, refused, 60,
+            answered + refused, answered + refused, peak, peak,
+        )  # fmt: skip
+        event = policy.tick(start + 0.5 * i, stats, 0.5)
+        if event == "state":
+            policy.workload_changed(INCUMBENT, rebuilt=False)
+        events.append(event)
+    return events
+
+
+def test_a_storm_is_a_new_workload_state_entered_when_it_begins() -> None:
+    policy = calibrated_policy()
+    policy.workload = policy.monitor.state
+    events = storm_ticks(policy, time.monotonic())
+    # The rate's step from 100/s is one new state; the storm read at the sixteenth, another.
+    assert events[-1] == "state" and "state" not in events[2:-1], events
+    assert policy.load_kind.storm and policy.load_kind.held == 90
+    assert "refusals in most ticks" in policy.history[-1].reason
+    assert not policy._baseline  # the incumbent's windows before it valued another figure
+
+
+def test_in_a_storm_one_window_within_the_noise_does_not_end_a_trial() -> None:
+    """Every window of a storm is beyond the safety limit: a candidate goes back after one
+    window only for a loss beyond the trial's margin, not for reading worse than the
+    incumbent's last window by a few percent."""
+    for ratio, reverted in ((1.03, False), (1.5, True)):
+        policy = calibrated_policy()
+        policy.workload = policy.monitor.state
+        storm_ticks(policy, time.monotonic())
+        incumbent = Measurement(1.0, 3300, 300, 60.0, 95.0, 99.0, 3000, 3000)
+        policy.learn(Step(INCUMBENT, "exploit"), incumbent)
+        step = policy.choose()
+        assert step.kind == "explore" and policy.trial is not None, step
+        answered = round(300 / ratio)
+        candidate = Measurement(1.0, 3300, answered, 60.0, 95.0, 99.0, 3000, 3000)
+        decision = policy.learn(step, candidate)
+        assert ("reverted after one window" in decision.reason) is reverted, decision.reason
+        assert (policy.trial is None) is reverted
 
 
 def test_a_closed_loop_stays_read_through_refusals_and_one_restart() -> None:
