@@ -143,6 +143,7 @@ class Policy:
         self.last_rebuild_end, self.last_rebuild_s = -float("inf"), 0.0
         self._after: tuple[str, str] | None = None  # (kind, reason) of the interval after a trial
         self._recall: Knobs | None = None
+        self._storm_turned = False  # the state entered next is a storm's beginning or end
         self._baseline: deque[Window] = deque(maxlen=BASELINE_WINDOWS)  # its last windows here
         self._since_trial = s.trial_gap
         self._last_measured: LastWindow | None = None
@@ -778,7 +779,7 @@ class Policy:
         changed = self.monitor.state is not None and state != self.workload
         turned = self.load_kind.turned() and self.monitor.state is not None
         if (changed and not self.load_kind.same_loop()) or self.load_kind.another_loop() or turned:
-            self.workload = state
+            self.workload, self._storm_turned = state, turned
             # Counts from before a step would read the step itself as burstiness.
             self._tick_counts.clear()
             return "state"
@@ -1159,9 +1160,11 @@ class Policy:
         self._asked = None
         self.trust.reset()
         self.band.reset()
-        if self.load_kind.another_loop():
+        if self.load_kind.another_loop() or self._storm_turned:
             # What the last loop measured in this state (its times per request, the trials
-            # it lost) says nothing of this one; its best configuration is a fair start.
+            # it lost) says nothing of this one; its best configuration is a fair start. So
+            # for a storm's turn: the same key's windows were valued by another figure.
+            self._storm_turned = False
             key = self._key()
             self.memory.forget_measured(key)
             self._searched.pop(key, None)

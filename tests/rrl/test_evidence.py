@@ -527,12 +527,13 @@ def test_a_storms_window_is_valued_by_what_it_answered_not_by_what_it_refused() 
     assert nothing == policy.value_of(INCUMBENT, storm_window(1, 5000)) > fast_refusals
 
 
-def storm_ticks(policy: Policy, start: float) -> list[str | None]:
-    """Sixteen half-second ticks of ``storm_readings``' load through the policy, the new state
-    entered when a tick says so, as the agent's loop enters it."""
+def storm_ticks(policy: Policy, start: float, ticks: range = range(16)) -> list[str | None]:
+    """Half-second ticks (the sixteen, or ``ticks`` of them) of ``storm_readings``' load through
+    the policy, the new state entered when a tick says so, as the agent's loop enters it."""
     events = []
     peaks = [61, 74, 58, 90, 66, 71, 83, 64, 77, 69, 88, 60, 72, 79, 67, 85]
-    for i, peak in enumerate(peaks):
+    for i in ticks:
+        peak = peaks[i]
         refused, answered = 1900, 150
         stats = WindowStats(
             0.5, answered, 300.0, 1.0, 60.0, 95.0, 99.0, refused, refused, 60,
@@ -548,12 +549,23 @@ def storm_ticks(policy: Policy, start: float) -> list[str | None]:
 def test_a_storm_is_a_new_workload_state_entered_when_it_begins() -> None:
     policy = calibrated_policy()
     policy.workload = policy.monitor.state
-    events = storm_ticks(policy, time.monotonic())
+    start = time.monotonic()
+    events = storm_ticks(policy, start, range(15))
+    # Before the storm is read, its windows are an open loop's; three trials lost on them.
+    key = policy._key()
+    policy._losing[key], policy._searched[key] = 3, 3
+    policy.memory.reject(key, Knobs(8, 0.0, 2, 1, 1))
+    events += storm_ticks(policy, start, range(15, 16))
     # The rate's step from 100/s is one new state; the storm read at the sixteenth, another.
     assert events[-1] == "state" and "state" not in events[2:-1], events
     assert policy.load_kind.storm and policy.load_kind.held == 90
     assert "refusals in most ticks" in policy.history[-1].reason
     assert not policy._baseline  # the incumbent's windows before it valued another figure
+    # And what was measured in the state's key before it, by that figure, is forgotten: the
+    # trials it lost do not make the storm rest, nor keep a configuration out of its search.
+    assert policy._key() == key
+    assert not policy._losing.get(key) and not policy._searched.get(key)
+    assert not policy.memory.was_rejected(key, Knobs(8, 0.0, 2, 1, 1))
 
 
 def test_in_a_storm_one_window_within_the_noise_does_not_end_a_trial() -> None:
