@@ -1210,3 +1210,31 @@ def test_a_resting_closed_loop_does_not_wake_on_its_own_rate_but_an_open_loop_do
         assert policy.monitor.rate_per_s > 1.5 * policy.rest.state.rate_per_s  # type: ignore[union-attr]
     assert looped.rest_step() is not None  # the machine served the same clients faster
     assert opened.rest_step() is None and not opened.rest.resting  # devices sent more
+
+
+def test_the_noise_measured_in_a_state_judges_the_trial_after_an_accepted_one() -> None:
+    """The machine's noise does not leave with a configuration: a new incumbent's first
+    trials are judged at its predecessor's noise in the state, not at the 5% floor, until it
+    has three windows of its own; another workload state measures its noise anew."""
+    policy = calibrated_policy()
+    noisy = [20.0, 35.0, 14.0, 30.0, 18.0]  # one configuration's windows, 171/s of Poisson
+    for value in noisy:
+        policy.learn(Step(INCUMBENT, "exploit"), window(value))
+    spread = policy._trial_margin()
+    assert spread > 0.3
+    # An accepted trial: the new incumbent has no windows of its own yet.
+    better = Knobs(8, 0.0, 2, 1, 1)
+    policy.incumbent = better
+    policy._incumbent_values.clear()
+    assert policy._trial_margin() == pytest.approx(spread)
+    # Its own three calm windows take over.
+    for value in (10.0, 10.2, 9.9):
+        policy.learn(Step(better, "exploit"), window(value))
+    assert policy._trial_margin() == policy.settings.trial_margin
+    moved = calibrated_policy()
+    moved.workload = moved.monitor.state
+    for value in noisy:
+        moved.learn(Step(INCUMBENT, "exploit"), window(value))
+    assert moved._trial_margin() > 0.3
+    moved.workload_changed(INCUMBENT, rebuilt=False)
+    assert moved._trial_margin() == moved.settings.trial_margin
