@@ -5,6 +5,7 @@ through ``gateway.ingest.remote.RemoteService``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from gateway.metrics import GatewayMetrics
@@ -20,8 +21,16 @@ class ServingCore(Protocol):
 
     def metadata(self, model: str, version: int | str | None = None) -> ModelMetadata: ...
 
-    def refuse_early(self, model: str, version: int | str | None, *, transport: str) -> None:
+    def refuse_early(
+        self,
+        model: str,
+        version: int | str | None,
+        *,
+        transport: str,
+        unless: Callable[[], bool],
+    ) -> None:
         """Refuse, before its body is decoded, a request whose budget is the model's SLO, if
-        admission would refuse even one row of it now; return when it would be admitted."""
+        admission would refuse even one row of it now and ``unless()`` is false (asked only
+        then); return when it would be admitted."""
 
     async def infer(self, request: InferenceRequest, *, transport: str) -> InferenceResponse: ...

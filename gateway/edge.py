@@ -109,8 +109,9 @@ class Edge:
         (``oip.may_name_budget``), whose deadline is therefore the model's SLO. MQTT does not
         ask: a request's expiry and its reply's correlation id are read from the decoded
         message."""
-        if not oip.may_name_budget(body):
-            self.service.refuse_early(model, version, transport=self.transport)
+        self.service.refuse_early(
+            model, version, transport=self.transport, unless=lambda: oip.may_name_budget(body)
+        )
 
     async def decode_oip(
         self, body: bytes, *, model: str, version: str | None, header_length: int | None

@@ -194,20 +194,25 @@ class ModelHost:
             )
         await self.unload(publish=not replaced)
 
-    def refuse_early(self) -> None:
+    def refuse_early(self, unless: Callable[[], bool]) -> None:
         """Raise, before its body is decoded, the refusal a one-row request with the model's
         SLO as its budget would get now (queue full, or no batch could answer it in time);
         return when it would be admitted, and it is then decoded and admitted at its own rows
         as any other. A closed loop of clients beyond its deadlines sends each refused request
         again at once: decoding every one only to refuse it took 39% of the gateway's samples
         with vision_cnn at 128 connections (32,000 refusals in 20 s), the event loop's time the
-        admitted requests wait behind. A refusal is counted as ``infer`` counts one."""
+        admitted requests wait behind. ``unless()`` (whether the body may name a budget of its
+        own) is asked only of a request admission would refuse: it searches the body's bytes,
+        which costs more than the admission check, so the admitted requests do not pay for it.
+        A refusal is counted as ``infer`` counts one."""
         if self.state is not ModelState.READY:
             return  # ``infer`` gives the reason
         now = time.monotonic()
         try:
             self._batcher.check_arrival(rows=1, deadline=now + self.config.slo_ms / 1000.0)
         except GatewayError as exc:
+            if unless():
+                return
             self.arrived_total += 1
             self._requests.arrive(now, 1, self._in_flight + 1)
             self.record_rejection(exc.reason)

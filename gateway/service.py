@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Executor
 
 import numpy as np
@@ -106,14 +106,21 @@ class InferenceService:
     def metadata(self, model: str, version: int | str | None = None) -> ModelMetadata:
         return self.registry.host(model, version).metadata
 
-    def refuse_early(self, model: str, version: int | str | None, *, transport: str) -> None:
+    def refuse_early(
+        self,
+        model: str,
+        version: int | str | None,
+        *,
+        transport: str,
+        unless: Callable[[], bool],
+    ) -> None:
         """Refuse now, before its body is decoded, a request with the model's SLO as its budget
         if admission would refuse even one row of it (``ModelHost.refuse_early``); counted as
         ``infer`` counts a refusal."""
         host = self.registry.host(model, version)
         started = time.monotonic()
         try:
-            host.refuse_early()
+            host.refuse_early(unless)
         except GatewayError as exc:
             host.record_request(transport, exc.reason, time.monotonic() - started)
             raise

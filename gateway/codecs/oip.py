@@ -415,8 +415,8 @@ included (a JSON string may write any letter as ``\\uXXXX``)."""
 
 def may_name_budget(body: bytes) -> bool:
     """Whether ``body`` may name a budget of its own (a ``timeout`` or ``deadline_unix_ms``
-    parameter): false only when none can be in it. A byte search, a few microseconds on a
-    30 kB body where decoding it takes about a millisecond."""
+    parameter): false only when none can be in it. A byte search (29 us on vision_cnn's
+    15 kB JSON body), asked only of a request admission would refuse."""
     return any(key in body for key in _BUDGET_KEYS)
 
 

@@ -9,6 +9,7 @@ import contextlib
 import itertools
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from gateway import errors
@@ -67,7 +68,14 @@ class RemoteService:
     def metadata(self, model: str, version: int | str | None = None) -> ModelMetadata:
         return self.catalog.metadata(model, version)
 
-    def refuse_early(self, model: str, version: int | str | None, *, transport: str) -> None:
+    def refuse_early(
+        self,
+        model: str,
+        version: int | str | None,
+        *,
+        transport: str,
+        unless: Callable[[], bool],
+    ) -> None:
         """Nothing: admission's queue and pace live in the serving process, which refuses (or
         admits) the request once it is sent over."""
 

@@ -146,9 +146,8 @@ class LoadKind:
     methods), fixed from the tick it was first read."""
     _turned: bool = False
     """A storm began or ended since ``turned`` was last asked."""
-    _refusing: deque[bool] = field(default_factory=deque)
-    _peaks: deque[int] = field(default_factory=deque)
-    """The last ``readings`` ticks: whether each refused, and its reading (refusing or not)."""
+    _ticks: deque[tuple[int, bool]] = field(default_factory=deque)
+    """The last ``readings`` ticks: each one's reading (refusing or not), and whether it refused."""
 
     def observe(self, peak_inside: int, refused: int = 0) -> None:
         """One tick's reading of the most requests inside the model at once, and the requests
@@ -160,12 +159,10 @@ class LoadKind:
         clients, and a client's restart refuses the requests its old connections left inside
         as it reads above the loop; read as open after each such tick, its trials would value
         one window by p95 and the next by time per request (rrl/README, "Where it stands").
-        A load that refuses in most ticks with no loop read is a storm (``_storm_begins``)."""
-        self._refusing.append(refused > 0)
-        self._peaks.append(peak_inside)
-        while len(self._refusing) > self.readings:
-            self._refusing.popleft()
-            self._peaks.popleft()
+        A load that refuses in most ticks with no loop read is a storm (``_storm_goes_on``)."""
+        self._ticks.append((peak_inside, refused > 0))
+        while len(self._ticks) > self.readings:
+            self._ticks.popleft()
         if self._loop is None and self._storm_goes_on():
             return
         if refused > 0 and self._loop is None:
@@ -193,16 +190,17 @@ class LoadKind:
         and the share refused reads how fast each refuses. It ends when fewer than half of the
         last ``readings`` ticks refused, and the readings start over (rrl/README, "Measured
         evidence before the model")."""
-        ticks = self._refusing
-        full = len(ticks) >= self.readings
+        ticks = len(self._ticks)
+        refusing = sum(refused for _, refused in self._ticks)
         if self._storm is not None:
-            if 2 * sum(ticks) >= len(ticks):
+            if 2 * refusing >= ticks:
                 return True
             self._storm, self._turned = None, True
             self._seen.clear()
             return False
-        if full and sum(ticks) >= self.exact * len(ticks) and min(self._peaks) >= 1:
-            self._storm, self._turned = max(self._peaks), True
+        peaks = [peak for peak, _ in self._ticks]
+        if ticks >= self.readings and refusing >= self.exact * ticks and min(peaks) >= 1:
+            self._storm, self._turned = max(peaks), True
             self._seen.clear()
             if self.held is None:
                 self.held = self._storm
@@ -300,8 +298,7 @@ class LoadKind:
         self._seen.clear()
         self._loop = None
         self._storm = None
-        self._refusing.clear()
-        self._peaks.clear()
+        self._ticks.clear()
 
 
 @dataclass

@@ -1093,7 +1093,7 @@ class Policy:
         self._baseline.append(Window(config, value, rate))
         self._violating = self._violating + 1 if self._violates(config, value) else 0
         self._incumbent_values.append(value)
-        if len(self._incumbent_values) >= 3:
+        if len(self._incumbent_values) >= 3:  # before three, the last measured here stands
             self._noise_here = relative_noise(list(self._incumbent_values), 0.0)
         self._since_trial += 1
         # A window straddling a step is measured at the old load but labelled with the new
@@ -1109,17 +1109,16 @@ class Policy:
         count how fast the gateway refuses clients that send again at once, not what the
         configuration serves; it is judged on what it answered, a window that answered none as
         if it had answered one."""
-        throughput = measurement.throughput_per_s
         if self.load_kind.storm and measurement.duration_s > 0:
-            throughput = max(throughput, 1.0 / measurement.duration_s)
+            answered = max(measurement.completed, 1)
             measurement = replace(
                 measurement,
-                offered=max(measurement.completed, 1),
-                completed=max(measurement.completed, 1),
+                offered=answered,
+                completed=answered,
                 slo_violations=max(0, measurement.slo_violations - measurement.rejected),
                 rejected=0,
             )
-        per_request_ms = self.load_kind.per_request_ms(throughput)
+        per_request_ms = self.load_kind.per_request_ms(measurement.throughput_per_s)
         if per_request_ms is not None:
             measurement = replace(measurement, p95_ms=per_request_ms)
         return self.objective(config, measurement)
@@ -1150,9 +1149,6 @@ class Policy:
         trial the floor alone (5%) judged the next trial, and at vision_cnn's 171/s, where one
         configuration's windows spread 27-58%, the search accepted on that noise six times
         in one run (run 30)."""
-        values = list(self._incumbent_values)
-        if len(values) >= 3:
-            return relative_noise(values, self.settings.trial_margin)
         return max(self.settings.trial_margin, self._noise_here)
 
     def _enter_state(self) -> None:
