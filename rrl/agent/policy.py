@@ -17,7 +17,9 @@ here.
   measures the incumbent's neighbours (one notch on each axis, and the corners: the largest
   batch with every core in one instance's threads, or in single-thread instances) before it
   rests; it rests only on measurement: once each lost a measured trial in this state, or
-  once ``search_patience`` trials running lost (one more at each recheck). Which neighbour next:
+  once ``search_patience`` trials running lost (one more at each recheck); a trial whose
+  candidate led by half its margin is no loss, and one notch beyond it is measured next,
+  whatever a model predicts for it. Which neighbour next otherwise:
   in a closed loop (the most requests inside at once the same N tick after tick), a
   simulation of the loop (``QueueModel.closed_loop_ms``), which also puts the grid's best
   predicted first; once the model's predictions of the incumbent missed beyond their stated
@@ -329,17 +331,16 @@ class Policy:
     ) -> tuple[Knobs | None, str, bool]:
         """The next configuration to measure near the incumbent when the gate let nothing
         through: the agent rests only once every neighbour (``rrl.agent.evidence.neighbours``)
-        lost a measured trial in this state, not on a prediction. In a closed loop (which the
-        queueing model does not model) the closed-loop simulation ranks them, the grid's best
-        first; once the model's predictions of the incumbent missed
+        lost a measured trial in this state, not on a prediction. One notch beyond a lead
+        first (``_onward``). In a closed loop the closed-loop simulation ranks them, the grid's
+        best first; once the model's predictions of the incumbent missed
         (``rrl.agent.evidence.ModelTrust``), the tuner's own estimates (region estimates from
-        measurements) do; with a model whose predictions held, its optimistic
-        prediction does, and it still vetoes a neighbour it predicts to violate the SLO or to
-        lose to the incumbent even by its optimistic bound (the bound that has held for the
-        incumbent). (None, why not) when there is none: none left to measure, the search's budget
+        measurements) do; with a model whose predictions held, its optimistic prediction
+        does, and it still vetoes a neighbour it predicts to violate the SLO or to lose to the
+        incumbent even by the optimistic bound that held for the incumbent. (None, why not) when there is none: none left to measure, the search's budget
         (``measured_trials``) spent in this state, every one ruled out by a model whose
         predictions held, or the model's error not proven yet (open loop). The third value:
-        whether a predicted gain stands behind the pick (a closed-loop lead: the closed-loop
+        whether a measured lead or a predicted gain stands behind the pick (the closed-loop
         simulation puts it faster than the incumbent by more than a trial's margin), which
         then need not win by twice the noise."""
         assert self.incumbent is not None
@@ -369,6 +370,8 @@ class Policy:
         pool = self._search_pool(key, leads, closed)
         if not pool:
             return None, "every neighbour lost a measured trial in this state", False
+        if (onward := self._onward(key, pool)) is not None:
+            return *onward, True
         if closed:
             pick, why = self._closed_loop_pick(pool)
             if pick is None:
@@ -383,6 +386,23 @@ class Policy:
                 return None, why, False
             best = pick
         return best, f"measured search: {why}; {len(pool)} neighbour(s) untried here", best in leads
+
+    def _onward(self, key: StateKey, pool: list[Knobs]) -> tuple[Knobs, str] | None:
+        """The first configuration in ``pool`` one notch beyond a candidate that led without
+        clearing its trial's margin (``Outcome.led_by_half_the_margin``), if one is untried,
+        and why: measured first, before what the models rank. A lead is a measurement; the
+        closed-loop simulation, which put batch 32 at 1 ms and at 2 ms alike under 32 clients
+        when the 1 ms trial had measured 6% ahead, would otherwise drop it as a form already
+        measured, and the 2 ms that was best by 24% (bench find run 29) was never tried."""
+        onward = self._further.get(key, [])
+        pick = next((c for c in pool if c in onward), None)
+        if pick is None:
+            return None
+        return pick, (
+            f"measured search: {pick} lies one notch beyond a candidate that led the incumbent "
+            "without clearing the margin (a measured lead: no prediction ranks or vetoes it); "
+            f"{len(pool)} neighbour(s) untried here"
+        )
 
     def _search_pool(self, key: StateKey, leads: list[Knobs], closed: bool) -> list[Knobs]:
         """What the measured search may measure next, in the order it ranks ties: what lies
@@ -1079,14 +1099,16 @@ class Policy:
             self._incumbent_values.clear()
             self._after = ("accept", outcome.reason)
         else:
-            if searched is not None:
-                self._losing[key] = self._losing.get(key, 0) + 1
             self.memory.reject(key, trial.candidate)
             self._after = ("revert", outcome.reason)
             led = outcome.verdict == "reject" and outcome.led_by_half_the_margin()
             further = beyond(self.space, trial.incumbent, trial.candidate, self.cores)
             if led and further is not None:  # well ahead, not by the margin: one notch on
                 self._further.setdefault(key, []).append(further)
+            elif searched is not None:
+                # A lead is no loss: the search does not rest while the gain it hints at is
+                # one notch further and unmeasured.
+                self._losing[key] = self._losing.get(key, 0) + 1
         return outcome
 
     def _incumbent_window(self, config: Knobs, value: float, rate: float) -> None:

@@ -453,6 +453,32 @@ def test_a_candidate_that_led_without_clearing_the_margin_is_followed_one_notch_
     assert policy._further[policy._key()] == [Knobs(4, 2.0, 1, 1, 1)]
 
 
+def test_a_lead_is_no_loss_and_its_next_notch_is_measured_whatever_the_simulation_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A closed loop whose simulation puts every batch timeout alike (the loop never waits one
+    out, it says): a 1 ms wait that led the eager incumbent by 6% over its trial without
+    clearing the margin neither counts toward the search's patience nor lets the simulation
+    drop 2 ms as a form already measured; 2 ms is measured next."""
+    waits = {Knobs(4, float(t), 1, 1, 1) for t in (0, 1, 2, 4, 8)}
+    policy = closed_loop_policy(monkeypatch, {c: 50.0 for c in waits})
+    key = policy._key()
+    policy._losing[key] = policy.settings.search_patience - 1  # one more loss would rest
+    lead, onward = Knobs(4, 1.0, 1, 1, 1), Knobs(4, 2.0, 1, 1, 1)
+    policy.trial = Trial(INCUMBENT, lead, (), interleave=True, margin=0.1, max_windows=3)
+    policy._search_trial_in = key
+    for config, ms in [(lead, 47.0), (INCUMBENT, 50.0), (lead, 47.0)]:
+        policy.learn(Step(config, "explore"), served(ms))
+    assert policy.trial is None and policy.memory.was_rejected(key, lead)
+    assert policy._losing[key] == policy.settings.search_patience - 1
+    policy.choose()  # the revert
+    step = policy.choose()
+    assert step.kind == "explore" and step.config == onward, step.reason
+    assert "one notch beyond a candidate that led" in step.reason
+    # What the simulation alone would rank drops it: the same form as the 1 ms that lost.
+    assert _new_forms([(50.0, onward)], [(50.0, lead)]) == []
+
+
 def test_a_lead_within_the_noise_is_not_followed() -> None:
     policy = calibrated_policy()
     lead = Knobs(4, 1.0, 1, 1, 1)
