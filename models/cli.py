@@ -142,8 +142,8 @@ def inspect_parser() -> argparse.ArgumentParser:
         "--plan",
         choices=["onnxruntime", "tensorflow"],
         help="also show the serving plan this runtime follows on this machine: how each "
-        "quantized tensor runs, its measured batch-1 time every way, and the bytes it holds "
-        "(costs measured now, or read from the cache iotgw serve shares)",
+        "quantized tensor runs, its measured times every way (at batch 1, 8 and 32), and the "
+        "bytes it holds (costs measured now, or read from the cache iotgw serve shares)",
     )
     p.add_argument(
         "--weight-memory-budget",

@@ -212,7 +212,7 @@ def layer_model(
     way: Way,
     accuracy_level: int,
 ) -> onnx.ModelProto:
-    """One layer alone at batch 1, its quantized kernel run ``way`` (``p`` already float for
+    """One layer alone on any batch size, its quantized kernel run ``way`` (``p`` already float for
     ``load``): what the serving plan times. ``shapes`` are its input and output shapes in the
     model (NHWC). The input comes in the layout that way reads (NCHW for a ``Conv``, NHWC for
     im2col), so no layout change is charged to either."""
@@ -225,7 +225,7 @@ def layer_model(
     graph = helper.make_graph(
         b.g.nodes,
         "layer",
-        inputs=[helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, *shape])],
+        inputs=[helper.make_tensor_value_info("x", TensorProto.FLOAT, [BATCH_DIM, *shape])],
         outputs=[helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
         initializer=b.g.initializers,
     )

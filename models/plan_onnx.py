@@ -1,8 +1,8 @@
 """The serving plan of a zoo checkpoint on ONNX Runtime: each quantized layer timed alone, at
-batch 1 on one intra-op thread, every way it can run (``models.serving_plan``), on the execution
-providers the model's own sessions ask for (CUDA first on a GPU build): a way's cost on the CPU
-says nothing of its cost on the GPU (``MatMulNBits`` has CUDA kernels for some widths only, and
-a node without one runs on the CPU between copies).
+each planned batch size on one intra-op thread, every way it can run (``models.serving_plan``),
+on the execution providers the model's own sessions ask for (CUDA first on a GPU build): a
+way's cost on the CPU says nothing of its cost on the GPU (``MatMulNBits`` has CUDA kernels for
+some widths only, and a node without one runs on the CPU between copies).
 
 Ways: ``packed`` (``MatMulNBits``; a convolution as im2col feeding it) where the codes fit it
 (2, 4 or 8 bits, a power-of-two block of at least 16), ``graph`` (``DequantizeLinear`` + the
@@ -26,7 +26,7 @@ import onnxruntime as ort
 from models.backends.ort_options import session_options
 from models.backends.ort_providers import choose_providers
 from models.export_onnx import layer_model
-from models.plan_zoo import PlanRuntime, QuantLayer, code_bytes, plan_zoo, scale_bytes
+from models.plan_zoo import Bind, PlanRuntime, QuantLayer, code_bytes, plan_zoo, scale_bytes
 from models.quant_onnx import matmul_nbits_fits
 from models.runtime import Threads
 from models.serving_plan import CostCache, ServingPlan, Way
@@ -50,15 +50,13 @@ def build(
     q: QuantLayer,
     p: LayerParams,
     way: Way,
-    x: np.ndarray,
     *,
     accuracy_level: int,
     providers: Sequence[str],
-) -> Callable[[], object]:
-    """A call running the layer alone, ``way``, in a session of its own on ``providers``."""
+) -> Bind:
+    """The layer alone, ``way``, in a session of its own on ``providers``: a call on any input."""
     model = layer_model(q.layer, p, (q.in_shape, q.out_shape), way, accuracy_level)
-    if isinstance(q.layer, Conv2D) and way != "packed":
-        x = np.ascontiguousarray(x.transpose(0, 3, 1, 2))  # NCHW
+    nchw = isinstance(q.layer, Conv2D) and way != "packed"
     with tempfile.TemporaryDirectory(prefix="iotgw-plan-") as folder:
         path = Path(folder) / "layer.onnx"
         path.write_bytes(model.SerializeToString())
@@ -67,7 +65,13 @@ def build(
             sess_options=session_options(Threads(1, 1), checkpoint=True),
             providers=list(providers),
         )
-    return lambda: session.run(None, {"x": x})
+
+    def bind(x: np.ndarray) -> Callable[[], object]:
+        # The layout that way reads, made before the timing (a model's own graph never pays it).
+        feed = {"x": np.ascontiguousarray(x.transpose(0, 3, 1, 2)) if nchw else x}
+        return lambda: session.run(None, feed)
+
+    return bind
 
 
 def onnx_plan(

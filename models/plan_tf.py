@@ -1,5 +1,6 @@
-"""The serving plan of a zoo checkpoint on TensorFlow: each quantized layer timed alone, at batch
-1 in a session of one intra-op thread, both ways it can run (``models.serving_plan``).
+"""The serving plan of a zoo checkpoint on TensorFlow: each quantized layer timed alone, at each
+planned batch size in a session of one intra-op thread, both ways it can run
+(``models.serving_plan``).
 
 Ways: ``graph`` (the codes in variables, unpacked and scaled by the graph on every run,
 ``models.quant_tf``) and ``load`` (a float32 variable). TensorFlow has no kernel that reads
@@ -20,7 +21,7 @@ import tensorflow as tf
 
 from models.backends.devices import tf_expected
 from models.backends.tf_config import session_config
-from models.plan_zoo import PlanRuntime, QuantLayer, code_bytes, plan_zoo, scale_bytes
+from models.plan_zoo import Bind, PlanRuntime, QuantLayer, code_bytes, plan_zoo, scale_bytes
 from models.quant_tf import CHUNK_ELEMENTS, NIBBLE_BITS, build_graph
 from models.runtime import Threads
 from models.serving_plan import CostCache, ServingPlan, Way
@@ -44,9 +45,9 @@ def ways(q: QuantLayer) -> dict[Way, int]:
     }
 
 
-def build(q: QuantLayer, p: LayerParams, way: Way, x: np.ndarray) -> Callable[[], object]:
-    """A call running the layer alone, ``way``, in a session of its own (closed when the call is
-    dropped)."""
+def build(q: QuantLayer, p: LayerParams, way: Way) -> Bind:
+    """The layer alone, ``way``, in a session of its own (closed when the calls are dropped): a
+    call on any input."""
     # A convolution is followed by a Flatten (a reshape: no copy), as a model must end in a vector.
     layers = (q.layer,) if isinstance(q.layer, Dense) else (q.layer, Flatten())
     spec = ModelSpec("layer", (Input("x", q.in_shape),), layers, "y", softmax=False)
@@ -56,7 +57,11 @@ def build(q: QuantLayer, p: LayerParams, way: Way, x: np.ndarray) -> Callable[[]
     session = tf.compat.v1.Session(graph=graph, config=session_config(Threads(1, 1)))
     session.run(built.init_op, feed_dict=built.init_feed)
     call = session.make_callable(built.output, feed_list=[built.inputs["x"]])
-    return lambda: call(x)
+
+    def bind(x: np.ndarray) -> Callable[[], object]:
+        return lambda: call(x)
+
+    return bind
 
 
 def tf_plan(

@@ -21,6 +21,7 @@ import numpy as np
 from models.plan_decisions import PlanDecisions
 from models.quant import BlockQuantized
 from models.serving_plan import (
+    PLANNED_BATCHES,
     Candidate,
     CostCache,
     Option,
@@ -39,6 +40,9 @@ WARM_CALLS = 2
 ROUNDS = 5
 CALLS = 5
 ROUND_S = 0.005
+UNTIMED_BEYOND = 2.0
+"""A way slower per row than this many times the fastest way at one planned batch size is not
+timed at the larger ones (``_layer_seconds``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,9 +98,13 @@ def float_bytes(params: Sequence[LayerParams]) -> int:
 
 
 def _round(call: Callable[[], object]) -> float:
+    """The median of back-to-back calls: at least ``CALLS`` and ``ROUND_S`` long, or one call
+    that alone takes longer than ``ROUND_S`` (a large batch: one call is then a fair sample)."""
     times: list[float] = []
     deadline = time.perf_counter() + ROUND_S
     while len(times) < CALLS or time.perf_counter() < deadline:
+        if times and times[0] > ROUND_S:
+            break
         start = time.perf_counter()
         call()
         times.append(time.perf_counter() - start)
@@ -117,8 +125,10 @@ def time_side_by_side(calls: Mapping[Way, Callable[[], object]]) -> dict[Way, fl
 
 # (layer) -> way -> bytes held that way, for the ways this runtime has
 Ways = Callable[[QuantLayer], Mapping[Way, int]]
-# (layer, its parameters held ``way``, way, a batch-1 input NHWC) -> a call running it that way
-Build = Callable[[QuantLayer, LayerParams, Way, np.ndarray], Callable[[], object]]
+# An input NHWC -> a call running the built layer on it (any batch size)
+Bind = Callable[[np.ndarray], Callable[[], object]]
+# (layer, its parameters held ``way``, way) -> the layer built alone that way, to bind inputs to
+Build = Callable[[QuantLayer, LayerParams, Way], Bind]
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,12 +144,16 @@ class PlanRuntime:
     key_extra: Mapping[str, object] = field(default_factory=dict)
 
 
-def layer_call(runtime: PlanRuntime, q: QuantLayer, way: Way) -> Callable[[], object]:
-    """A call running ``q`` alone at batch 1, ``way`` (a ``load`` kernel dequantized to float,
-    as the runtime would hold it), on a fixed random input."""
+def layer_build(runtime: PlanRuntime, q: QuantLayer, way: Way) -> Bind:
+    """``q`` built alone ``way`` (a ``load`` kernel dequantized to float, as the runtime would
+    hold it), once for every batch size it is timed at."""
     p = dequantized_layer(q.layer, q.params) if way == "load" else q.params
-    x = np.random.default_rng(0).standard_normal((1, *q.in_shape)).astype(np.float32)
-    return runtime.build(q, p, way, x)
+    return runtime.build(q, p, way)
+
+
+def layer_input(q: QuantLayer, batch: int) -> np.ndarray:
+    """A fixed random input of ``batch`` rows for ``q``."""
+    return np.random.default_rng(0).standard_normal((batch, *q.in_shape)).astype(np.float32)
 
 
 def plan_zoo(
@@ -150,20 +164,15 @@ def plan_zoo(
     budget: float,
     cache: CostCache,
 ) -> ServingPlan:
-    """The plan for ``spec`` on ``runtime``: each quantized layer's ways timed side by side (or
-    read from ``cache``), then chosen within ``budget``."""
+    """The plan for ``spec`` on ``runtime``: each quantized layer's ways timed side by side at
+    each planned batch size (or read from ``cache``), then chosen within ``budget``."""
     candidates = []
     before = cache.measured
     for q in quantized_layers(spec, params):
         held = runtime.ways(q)
-        keys = {way: _cost_key(cache, runtime, q, way) for way in held}
-        missing = {way: key for way, key in keys.items() if cache.get(key) is None}
-        if missing:
-            timed = time_side_by_side({way: layer_call(runtime, q, way) for way in missing})
-            for way, key in missing.items():
-                cache.put(key, timed[way])
+        seconds = _layer_seconds(runtime, q, list(held), cache)
         data = q.params.kernel.data
-        options = tuple(Option(way, cache[keys[way]], b) for way, b in held.items())
+        options = tuple(Option(way, tuple(seconds[way]), n) for way, n in held.items())
         shape = tuple(q.params.kernel.shape)
         name = f"layers.{q.index}.weight"
         candidates.append(Candidate(name, q.index, shape, data.bits, data.block_size, options))
@@ -177,6 +186,41 @@ def plan_zoo(
         measured=cache.measured - before,
     )
     return _settled(plan, runtime, cache, budget)
+
+
+def _layer_seconds(
+    runtime: PlanRuntime, q: QuantLayer, ways: list[Way], cache: CostCache
+) -> dict[Way, list[float]]:
+    """Seconds per call of each of ``ways`` at each planned batch size, smallest first, timed side
+    by side (or read from ``cache``). At a larger size a way whose time per row at the size
+    before was beyond ``UNTIMED_BEYOND`` x the fastest way's is not timed but scaled by rows: it
+    cannot win there, and timing it is what costs (vision_cnn's im2col convolutions at batch 32
+    took 110-240 ms a call against 14-29 ms dequantized once, and timing every way at every size
+    took 31-35 s at its first load)."""
+    seconds: dict[Way, list[float]] = {way: [] for way in ways}
+    built: dict[Way, Bind] = {}
+    for i, batch in enumerate(PLANNED_BATCHES):
+        timed = list(ways)
+        if i:
+            before = PLANNED_BATCHES[i - 1]
+            fastest = min(seconds[w][-1] for w in ways)
+            timed = [w for w in ways if seconds[w][-1] <= UNTIMED_BEYOND * fastest]
+        keys = {way: _cost_key(cache, runtime, q, way, batch) for way in timed}
+        missing = {way: key for way, key in keys.items() if cache.get(key) is None}
+        if missing:
+            x = layer_input(q, batch)
+            for way in missing:
+                if way not in built:
+                    built[way] = layer_build(runtime, q, way)
+            measured = time_side_by_side({way: built[way](x) for way in missing})
+            for way, key in missing.items():
+                cache.put(key, measured[way])
+        for way in ways:
+            if way in keys:
+                seconds[way].append(cache[keys[way]])
+            else:
+                seconds[way].append(seconds[way][-1] * batch / before)
+    return seconds
 
 
 def _settled(
@@ -193,7 +237,13 @@ def _settled(
         {"tensor": t.name, "shape": list(t.shape), "bits": t.bits, "block": t.block_size}
         for t in plan.tensors
     ]
-    what = {"plan": structure, "budget": budget, **runtime.key_extra}
+    # The batch sizes too: a choice made by other sizes' costs is not this rule's.
+    what = {
+        "plan": structure,
+        "budget": budget,
+        "batches": list(PLANNED_BATCHES),
+        **runtime.key_extra,
+    }
     key = cache.key(runtime.name, runtime.version, what)
     proposed = {t.name: t.way for t in plan.tensors}
     allowed = {t.name: {o.way for o in t.options} for t in plan.tensors}
@@ -201,9 +251,9 @@ def _settled(
     return plan.with_ways(cast(dict[str, Way], ways)) if kept else plan
 
 
-def _cost_key(cache: CostCache, runtime: PlanRuntime, q: QuantLayer, way: Way) -> str:
-    """The cache key of a layer's cost one way: the machine, the runtime, and what the cost
-    depends on besides them."""
+def _cost_key(cache: CostCache, runtime: PlanRuntime, q: QuantLayer, way: Way, batch: int) -> str:
+    """The cache key of a layer's cost one way on ``batch`` rows: the machine, the runtime, and
+    what the cost depends on besides them."""
     data = q.params.kernel.data
     what = {
         "layer": type(q.layer).__name__,
@@ -213,6 +263,7 @@ def _cost_key(cache: CostCache, runtime: PlanRuntime, q: QuantLayer, way: Way) -
         "bits": data.bits,
         "block": data.block_size,
         "way": way,
+        "batch": batch,
         **runtime.key_extra,
     }
     return cache.key(runtime.name, runtime.version, what)

@@ -17,10 +17,13 @@ changes speed and memory, never what the model computes (beyond float summation 
 ``MatMulNBits``' int8 activations at ``accuracy_level = 4``).
 
 The costs are measured on this machine when a model loads (``models.plan_onnx``,
-``models.plan_tf``: each layer alone, batch 1, one intra-op thread) and cached by machine, runtime
-version, layer shape and bits (``CostCache``). The choice is a multiple-choice knapsack: the
-least total time whose weight memory (estimated per way) stays within ``budget`` x the fp32
-weights; when even the smallest choice exceeds the budget, every tensor takes its smallest way.
+``models.plan_tf``: each layer alone, one intra-op thread, at each of ``PLANNED_BATCHES``) and
+cached by machine, runtime version, layer shape, bits and batch size (``CostCache``). The choice
+is a multiple-choice knapsack: the least total cost whose weight memory (estimated per way)
+stays within ``budget`` x the fp32 weights; when even the smallest choice exceeds the budget,
+every tensor takes its smallest way. A way's cost weighs every planned batch size alike
+(``weigh``): a kernel that wins at batch 1 can lose at the batches a busy gateway forms (int4
+vision_cnn chosen by its batch-1 times ran 0.93x fp32's time at batch 1 and 1.24x at batch 32).
 
 A leaf: imports nothing of the project but ``models.machine``. Once chosen, a plan is kept
 (``models.plan_decisions``), so every later load on this machine runs the same ways.
@@ -31,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -54,6 +58,9 @@ _PLAIN: dict[Way, str] = {
     "load": "dequantized once at load",
 }
 DEFAULT_WEIGHT_MEMORY_BUDGET = 0.5
+PLANNED_BATCHES: tuple[int, ...] = (1, 8, 32)
+"""The batch sizes each layer is timed at: a trickle's single rows, and the batches the tuner's
+closed loops settle on (8 to 64 rows in ``iotgw bench find``)."""
 # Resolution of the knapsack: the budget is cut into this many units, each tensor's bytes
 # rounded up to whole units (so a chosen plan never exceeds the budget).
 BUDGET_UNITS = 4000
@@ -72,11 +79,13 @@ class PlanOptions:
 
 @dataclass(frozen=True, slots=True)
 class Option:
-    """One way to run a tensor: its measured batch-1 time and the bytes it holds."""
+    """One way to run a tensor: its measured seconds per call at each of ``PLANNED_BATCHES``
+    (in order), the bytes it holds, and ``cost``, what the choice minimises (``weigh``)."""
 
     way: Way
-    seconds: float
+    seconds: tuple[float, ...]
     held_bytes: int
+    cost: float = math.nan
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +185,14 @@ class ServingPlan:
                     "held_bytes": t.chosen.held_bytes,
                     "fp32_bytes": t.fp32_bytes,
                     "options": {
-                        o.way: {"ms": round(o.seconds * 1e3, 4), "held_bytes": o.held_bytes}
+                        o.way: {
+                            "ms": {
+                                str(b): round(s * 1e3, 4)
+                                for b, s in zip(PLANNED_BATCHES, o.seconds, strict=True)
+                            },
+                            "cost": round(o.cost, 4),
+                            "held_bytes": o.held_bytes,
+                        }
                         for o in t.options
                     },
                 }
@@ -185,10 +201,11 @@ class ServingPlan:
         }
 
     def rows(self) -> list[list[Any]]:
-        """One table row per tensor: name, way, held bytes, and each way's measured time."""
+        """One table row per tensor: name, way, held bytes, and each way's measured times at
+        the planned batch sizes."""
         out = []
         for t in self.tensors:
-            times = {o.way: f"{o.seconds * 1e3:.3f}" for o in t.options}
+            times = {o.way: " / ".join(f"{s * 1e3:.3f}" for s in o.seconds) for o in t.options}
             out.append(
                 [t.name, t.way, f"{t.chosen.held_bytes:,}", f"{t.fp32_bytes:,}"]
                 + [times.get(w, "-") for w in WAYS]
@@ -196,14 +213,35 @@ class ServingPlan:
         return out
 
 
-PLAN_HEADERS = ("tensor", "way", "held", "as fp32", *(f"{w} ms" for w in WAYS))
+_AT = "/".join(str(b) for b in PLANNED_BATCHES)
+PLAN_HEADERS = ("tensor", "way", "held", "as fp32", *(f"{w} ms at {_AT}" for w in WAYS))
+
+
+def weigh(options: Sequence[Sequence[Option]]) -> list[list[Option]]:
+    """``options`` with each one's ``cost``: its seconds at each planned batch size over what
+    every tensor's fastest way takes at that size, summed over the sizes. Each size then
+    weighs alike, whatever its absolute time (batch 32 takes many times batch 1's), and a plan's
+    cost is how much slower than the fastest per-tensor mix it runs, over the sizes."""
+    if not options:
+        return []
+    sizes = len(options[0][0].seconds)
+    fastest = [sum(min(o.seconds[i] for o in opts) for opts in options) for i in range(sizes)]
+    return [
+        [
+            dataclasses.replace(
+                o, cost=sum(s / f for s, f in zip(o.seconds, fastest, strict=True) if f > 0)
+            )
+            for o in opts
+        ]
+        for opts in options
+    ]
 
 
 def choose(options: Sequence[Sequence[Option]], budget_bytes: float) -> list[Way]:
-    """Per tensor the way that minimises the summed time with the summed bytes within
-    ``budget_bytes`` (a multiple-choice knapsack, solved exactly on ``BUDGET_UNITS`` units);
-    every tensor's smallest way when nothing fits."""
-    smallest = [min(opts, key=lambda o: (o.held_bytes, o.seconds)).way for opts in options]
+    """Per tensor the way that minimises the summed cost (``weigh``) with the summed bytes
+    within ``budget_bytes`` (a multiple-choice knapsack, solved exactly on ``BUDGET_UNITS``
+    units); every tensor's smallest way when nothing fits."""
+    smallest = [min(opts, key=lambda o: (o.held_bytes, o.cost)).way for opts in options]
     if budget_bytes <= 0 or not options:
         return smallest
     unit = budget_bytes / BUDGET_UNITS
@@ -218,7 +256,7 @@ def choose(options: Sequence[Sequence[Option]], budget_bytes: float) -> list[Way
             if need >= size:
                 continue
             shifted = np.full(size, np.inf)
-            shifted[need:] = best[: size - need] + option.seconds
+            shifted[need:] = best[: size - need] + option.cost
             better = shifted < new
             new[better], pick[better] = shifted[better], index
         best = new
@@ -256,10 +294,11 @@ def make_plan(
     measured: int,
 ) -> ServingPlan:
     room = budget * fp32_bytes - float_bytes
-    ways = choose([c.options for c in candidates], room)
+    weighed = weigh([c.options for c in candidates])
+    ways = choose(weighed, room)
     tensors = tuple(
-        TensorPlan(c.name, c.layer, c.shape, c.bits, c.block_size, c.options, way)
-        for c, way in zip(candidates, ways, strict=True)
+        TensorPlan(c.name, c.layer, c.shape, c.bits, c.block_size, tuple(opts), way)
+        for c, opts, way in zip(candidates, weighed, ways, strict=True)
     )
     return ServingPlan(runtime, budget, fp32_bytes, float_bytes, tensors, measured)
 

@@ -20,7 +20,15 @@ from models.plan_decisions import PlanDecisions
 from models.plan_zoo import with_ways
 from models.repository import ModelConfig, ModelVersion
 from models.runtime import Threads
-from models.serving_plan import CostCache, Option, ServingPlan, Way, choose
+from models.serving_plan import (
+    Candidate,
+    CostCache,
+    Option,
+    ServingPlan,
+    Way,
+    choose,
+    make_plan,
+)
 from models.zoo import (
     VISION_CNN,
     Conv2D,
@@ -134,7 +142,7 @@ def _brute_force(options: list[list[Option]], budget: float) -> float:
     best = float("inf")
     for pick in itertools.product(*options):
         if sum(o.held_bytes for o in pick) <= budget:
-            best = min(best, sum(o.seconds for o in pick))
+            best = min(best, sum(o.cost for o in pick))
     return best
 
 
@@ -146,7 +154,7 @@ def test_choice_is_the_fastest_within_the_budget() -> None:
     ways: tuple[Way, ...] = ("packed", "graph", "load")
     for _ in range(200):
         options = [
-            [Option(w, float(rng.uniform(0.1, 2)), int(rng.integers(1, 1000))) for w in ways]
+            [_costing(w, float(rng.uniform(0.1, 2)), int(rng.integers(1, 1000))) for w in ways]
             for _ in range(int(rng.integers(1, 6)))
         ]
         budget = float(400 * rng.integers(0, 8))
@@ -156,11 +164,49 @@ def test_choice_is_the_fastest_within_the_budget() -> None:
         ]
         best = _brute_force(options, budget)
         if best == float("inf"):
-            smallest = [min(opts, key=lambda o: (o.held_bytes, o.seconds)) for opts in options]
+            smallest = [min(opts, key=lambda o: (o.held_bytes, o.cost)) for opts in options]
             assert picked == smallest
         else:
             assert sum(o.held_bytes for o in picked) <= budget
-            assert sum(o.seconds for o in picked) == pytest.approx(best)
+            assert sum(o.cost for o in picked) == pytest.approx(best)
+
+
+def _costing(way: Way, cost: float, held_bytes: int) -> Option:
+    return Option(way, (cost,), held_bytes, cost)
+
+
+def test_the_plan_weighs_every_batch_size_alike() -> None:
+    """Two layers whose packed kernel wins at batch 1 and loses at batch 32 (as int4
+    convolutions do), with room for one float layer: by batch 1 alone both would run packed and
+    the large layer's batch-32 time decide nothing; weighed over 1, 8 and 32 the large layer,
+    whose packed kernel costs most at 32, runs in float, and the small one packed."""
+    mb = 1_000_000
+    small = (Option("packed", (1.0, 3.0, 10.0), mb), Option("load", (1.5, 3.0, 8.0), 8 * mb))
+    large = (Option("packed", (2.0, 8.0, 40.0), mb), Option("load", (3.0, 8.0, 25.0), 8 * mb))
+    candidates = [
+        Candidate(f"layers.{i}.weight", i, (2, 2), 4, 32, opts)
+        for i, opts in enumerate((small, large))
+    ]
+    by_batch_one = [
+        Candidate(
+            c.name,
+            c.layer,
+            c.shape,
+            c.bits,
+            c.block_size,
+            tuple(Option(o.way, o.seconds[:1], o.held_bytes) for o in c.options),
+        )
+        for c in candidates
+    ]
+    room = dict(budget=0.6, fp32_bytes=16 * mb, float_bytes=0, measured=0)
+    assert make_plan("onnxruntime", by_batch_one, **room).ways() == {0: "packed", 1: "packed"}
+    plan = make_plan("onnxruntime", candidates, **room)
+    assert plan.ways() == {0: "packed", 1: "load"}
+    # Each size counts as a share of the fastest mix's time at that size.
+    large_load = plan.tensors[1].chosen
+    assert large_load.cost == pytest.approx(3.0 / 3.0 + 8.0 / 11.0 + 25.0 / 33.0)
+    doc = plan.as_doc()["tensors"][1]["options"]["load"]
+    assert doc["ms"] == {"1": 3000.0, "8": 8000.0, "32": 25000.0}
 
 
 def _version(path: Path, runtime: str, budget: float, cache: Path) -> ModelVersion:
