@@ -40,7 +40,16 @@ def test_shape_and_summary(quick_result: tuple[dict[str, Any], str]) -> None:
         assert isinstance(summary[key], float) and math.isfinite(summary[key]) and summary[key] > 0
     for suffix in ("_tf", "_cnn", "_cnn_tf"):
         assert summary[f"int4_weight_memory_ratio{suffix}"] > 0
-        assert summary[f"int8_batch1_latency_ratio{suffix}"] > 0
+        for batch in (1, 8, 32):
+            assert summary[f"int8_batch{batch}_latency_ratio{suffix}"] > 0
+    # The CNN's int4 at its worst batch size, with that ratio's spread over the rounds.
+    worst = summary["int4_worst_latency_ratio_cnn"]
+    batch = summary["int4_worst_latency_batch_cnn"]
+    assert worst == max(summary[f"int4_batch{b}_latency_ratio_cnn"] for b in (1, 8, 32))
+    assert worst == summary[f"int4_batch{batch}_latency_ratio_cnn"]
+    low, high = summary["int4_worst_latency_spread_cnn"]
+    assert low <= worst <= high
+    assert summary["int4_worst_latency_target_met_cnn"] == (worst <= 1.0)
     assert doc["config"]["block_size"] == 128 and "RssAnon" in doc["config"]["memory_method"]
     assert "Summary" in stdout and "int4_weight_memory_ratio" in stdout
     assert "quant.quick.json" in stdout
