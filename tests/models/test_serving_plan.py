@@ -27,7 +27,10 @@ from models.serving_plan import (
     ServingPlan,
     Way,
     choose,
+    least_worst,
     make_plan,
+    slowdowns,
+    weigh,
 )
 from models.zoo import (
     VISION_CNN,
@@ -175,6 +178,40 @@ def _costing(way: Way, cost: float, held_bytes: int) -> Option:
     return Option(way, (cost,), held_bytes, cost)
 
 
+def test_the_plan_kept_is_the_least_slow_at_its_slowest_batch_size() -> None:
+    """Against every combination of random options at three batch sizes: the plan kept is never
+    slower at its slowest size than the plan that weighs the sizes alike, is within the budget,
+    and is strictly better in some instances (the reweighting does something)."""
+    rng = np.random.default_rng(1)
+    ways: tuple[Way, ...] = ("packed", "graph", "load")
+    better = 0
+    for _ in range(200):
+        options = [
+            [
+                Option(
+                    w, tuple(float(x) for x in rng.uniform(0.1, 2, 3)), int(rng.integers(1, 1000))
+                )
+                for w in ways
+            ]
+            for _ in range(int(rng.integers(2, 6)))
+        ]
+        budget = float(400 * rng.integers(1, 8))
+        alike = choose(weigh(options), budget)
+        weighed, kept = least_worst(options, budget)
+        assert kept == choose(weighed, budget)
+        picked = [
+            next(o for o in opts if o.way == w) for opts, w in zip(options, kept, strict=True)
+        ]
+        held = sum(o.held_bytes for o in picked)
+        if held > budget:  # nothing fits: every tensor's smallest way, whatever the weights
+            assert kept == alike
+            continue
+        worst, worst_alike = max(slowdowns(options, kept)), max(slowdowns(options, alike))
+        assert worst <= worst_alike + 1e-9
+        better += worst < worst_alike - 1e-9
+    assert better > 0
+
+
 def test_the_plan_weighs_every_batch_size_alike() -> None:
     """Two layers whose packed kernel wins at batch 1 and loses at batch 32 (as int4
     convolutions do), with room for one float layer: by batch 1 alone both would run packed and
@@ -198,9 +235,14 @@ def test_the_plan_weighs_every_batch_size_alike() -> None:
         )
         for c in candidates
     ]
-    room = dict(budget=0.6, fp32_bytes=16 * mb, float_bytes=0, measured=0)
-    assert make_plan("onnxruntime", by_batch_one, **room).ways() == {0: "packed", 1: "packed"}
-    plan = make_plan("onnxruntime", candidates, **room)
+
+    def plan_of(chosen_from: list[Candidate]) -> ServingPlan:
+        return make_plan(
+            "onnxruntime", chosen_from, budget=0.6, fp32_bytes=16 * mb, float_bytes=0, measured=0
+        )
+
+    assert plan_of(by_batch_one).ways() == {0: "packed", 1: "packed"}
+    plan = plan_of(candidates)
     assert plan.ways() == {0: "packed", 1: "load"}
     # Each size counts as a share of the fastest mix's time at that size.
     large_load = plan.tensors[1].chosen
