@@ -337,12 +337,12 @@ class Policy:
         (``rrl.agent.evidence.ModelTrust``), the tuner's own estimates (region estimates from
         measurements) do; with a model whose predictions held, its optimistic prediction
         does, and it still vetoes a neighbour it predicts to violate the SLO or to lose to the
-        incumbent even by the optimistic bound that held for the incumbent. (None, why not) when there is none: none left to measure, the search's budget
-        (``measured_trials``) spent in this state, every one ruled out by a model whose
-        predictions held, or the model's error not proven yet (open loop). The third value:
-        whether a measured lead or a predicted gain stands behind the pick (the closed-loop
-        simulation puts it faster than the incumbent by more than a trial's margin), which
-        then need not win by twice the noise."""
+        incumbent even by the optimistic bound that held for the incumbent. (None, why not)
+        when there is none: none left, the search's budget (``measured_trials``) spent here,
+        all ruled out by a model whose predictions held, or the model's error not proven yet
+        (open loop). The third value: whether a measured lead or a predicted gain (the
+        closed-loop simulation's, beyond a trial's margin) stands behind the pick, which then
+        need not win by twice the noise."""
         assert self.incumbent is not None
         closed = self.load_kind.closed
         # An overloaded incumbent's windows never calibrate the model (refusals cap their
