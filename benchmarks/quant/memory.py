@@ -1,8 +1,11 @@
-"""Weight memory, measured in fresh processes: each configuration loaded in a Python process
-that already imported everything and ran a tiny model on the same runtime (one-time
-allocations out of the way); the figure is the growth of the process's anonymous resident
-memory (``RssAnon``, after ``malloc_trim``) from before the load to after the load and a few
-batch-1 inferences, and the extra peak of one inference (``VmHWM`` reset just before it).
+"""Weight memory, measured in fresh processes: each configuration loaded in a Python process that
+already imported everything, ran a tiny model on the same runtime, and loaded, ran and closed
+the configuration itself once (one-time allocations out of the way: the first quantized load of
+a process allocated 0.3-0.4 MB more than the next on vision_cnn under ONNX Runtime, 0.05 of
+fp32, and the first TensorFlow load of a model 3.7-5.9 MB more); the figure is the growth of the
+process's anonymous resident memory (``RssAnon``, after ``malloc_trim``) from before the load to
+after the load and a few batch-1 inferences, and the extra peak of one inference (``VmHWM``
+reset just before it).
 
 The child is ``python -m benchmarks.quant --measure-memory JOBS``: it prints one
 ``MEMORY {json}`` line per job (``measure_memory_here``).
@@ -81,6 +84,13 @@ def _measure_one(job: dict[str, Any]) -> dict[str, Any]:
     )
     feed = {i["name"]: np.zeros((1, *i["shape"]), np.float32) for i in job["inputs"]}
     _warm_runtime(job)
+    # The kernels only this configuration's graph runs allocate once per process too: load it
+    # once first (and close it), so that the figure is what a session of it holds.
+    first = load_runtime(version, Threads(1, 1))
+    for _ in range(WARM_CALLS):
+        first.infer(feed)
+    first.close()
+    del first
     before = _held_bytes()
     runtime = load_runtime(version, Threads(1, 1))
     loaded = _held_bytes()
