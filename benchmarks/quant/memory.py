@@ -1,11 +1,13 @@
-"""Weight memory, measured in fresh processes: each configuration loaded in a Python process that
-already imported everything, ran a tiny model on the same runtime, and loaded, ran and closed
-the configuration itself once (one-time allocations out of the way: the first quantized load of
-a process allocated 0.3-0.4 MB more than the next on vision_cnn under ONNX Runtime, 0.05 of
-fp32, and the first TensorFlow load of a model 3.7-5.9 MB more); the figure is the growth of the
-process's anonymous resident memory (``RssAnon``, after ``malloc_trim``) from before the load to
-after the load and a few batch-1 inferences, and the extra peak of one inference (``VmHWM``
-reset just before it).
+"""Weight memory, measured in fresh processes: each configuration loaded in a Python process
+that already imported everything and ran two small models on the same runtime, a float one
+and a small CNN at the configuration's own precision (one-time allocations out of the way: the
+kernels a quantized graph runs allocate once per process too, and with a float model alone
+the first quantized load of vision_cnn on ONNX Runtime held 0.3-0.4 MB more than the next,
+0.05 of fp32). Not the configuration itself first: a second load reuses what the first freed
+and the allocator kept (TensorFlow then read 3.2-7.2 MB for vision_cnn's 6.75 MB of float
+weights). The figure is the growth of the process's anonymous resident memory (``RssAnon``,
+after ``malloc_trim``) from before the load to after the load and a few batch-1 inferences,
+and the extra peak of one inference (``VmHWM`` reset just before it).
 
 The child is ``python -m benchmarks.quant --measure-memory JOBS``: it prints one
 ``MEMORY {json}`` line per job (``measure_memory_here``).
@@ -19,7 +21,7 @@ import gc
 import json
 import os
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +29,19 @@ import numpy as np
 
 from benchmarks.common import Repeated, python_argv
 from benchmarks.quant.measure import version_of
-from benchmarks.quant.plan import RUNTIMES, WEIGHT_MEMORY_BUDGET, Config, Plan
+from benchmarks.quant.plan import (
+    BLOCK_SIZE,
+    CNN_SMALL,
+    PRECISIONS,
+    RUNTIMES,
+    WEIGHT_MEMORY_BUDGET,
+    Config,
+    Plan,
+)
+from models.checkpoint import save_checkpoint
 from models.runtime import Threads
-from models.zoo import SENSOR_FUSION, ModelSpec
+from models.zoo import SENSOR_FUSION, ModelSpec, init_weights
+from models.zoo_checkpoint import uniform_policy, zoo_checkpoint
 
 MEMORY_MARK = "MEMORY "
 WARM_CALLS = 3  # batch-1 calls before the memory a session holds is read
@@ -65,10 +77,14 @@ def _warm_runtime(job: dict[str, Any]) -> None:
     """One-time costs of the runtime (libraries, thread pools, kernel registries) first."""
     from models.backends import load_runtime
 
-    warm = version_of(Path(job["warmup_path"]), job["runtime"], "warmup")
-    warm_rt = load_runtime(warm, Threads(1, 1))
-    warm_rt.infer({n: np.zeros((1, *s), np.float32) for n, s in job["warmup_inputs"]})
-    warm_rt.close()
+    cache = job.get("plan_cache")
+    for warmup in job["warmups"]:
+        warm = version_of(
+            Path(warmup["path"]), job["runtime"], "warmup", None if cache is None else Path(cache)
+        )
+        warm_rt = load_runtime(warm, Threads(1, 1))
+        warm_rt.infer({n: np.zeros((1, *s), np.float32) for n, s in warmup["inputs"]})
+        warm_rt.close()
 
 
 def _measure_one(job: dict[str, Any]) -> dict[str, Any]:
@@ -84,13 +100,6 @@ def _measure_one(job: dict[str, Any]) -> dict[str, Any]:
     )
     feed = {i["name"]: np.zeros((1, *i["shape"]), np.float32) for i in job["inputs"]}
     _warm_runtime(job)
-    # The kernels only this configuration's graph runs allocate once per process too: load it
-    # once first (and close it), so that the figure is what a session of it holds.
-    first = load_runtime(version, Threads(1, 1))
-    for _ in range(WARM_CALLS):
-        first.infer(feed)
-    first.close()
-    del first
     before = _held_bytes()
     runtime = load_runtime(version, Threads(1, 1))
     loaded = _held_bytes()
@@ -121,11 +130,29 @@ def measure_memory_here(jobs: Sequence[dict[str, Any]]) -> Iterator[dict[str, An
         yield _measure_one(job)
 
 
+def write_warmups(folder: Path) -> dict[str, list[tuple[Path, ModelSpec]]]:
+    """precision -> the checkpoints a memory process runs first (``_warm_runtime``): a float
+    ``SENSOR_FUSION`` and ``CNN_SMALL`` at that precision."""
+    sensor = zoo_checkpoint(SENSOR_FUSION, init_weights(SENSOR_FUSION), uniform_policy(None, 16))
+    floats = save_checkpoint(sensor, folder / "sensor_fusion" / "model.safetensors")
+    out: dict[str, list[tuple[Path, ModelSpec]]] = {}
+    for precision, bits in PRECISIONS:
+        small = zoo_checkpoint(CNN_SMALL, init_weights(CNN_SMALL), uniform_policy(bits, BLOCK_SIZE))
+        path = save_checkpoint(small, folder / f"cnn_small_{precision}" / "model.safetensors")
+        out[precision] = [(floats, SENSOR_FUSION), (path, CNN_SMALL)]
+    return out
+
+
 def measure_memory(
-    plan: Plan, configs: Sequence[Config], specs: dict[str, ModelSpec], warmup: Path
+    plan: Plan,
+    configs: Sequence[Config],
+    specs: dict[str, ModelSpec],
+    warmups: Mapping[str, Sequence[tuple[Path, ModelSpec]]],
 ) -> dict[str, dict[str, Repeated]]:
     """label -> figure (``load_bytes``, ``held_bytes``, ``run_peak_extra_bytes``)."""
-    warm_inputs = [[i.name, list(i.shape)] for i in SENSOR_FUSION.inputs]
+
+    def inputs(spec: ModelSpec) -> list[list[Any]]:
+        return [[i.name, list(i.shape)] for i in spec.inputs]
 
     def job(c: Config) -> dict[str, Any]:
         cache = c.version.plan_cache_dir
@@ -136,8 +163,9 @@ def measure_memory(
             "plan_cache": None if cache is None else str(cache),
             "runtime": c.runtime,
             "inputs": [{"name": i.name, "shape": list(i.shape)} for i in specs[c.model].inputs],
-            "warmup_path": str(warmup),
-            "warmup_inputs": warm_inputs,
+            "warmups": [
+                {"path": str(path), "inputs": inputs(spec)} for path, spec in warmups[c.precision]
+            ],
         }
 
     if plan.memory_process_per_config:

@@ -15,21 +15,15 @@ from benchmarks.quant.measure import (
     version_of,
     write_checkpoints,
 )
-from benchmarks.quant.memory import measure_memory
+from benchmarks.quant.memory import measure_memory, write_warmups
 from benchmarks.quant.plan import FULL, NAME, PRECISIONS, QUICK, RUNTIMES, Config, Plan
-from models.checkpoint import save_checkpoint
-from models.zoo import SENSOR_FUSION, init_weights
-from models.zoo_checkpoint import uniform_policy, zoo_checkpoint
 
 
 def _measure(plan: Plan, work: Path) -> list[dict[str, Any]]:
     """Every configuration measured: its results entries, in configuration order."""
     specs = {s.name: s for s in plan.models}
     files = write_checkpoints(plan, work)
-    warm_checkpoint = zoo_checkpoint(
-        SENSOR_FUSION, init_weights(SENSOR_FUSION), uniform_policy(None, 16)
-    )
-    warmup = save_checkpoint(warm_checkpoint, work / "warmup" / "model.safetensors")
+    warmups = write_warmups(work / "warmup")
     configs = [
         Config(
             spec.name,
@@ -47,7 +41,7 @@ def _measure(plan: Plan, work: Path) -> list[dict[str, Any]]:
     print("planning, and measuring output agreement...", flush=True)
     agree = agreement(plan, configs, specs)
     print(f"measuring weight memory ({len(configs)} configurations)...", flush=True)
-    memory = measure_memory(plan, configs, specs, warmup)
+    memory = measure_memory(plan, configs, specs, warmups)
     print(f"measuring latency ({plan.rounds} round(s))...", flush=True)
     latency = measure_latency(plan, configs, specs)
     return [report.entry(c, sizes[c.label], memory, latency, agree[c.label]) for c in configs]
