@@ -21,9 +21,11 @@ is what it knows best.
 
 Rules:
 
-- **revert within one window**: after the candidate's first window, if its normalised objective
-  is worse than the baseline's by more than the noise margin, the next window runs the
-  incumbent again: a worse candidate costs one window;
+- **revert within one window**: a candidate whose first window's normalised objective is
+  worse than the baseline's by more than the noise margin goes back, and costs one window:
+  paired, at once; interleaved, after the incumbent's window the schedule runs next, and only
+  if the candidate is worse than that window by the margin too (the baseline was read before
+  the trial: a machine that slowed since reads as a worse candidate);
 - **accept**: at the end, the candidate's median normalised objective beats the incumbent's by
   more than the margin; otherwise the incumbent stays (a tie keeps what is known), except for
   a candidate that only shortens the batch timeout and is predicted no slower
@@ -136,17 +138,8 @@ class Trial:
             return self._for_budget(objective, rate)
         ours = [w for w in self.windows if w.config == self.candidate]
         before = self._before()
-        if len(self.windows) == 1 and before:
-            cand, inc, common = self._compare(ours, before, norm)
-            if cand > inc * (1 + self.margin):
-                return Outcome(
-                    "revert",
-                    cand,
-                    inc,
-                    common,
-                    f"{self.candidate} measured J {cand:.2f} against the incumbent's "
-                    f"{inc:.2f} at {common:.0f}/s: worse, reverted after one window",
-                )
+        if (revert := self._reverted(ours, before, norm)) is not None:
+            return revert
         if len(self.windows) < len(self.schedule()):
             return None
         theirs = [w for w in self.windows if w.config == self.incumbent] + before
@@ -172,6 +165,39 @@ class Trial:
             f"{self.candidate} J {cand:.2f} against {inc:.2f} over {len(ours)} and "
             f"{len(theirs)} windows at {common:.0f}/s (margin {margin:.0%}): {what}",
             margin,
+        )
+
+    def _reverted(
+        self, ours: list[Window], before: list[Window], norm: Normalise
+    ) -> Outcome | None:
+        """The revert within one window: the candidate's first window worse than the baseline
+        by the margin. Interleaved, the verdict waits for the incumbent's window beside it
+        (the schedule's second, which runs the incumbent as a revert would, so a worse
+        candidate still costs one window) and needs that window too beaten by the margin: the
+        baseline was read before the candidate ran, and a machine that slowed in between made
+        an equal candidate look worse (run 37: the incumbent read 14.7 ms a request before a
+        trial and 21 ms a while after it, and the loss rested the search for 36 s)."""
+        if len(ours) != 1 or not before:
+            return None
+        if len(self.windows) != (2 if self.interleave else 1):
+            return None
+        cand, inc, common = self._compare(ours, before, norm)
+        if not cand > inc * (1 + self.margin):
+            return None
+        against = f"the incumbent's {inc:.2f}"
+        if self.interleave:
+            beside = [self.windows[-1]]
+            cand, inc, common = self._compare(ours, beside, norm)
+            if not cand > inc * (1 + self.margin):
+                return None
+            against += f" before it and {inc:.2f} beside it"
+        return Outcome(
+            "revert",
+            cand,
+            inc,
+            common,
+            f"{self.candidate} measured J {cand:.2f} against {against} at {common:.0f}/s: "
+            "worse, reverted after one window",
         )
 
     def _behind_beside(self, ours: list[Window], norm: Normalise, tie: bool, common: float) -> bool:

@@ -1054,6 +1054,36 @@ def test_one_slow_incumbent_window_does_not_make_a_candidate_look_better() -> No
     assert outcome.incumbent == 6.3
 
 
+def test_an_interleaved_revert_needs_the_incumbent_beside_it_beaten_too() -> None:
+    """Run 37: the incumbent read 14.7 ms a request before a trial and about 21 later; the
+    candidate's first window read 19.8, and the trial reverted it against the baseline alone.
+    Interleaved, the verdict waits for the incumbent's window beside it (which the schedule
+    runs next, as a revert would): slower too, the machine slowed and the trial goes on; as
+    fast as before, the candidate goes back after its one window. Paired, at once."""
+
+    def as_measured(config: Knobs, objective: float, seen: float, common: float) -> float:
+        return objective
+
+    inc, cand = Knobs(32, 0.0, 1, 1, 1), Knobs(16, 1.0, 1, 2, 1)
+    baseline = [Window(inc, 14.7, 2000.0) for _ in range(3)]
+    for beside, reverted in ((21.0, False), (14.7, True)):
+        trial = Trial(inc, cand, baseline, interleave=True, margin=0.07)
+        assert trial.next_config() == cand
+        assert trial.record(cand, 19.8, 2000.0, as_measured) is None  # not yet: no beside
+        assert trial.next_config() == inc
+        outcome = trial.record(inc, beside, 2000.0, as_measured)
+        assert (outcome is not None) is reverted, outcome
+        if outcome is not None:
+            assert outcome.verdict == "revert" and "after one window" in outcome.reason
+            assert "14.70 beside it" in outcome.reason
+            assert [w.config for w in trial.windows] == [cand, inc]  # one candidate window
+        else:
+            assert trial.next_config() == cand  # the trial's third window
+    paired = Trial(inc, cand, baseline, interleave=False, margin=0.07)
+    outcome = paired.record(cand, 19.8, 2000.0, as_measured)
+    assert outcome is not None and outcome.verdict == "revert", outcome
+
+
 def test_one_outlier_window_decides_no_trial_either_way() -> None:
     """Each side is read by its median window: an incumbent baseline of 6.0, 6.1 and one
     12.0 (a rebuild's aftermath) does not let a candidate no better (6.1) win, and does not
