@@ -13,14 +13,15 @@ float tensors, so the graphs differ only in how the weights are held.
   taken per round, so both sides of a ratio saw the same moment of a shared machine.
 - **Weight memory in the process**: each configuration loaded in a fresh Python process that
   already imported everything and ran two small models on the same runtime, a float one and a
-  small CNN at the same precision (one-time allocations out of the way, the quantized kernels'
-  included); the figure is the growth of the process's anonymous resident memory (``RssAnon``,
-  after ``malloc_trim`` so that freed heap pages do not count) from before the load to after the
-  load and one batch-1 inference: what the session keeps holding, codes or floats plus the
-  runtime's own structures. The extra peak while an inference runs (transient dequantized
-  weights, activations) is shown beside it, from ``VmHWM`` reset just before the call. File size
-  and the bytes of codes plus scales are listed for comparison. 5 fresh processes per
-  configuration (median).
+  small CNN at the same precision, and on ONNX Runtime the same configuration once (one-time
+  allocations out of the way, the quantized kernels' included; not on TensorFlow, whose
+  allocator pool would lend the second load what the first grew); the figure is the growth of
+  the process's anonymous resident memory (``RssAnon``, after ``malloc_trim`` so that freed heap
+  pages do not count) from before the load to after the load and one batch-1 inference: what the
+  session keeps holding, codes or floats plus the runtime's own structures. The extra peak while
+  an inference runs (transient dequantized weights, activations) is shown beside it, from
+  ``VmHWM`` reset just before the call. File size and the bytes of codes plus scales are listed
+  for comparison. 5 fresh processes per configuration (median).
 - **Agreement with fp32** on a fixed input set: largest absolute difference of the output
   probabilities and the fraction of rows with the same argmax; and the largest difference from
   the NumPy reference forward of the dequantized weights (how exactly each runtime computes
