@@ -367,8 +367,7 @@ def test_weights_stay_quantized_in_process_memory(tmp_path: Path) -> None:
             "weight_memory_budget": 0.0,
             "plan_cache": str(plans),
             "inputs": [{"name": "features", "shape": [1024]}],
-            "warmup_path": str(warm),
-            "warmup_inputs": [["accel", [3]], ["temperature", [1]]],
+            "warmups": [{"path": str(warm), "inputs": [["accel", [3]], ["temperature", [1]]]}],
         }
         for runtime in ("onnxruntime", "tensorflow")
         for precision, path in paths.items()
