@@ -40,6 +40,7 @@ from benchmarks.quant.plan import (
     Plan,
 )
 from models.checkpoint import save_checkpoint
+from models.repository import ModelVersion
 from models.runtime import Threads
 from models.zoo import SENSOR_FUSION, ModelSpec, init_weights
 from models.zoo_checkpoint import uniform_policy, zoo_checkpoint
@@ -82,16 +83,22 @@ def _reset_peak() -> bool:
 
 def _warm_runtime(job: dict[str, Any]) -> None:
     """One-time costs of the runtime (libraries, thread pools, kernel registries) first."""
-    from models.backends import load_runtime
-
     cache = job.get("plan_cache")
     for warmup in job["warmups"]:
         warm = version_of(
             Path(warmup["path"]), job["runtime"], "warmup", None if cache is None else Path(cache)
         )
-        warm_rt = load_runtime(warm, Threads(1, 1))
-        warm_rt.infer({n: np.zeros((1, *s), np.float32) for n, s in warmup["inputs"]})
-        warm_rt.close()
+        _run_once(warm, {n: np.zeros((1, *s), np.float32) for n, s in warmup["inputs"]}, 1)
+
+
+def _run_once(version: ModelVersion, feed: dict[str, np.ndarray], calls: int) -> None:
+    """Load ``version``, run it ``calls`` times on ``feed`` and close it."""
+    from models.backends import load_runtime
+
+    runtime = load_runtime(version, Threads(1, 1))
+    for _ in range(calls):
+        runtime.infer(feed)
+    runtime.close()
 
 
 def _measure_one(job: dict[str, Any]) -> dict[str, Any]:
@@ -108,11 +115,7 @@ def _measure_one(job: dict[str, Any]) -> dict[str, Any]:
     feed = {i["name"]: np.zeros((1, *i["shape"]), np.float32) for i in job["inputs"]}
     _warm_runtime(job)
     if job["runtime"] in WARMED_ON_ITSELF:
-        first = load_runtime(version, Threads(1, 1))
-        for _ in range(WARM_CALLS):
-            first.infer(feed)
-        first.close()
-        del first
+        _run_once(version, feed, WARM_CALLS)
     before = _held_bytes()
     runtime = load_runtime(version, Threads(1, 1))
     loaded = _held_bytes()
