@@ -131,6 +131,7 @@ class ScriptedGateway(ModelControl):
         self._next_open = math.inf
         self._loop_free = clock.now  # the event loop decodes one request at a time
         self.requests: list[_Request] = []  # by arrival
+        self._longest_s = 0.0  # the longest any request has taken to be answered or refused
         self._batches: dict[tuple[int, int], dict[int, deque[float]]] = {}
         if isinstance(load, ClosedLoop):
             self._arrivals = [clock.now] * load.clients
@@ -253,8 +254,15 @@ class ScriptedGateway(ModelControl):
     # -- the simulation ------------------------------------------------------------------------
 
     def _recent(self, since: float) -> list[_Request]:
-        """Requests that arrived after the oldest one still inside before ``since``."""
-        first = bisect.bisect_right(self.requests, since - 60.0, key=lambda r: r.arrived)
+        """The requests inside at ``since`` or arriving after it: every one that arrived after
+        the earliest of ``since`` less the longest answer so far and the oldest arrival still
+        inside now (a request inside at ``since`` is one of those; a 3,000/s load keeps
+        hundreds of thousands of requests, and a window reads only its own)."""
+        inside = [q[0].arrived for q in (self._queue,) if q]
+        inside += [self._entering[0][1].arrived] if self._entering else []
+        inside += [batch[0].arrived for _, _, batch in self._running]
+        earliest = min([since - self._longest_s, *inside])
+        first = bisect.bisect_left(self.requests, earliest, key=lambda r: r.arrived)
         return self.requests[first:]
 
     def _gap(self, t: float) -> float:
@@ -286,6 +294,7 @@ class ScriptedGateway(ModelControl):
                 _, request = self._entering.popleft()
                 if len(self._queue) >= self.max_queue:  # answered at once with a refusal
                     request.finished = t
+                    self._longest_s = max(self._longest_s, t - request.arrived)
                     self.refused.append(t)
                     if isinstance(self.load, ClosedLoop):
                         heapq.heappush(self._arrivals, t)
@@ -294,6 +303,7 @@ class ScriptedGateway(ModelControl):
                 self._queue.append(request)
             elif finish == t:
                 _, _, batch = heapq.heappop(self._running)
+                self._longest_s = max(self._longest_s, t - batch[0].arrived)  # FIFO: [0] oldest
                 for r in batch:
                     r.finished = t
                     if isinstance(self.load, ClosedLoop):
