@@ -58,7 +58,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from models.knobs import Knobs
 from models.window_stats import WindowStats
@@ -76,7 +76,14 @@ from rrl.agent.memory import StateKey, StateMemory
 from rrl.agent.queueing import OVERLOADED, Arrivals, Prediction, QueueModel
 from rrl.agent.resting import Rest
 from rrl.agent.settings import ONLINE_TUNERS, AgentSettings
-from rrl.agent.trial import BASELINE_WINDOWS, Outcome, Trial, Window, relative_noise
+from rrl.agent.trial import (
+    BASELINE_WINDOWS,
+    DEFAULT_PAIR_NOISE,
+    Outcome,
+    Trial,
+    Window,
+    relative_noise,
+)
 from rrl.tuners.ask_tell import PerWorkload, TuningProblem
 from rrl.tuners.measurement import Measurement
 from rrl.tuners.objective import at_slo, make_objective
@@ -167,6 +174,8 @@ class Policy:
         self.load_kind = LoadKind()
         self.band = ClosedLoopBand()  # the closed-loop simulation's error, in this state
         self._violating, self._noise_here = 0, 0.0  # windows running violating; noise here
+        # A closed loop's paired trials here: (sum of squared residuals, degrees of freedom).
+        self._pair_spread: deque[tuple[float, int]] = deque(maxlen=8)
 
     def choose(self, queued: int = 0) -> Step:
         """The next interval's configuration and why, with ``queued`` requests waiting now
@@ -323,8 +332,25 @@ class Policy:
             margin=self._trial_margin() * (2.0 if blind else 1.0),
             predicted_gain=verdict.gain,
             keep_on_tie=self._keeps_on_tie(candidate),
+            **self._paired_trial(),
         )
         return Step(candidate, "explore", reason, verdict.best, verdict)
+
+    def _paired_trial(self) -> dict[str, Any]:
+        """In a closed loop, a trial decided by paired differences (``rrl.agent.trial``), with
+        the spread of a difference pooled over this state's earlier trials, and the windows
+        to resolve a gain of a few percent (``closed_loop_trial_windows``)."""
+        if not self.load_kind.closed:
+            return {}
+        squares = sum(sq for sq, _ in self._pair_spread)
+        dof = sum(n for _, n in self._pair_spread)
+        noise = math.sqrt(squares / dof) if dof else DEFAULT_PAIR_NOISE
+        return {
+            "by_pairs": True,
+            "pair_noise": max(noise, self.settings.trial_margin / 2),
+            "min_gain": self.settings.trial_margin,
+            "max_windows": self.settings.closed_loop_trial_windows,
+        }
 
     def _measured_candidate(
         self, arrivals: Arrivals, verdict: Verdict
@@ -1086,6 +1112,11 @@ class Policy:
             return None
         self.trial = None
         self._since_trial = 0
+        if trial.by_pairs and outcome.verdict != "revert":
+            diffs, _ = trial.differences(self._normalise)
+            if len(diffs) > 1:
+                mean = sum(diffs) / len(diffs)
+                self._pair_spread.append((sum((d - mean) ** 2 for d in diffs), len(diffs) - 1))
         key = self._key()
         searched, self._search_trial_in = self._search_trial_in, None
         if outcome.verdict == "accept":
@@ -1183,6 +1214,7 @@ class Policy:
         self._baseline.clear()
         self._incumbent_values.clear()
         self._noise_here = 0.0  # another load: its noise is measured anew
+        self._pair_spread.clear()
         self._violating = 0
         self._gated_at = -math.inf
         self._asked = None

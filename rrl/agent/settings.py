@@ -70,6 +70,9 @@ class AgentSettings:
     min_backlog: int = 8
     trial_margin: float = 0.05
     """Smallest relative difference a trial reads as better or worse (see ``rrl.agent.trial``)."""
+    closed_loop_trial_windows: int = 12
+    """Windows a closed loop's trial (decided by paired differences) may run at most: six a
+    side resolve a gain of about 6% at the spread of a difference measured here."""
     trial_gap: int = 3
     """Incumbent windows between two trials: at most a quarter of the windows are trials."""
     measured_search: bool = True

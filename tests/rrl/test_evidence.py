@@ -4,6 +4,7 @@ and predicted by its own rule, and the agent measures its neighbourhood before i
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -26,7 +27,7 @@ from rrl.agent.memory import BURSTY_DISPERSION
 from rrl.agent.policy import Policy, _new_forms
 from rrl.agent.queueing import Arrivals, Prediction
 from rrl.agent.settings import AgentSettings
-from rrl.agent.trial import Trial, Window, relative_noise
+from rrl.agent.trial import DEFAULT_PAIR_NOISE, Outcome, Trial, Window, relative_noise
 from rrl.tuners.measurement import Measurement
 from rrl.tuners.space import ConfigSpace
 
@@ -1294,3 +1295,76 @@ def test_the_noise_measured_in_a_state_judges_the_trial_after_an_accepted_one() 
     assert moved._trial_margin() > 0.3
     moved.workload_changed(INCUMBENT, rebuilt=False)
     assert moved._trial_margin() == moved.settings.trial_margin
+
+
+DRIFTING_BOX = [1.00, 1.06, 1.14, 1.22, 1.18, 1.08, 0.98, 0.90, 0.86, 0.92, 1.00, 1.08, 1.16]
+"""A box's speed over successive half-second windows: slow waves of about 20% across a trial,
+adjacent windows within a few percent of each other (a closed loop of sensor_mlp here: 15%
+across a run, a median 6% between adjacent windows)."""
+
+
+def drifting_trial(gain: float, *, by_pairs: bool) -> tuple[Outcome, int]:
+    """A trial of a candidate ``gain`` faster than the incumbent (10 ms a request) on the
+    drifting box, run to its verdict, and the windows it took; its margin (30%) is what the
+    spread of the incumbent's windows across the run asks of a blind candidate."""
+
+    def as_measured(config: Knobs, objective: float, seen: float, common: float) -> float:
+        return objective
+
+    inc, cand = Knobs(32, 2.0, 1, 1, 1), Knobs(128, 2.0, 2, 1, 1)
+    baseline = [Window(inc, 10.0 * s, 2000.0) for s in (0.96, 0.98, DRIFTING_BOX[0])]
+    trial = Trial(inc, cand, baseline, True, 0.3, by_pairs=by_pairs, max_windows=12)
+    for speed in DRIFTING_BOX[1:]:
+        config = trial.next_config()
+        ms = 10.0 * speed * ((1.0 - gain) if config == cand else 1.0)
+        if (outcome := trial.record(config, ms, 2000.0, as_measured)) is not None:
+            return outcome, len(trial.windows)
+    raise AssertionError("no verdict")
+
+
+def test_a_closed_loop_trial_reads_a_gain_through_the_boxs_drift_by_paired_windows() -> None:
+    """A 10% faster candidate on a box whose speed drifts 20% across the trial: each of its
+    windows against the incumbent's beside it shows the gain, and it is kept in five windows;
+    the medians of the two sides against a margin the drift set would keep the incumbent."""
+    outcome, windows = drifting_trial(0.10, by_pairs=True)
+    assert (outcome.verdict, windows) == ("accept", 5), outcome.reason
+    assert drifting_trial(0.10, by_pairs=False)[0].verdict == "reject"
+
+
+def test_a_closed_loop_trial_measures_a_small_lead_longer_and_keeps_the_incumbent() -> None:
+    """A candidate 3% faster, under the 5% a trial keeps a candidate for: ahead after each
+    round, it runs to the most windows a closed loop's trial may (six differences) and the
+    incumbent stays; one as fast as the incumbent, or slower, is decided at the first verdict."""
+    outcome, windows = drifting_trial(0.03, by_pairs=True)
+    assert (outcome.verdict, windows) == ("reject", 11), outcome.reason
+    assert "over 6 paired windows" in outcome.reason and "beyond the noise" in outcome.reason
+    for gain in (0.0, -0.05):
+        level, windows = drifting_trial(gain, by_pairs=True)
+        assert (level.verdict, windows) == ("reject", 3), level.reason
+
+
+def test_a_paired_trials_spread_is_pooled_with_what_the_states_trials_measured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two differences that agree exactly do not make a trial certain: their spread is pooled
+    with the state's prior (10% before any trial), so an 8% lead in them asks for more windows.
+    A trial's differences then become the state's spread for the next trial."""
+    policy = closed_loop_policy(monkeypatch, {})
+    for _ in range(2):
+        policy.learn(Step(INCUMBENT, "exploit"), served(50.0))
+    first = policy._paired_trial()
+    assert first["by_pairs"] and first["pair_noise"] == DEFAULT_PAIR_NOISE
+    lead = Knobs(64, 2.0, 1, 1, 1)
+    policy.trial = Trial(INCUMBENT, lead, tuple(policy._baseline), True, 0.3, **first)
+    leads = [46.0, 46.0, 50.0, 44.0, 49.0, 45.0]
+    ran: list[float] = []
+    while policy.trial is not None:
+        config = policy.trial.next_config()
+        ms = leads[len(ran)] if config == lead else 50.0
+        ran += [ms] if config == lead else []
+        policy.learn(Step(config, "explore"), served(ms))
+    assert len(ran) > 2  # two agreeing differences were not enough
+    logs = [math.log(ms / 50.0) for ms in ran]
+    mean = sum(logs) / len(logs)
+    pooled = math.sqrt(sum((d - mean) ** 2 for d in logs) / (len(logs) - 1))
+    assert policy._paired_trial()["pair_noise"] == pytest.approx(pooled, rel=0.01)
