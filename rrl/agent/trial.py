@@ -79,9 +79,9 @@ BASELINE_WINDOWS = 3
 """The incumbent's windows a paired trial is compared with, at most."""
 
 DEFAULT_PAIR_NOISE = 0.10
-"""The spread of one paired difference before a state's trials have measured it: a little
-above what a closed loop of sensor_mlp measured here (15% between half-second windows across
-a run, a median 6% between adjacent ones)."""
+"""The spread of one paired difference before a state's trials have measured it: what a closed
+loop of sensor_mlp measured here with the knobs switched every window and no agent running
+(7-12%; rrl/README, "Measurements behind the rules")."""
 
 # (config, its measured objective, the rate it was measured at, the rate to express it at)
 Normalise = Callable[[Knobs, float, float, float], float]
