@@ -76,14 +76,7 @@ from rrl.agent.memory import StateKey, StateMemory
 from rrl.agent.queueing import OVERLOADED, Arrivals, Prediction, QueueModel
 from rrl.agent.resting import Rest
 from rrl.agent.settings import ONLINE_TUNERS, AgentSettings
-from rrl.agent.trial import (
-    BASELINE_WINDOWS,
-    DEFAULT_PAIR_NOISE,
-    Outcome,
-    Trial,
-    Window,
-    relative_noise,
-)
+from rrl.agent.trial import BASELINE_WINDOWS, Outcome, PairSpread, Trial, Window, relative_noise
 from rrl.tuners.ask_tell import PerWorkload, TuningProblem
 from rrl.tuners.measurement import Measurement
 from rrl.tuners.objective import at_slo, make_objective
@@ -171,11 +164,9 @@ class Policy:
         self._losing: dict[StateKey, int] = {}  # those lost running, per state
         self._search_trial_in: StateKey | None = None  # where the running one counts
         self._further: dict[StateKey, list[Knobs]] = {}  # beyond candidates that led (per state)
-        self.load_kind = LoadKind()
-        self.band = ClosedLoopBand()  # the closed-loop simulation's error, in this state
+        self.load_kind, self.band = LoadKind(), ClosedLoopBand()  # band: closed-loop model error
         self._violating, self._noise_here = 0, 0.0  # windows running violating; noise here
-        # A closed loop's paired trials here: (sum of squared residuals, degrees of freedom).
-        self._pair_spread: deque[tuple[float, int]] = deque(maxlen=8)
+        self.pair_spread = PairSpread()  # a closed loop's paired trials in this state
 
     def choose(self, queued: int = 0) -> Step:
         """The next interval's configuration and why, with ``queued`` requests waiting now
@@ -342,12 +333,9 @@ class Policy:
         to resolve a gain of a few percent (``closed_loop_trial_windows``)."""
         if not self.load_kind.closed:
             return {}
-        squares = sum(sq for sq, _ in self._pair_spread)
-        dof = sum(n for _, n in self._pair_spread)
-        noise = math.sqrt(squares / dof) if dof else DEFAULT_PAIR_NOISE
         return {
             "by_pairs": True,
-            "pair_noise": max(noise, self.settings.trial_margin / 2),
+            "pair_noise": max(self.pair_spread.noise(), self.settings.trial_margin / 2),
             "min_gain": self.settings.trial_margin,
             "max_windows": self.settings.closed_loop_trial_windows,
         }
@@ -1113,10 +1101,7 @@ class Policy:
         self.trial = None
         self._since_trial = 0
         if trial.by_pairs and outcome.verdict != "revert":
-            diffs, _ = trial.differences(self._normalise)
-            if len(diffs) > 1:
-                mean = sum(diffs) / len(diffs)
-                self._pair_spread.append((sum((d - mean) ** 2 for d in diffs), len(diffs) - 1))
+            self.pair_spread.add(trial.differences(self._normalise)[0])
         key = self._key()
         searched, self._search_trial_in = self._search_trial_in, None
         if outcome.verdict == "accept":
@@ -1214,7 +1199,7 @@ class Policy:
         self._baseline.clear()
         self._incumbent_values.clear()
         self._noise_here = 0.0  # another load: its noise is measured anew
-        self._pair_spread.clear()
+        self.pair_spread.clear()
         self._violating = 0
         self._gated_at = -math.inf
         self._asked = None

@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -332,6 +333,29 @@ class Trial:
 def _centre(windows: list[Window], norm: Normalise, common: float) -> float:
     """The median of ``windows``' objectives, each expressed at the ``common`` rate."""
     return statistics.median(norm(w.config, w.objective, w.rate_per_s, common) for w in windows)
+
+
+@dataclass
+class PairSpread:
+    """The spread of one paired difference in a workload state (``Trial.by_pairs``), pooled
+    over the state's last trials: each trial's squared deviations from its own mean, over its
+    degrees of freedom."""
+
+    trials: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=8))
+
+    def add(self, diffs: Sequence[float]) -> None:
+        if len(diffs) > 1:
+            mean = sum(diffs) / len(diffs)
+            self.trials.append((sum((d - mean) ** 2 for d in diffs), len(diffs) - 1))
+
+    def noise(self) -> float:
+        """The pooled standard deviation; ``DEFAULT_PAIR_NOISE`` before any trial."""
+        squares = sum(sq for sq, _ in self.trials)
+        dof = sum(n for _, n in self.trials)
+        return math.sqrt(squares / dof) if dof else DEFAULT_PAIR_NOISE
+
+    def clear(self) -> None:
+        self.trials.clear()
 
 
 MAD_TO_SD = 1.4826
