@@ -182,17 +182,12 @@ class Trial:
         if not accepted and cand < inc and len(self.schedule()) + step <= self.max_windows:
             self.rounds += 1  # ahead, not yet by the margin: measure longer
             return None
-        what = "better: kept" if accepted else "not better by the margin: incumbent kept"
-        if tie and not cand < inc * (1 - margin):
-            what = "no slower, with a shorter timeout: kept"
-        return Outcome(
-            "accept" if accepted else "reject",
-            cand,
-            inc,
-            common,
-            f"{self.candidate} J {cand:.2f} against {inc:.2f} over {len(ours)} and "
-            f"{len(theirs)} windows at {common:.0f}/s (margin {margin:.0%}): {what}",
-            margin,
+        figures = (
+            f"over {len(ours)} and {len(theirs)} windows at {common:.0f}/s (margin {margin:.0%})"
+        )
+        cleared = cand < inc * (1 - margin)
+        return self._verdict(
+            accepted, cleared, "by the margin", figures, (cand, inc, common), margin
         )
 
     def _reverted(
@@ -275,17 +270,36 @@ class Trial:
         ours = [w for w in self.windows if w.config == self.candidate]
         theirs = [w for w in self.windows if w.config == self.incumbent]
         cand, inc = _centre(ours, norm, common), _centre(theirs, norm, common)
-        what = "better: kept" if gain > need else "not better beyond the noise: incumbent kept"
-        if tie and not gain > need:
-            what = "no slower, with a shorter timeout: kept"
+        figures = (
+            f"at {common:.0f}/s: {gain:+.1%} over {len(diffs)} paired windows, needed {need:.1%}"
+        )
+        return self._verdict(
+            accepted, gain > need, "beyond the noise", figures, (cand, inc, common), need
+        )
+
+    def _verdict(
+        self,
+        accepted: bool,
+        cleared: bool,
+        short_of: str,
+        figures: str,
+        measured: tuple[float, float, float],
+        margin: float,
+    ) -> Outcome:
+        """The trial's end: kept or not, and why. ``cleared``: the gain cleared what it had to
+        (a candidate kept without that is a shorter timeout kept on a tie); ``measured``: the
+        candidate's and the incumbent's objectives and the common rate they were read at."""
+        cand, inc, common = measured
+        what = f"not better {short_of}: incumbent kept"
+        if accepted:
+            what = "better: kept" if cleared else "no slower, with a shorter timeout: kept"
         return Outcome(
             "accept" if accepted else "reject",
             cand,
             inc,
             common,
-            f"{self.candidate} J {cand:.2f} against {inc:.2f} at {common:.0f}/s: "
-            f"{gain:+.1%} over {len(diffs)} paired windows, needed {need:.1%}: {what}",
-            need,
+            f"{self.candidate} J {cand:.2f} against {inc:.2f} {figures}: {what}",
+            margin,
         )
 
     def _behind_beside(self, ours: list[Window], norm: Normalise, tie: bool, common: float) -> bool:
