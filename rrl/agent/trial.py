@@ -84,6 +84,16 @@ DEFAULT_PAIR_NOISE = 0.10
 loop of sensor_mlp measured here with the knobs switched every window and no agent running
 (7-12%; rrl/README, "Measurements behind the rules")."""
 
+EARLY_LOOK_Z = 2.0
+"""Standard errors a closed loop's gain must clear at a look after which the trial could still
+measure longer: a trial looks up to five times, and each look at one-sided 5% would let a
+candidate no better through far more often than one time in twenty."""
+
+LAST_LOOK_Z = 1.65
+"""Standard errors at the last look (one-sided 5%): twice there refused two single-thread
+instances of vision_cnn that led one instance of two threads by 10.3% over six paired
+windows, asked 11.1% (`bench find` run 40), where every other run of that load kept them."""
+
 # (config, its measured objective, the rate it was measured at, the rate to express it at)
 Normalise = Callable[[Knobs, float, float, float], float]
 
@@ -255,16 +265,19 @@ class Trial:
 
     def _paired_verdict(self, norm: Normalise) -> Outcome | None:
         """A closed loop's verdict once the schedule is in: accept a mean gain beyond
-        ``min_gain`` and beyond twice its standard error; a candidate ahead but not by that
-        measures another round while windows are left; otherwise the incumbent stays."""
+        ``min_gain`` and beyond ``EARLY_LOOK_Z`` standard errors (``LAST_LOOK_Z`` at the last
+        look the windows allow); a candidate ahead but not by that measures another round while
+        windows are left; otherwise the incumbent stays."""
         diffs, common = self.differences(norm)
         if not diffs:
             return Outcome("reject", math.nan, math.nan, common, "no incumbent window beside")
         gain = -sum(diffs) / len(diffs)  # log units: about the relative gain
-        need = max(self.min_gain, 2.0 * self.spread(diffs) / math.sqrt(len(diffs)))
+        last = len(self.schedule()) + 2 > self.max_windows  # no round left after this look
+        z = LAST_LOOK_Z if last else EARLY_LOOK_Z
+        need = max(self.min_gain, z * self.spread(diffs) / math.sqrt(len(diffs)))
         tie = self.keep_on_tie and gain >= 0
         accepted = tie or gain > need
-        if not accepted and gain > 0 and len(self.schedule()) + 2 <= self.max_windows:
+        if not accepted and gain > 0 and not last:
             self.rounds += 1  # ahead, not yet beyond the noise: measure longer
             return None
         ours = [w for w in self.windows if w.config == self.candidate]
