@@ -45,7 +45,8 @@ In a **closed loop** an interleaved trial is decided by **paired differences** i
 (``by_pairs``): each candidate window's log objective less the mean of the incumbent windows
 on either side of it in time (the baseline's last window before the first), so a drift of the
 machine's speed cancels in each difference, and the verdict asks their mean for a gain beyond
-``min_gain`` and beyond twice its standard error. Measured on this box (sensor_mlp, 32 clients,
+``min_gain`` and beyond twice its standard error (``EARLY_LOOK_Z``; ``LAST_LOOK_Z`` at the
+last look the windows allow). Measured on this box (sensor_mlp, 32 clients,
 one static configuration for 44 s): the rate of half-second windows spread 15% about its mean
 over the run, two adjacent windows differed by a median 6% (rrl/README, "Measurements behind
 the rules"); a margin read from the spread of windows across the run (below) asked 20-67% of
