@@ -1101,7 +1101,7 @@ class Policy:
         self.trial = None
         self._since_trial = 0
         if trial.by_pairs and outcome.verdict != "revert":
-            self.pair_spread.add(trial.differences(self._normalise)[0])
+            self.pair_spread.add(trial.paired_differences)
         key = self._key()
         searched, self._search_trial_in = self._search_trial_in, None
         if outcome.verdict == "accept":

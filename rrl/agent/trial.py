@@ -147,6 +147,8 @@ class Trial:
     min_gain: float = 0.05
     """The least relative gain a paired verdict keeps a candidate for."""
     windows: list[Window] = field(default_factory=list)
+    paired_differences: list[float] = field(default_factory=list)
+    """The differences the last paired verdict read (``differences``)."""
     rounds: int = 0
     """Rounds added to the first schedule while the candidate led without clearing the margin."""
 
@@ -270,6 +272,7 @@ class Trial:
         look the windows allow); a candidate ahead but not by that measures another round while
         windows are left; otherwise the incumbent stays."""
         diffs, common = self.differences(norm)
+        self.paired_differences = diffs
         if not diffs:
             return Outcome("reject", math.nan, math.nan, common, "no incumbent window beside")
         gain = -sum(diffs) / len(diffs)  # log units: about the relative gain

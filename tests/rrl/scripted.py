@@ -258,7 +258,7 @@ class ScriptedGateway(ModelControl):
         the earliest of ``since`` less the longest answer so far and the oldest arrival still
         inside now (a request inside at ``since`` is one of those; a 3,000/s load keeps
         hundreds of thousands of requests, and a window reads only its own)."""
-        inside = [q[0].arrived for q in (self._queue,) if q]
+        inside = [self._queue[0].arrived] if self._queue else []
         inside += [self._entering[0][1].arrived] if self._entering else []
         inside += [batch[0].arrived for _, _, batch in self._running]
         earliest = min([since - self._longest_s, *inside])
