@@ -8,9 +8,14 @@ built from. Three cases:
 1. The environment is complete (its stamp names the same requirements): used as it is; no
    network, no pip.
 2. It is missing or incomplete, but the wheelhouse is complete: rebuilt from the wheelhouse with
-   ``pip install --no-index`` (offline).
+   ``uv pip install --no-index`` (offline).
 3. Neither: the wheels are downloaded first (``pip download``, the registry pip is configured
    with), then case 2. When that fails, ``PeerUnavailable`` says what is missing and why.
+
+uv makes and fills the environments (the [bench] extra installs it): the same wheels pip would
+install, unpacked in parallel into the environment from a cache beside it, in about 3 s where pip
+took 15-25 s an environment on two cores. pip still downloads, since uv has no command that only
+fetches wheels into a folder.
 
 Two benchmark runs (or a run and a test) building at once take turns on a lock file.
 """
@@ -29,6 +34,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from uv import find_uv_bin
 
 MLSERVER_VERSION = "1.7.1"
 # MLServer 1.7.1 pins no uvloop; uvloop 0.22 made ``get_event_loop`` raise where no loop is set,
@@ -173,9 +180,9 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _pip(argv: list[str], what: str, env: PeerEnv) -> None:
-    """Run pip; on failure raise ``PeerUnavailable`` naming what is missing and pip's
-    last words."""
+def _installer(argv: list[str], what: str, env: PeerEnv) -> None:
+    """Run pip or uv; on failure raise ``PeerUnavailable`` naming what is missing and the
+    installer's last words."""
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -184,7 +191,7 @@ def _pip(argv: list[str], what: str, env: PeerEnv) -> None:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
         raise PeerUnavailable(
             f"{what} failed: {' '.join(env.requirements)} are not in the cache "
-            f"({env.root}) and pip could not get them:\n{tail}"
+            f"({env.root}) and could not be installed:\n{tail}"
         )
 
 
@@ -194,7 +201,7 @@ def _download(env: PeerEnv) -> None:
     partial = env.root / "wheels.partial"
     shutil.rmtree(partial, ignore_errors=True)
     argv = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "-q"]
-    _pip([*argv, "-d", str(partial), *env.requirements], f"downloading {env.label}", env)
+    _installer([*argv, "-d", str(partial), *env.requirements], f"downloading {env.label}", env)
     _stamp(partial, env.requirements)
     shutil.rmtree(env.wheels, ignore_errors=True)
     partial.rename(env.wheels)
@@ -203,11 +210,13 @@ def _download(env: PeerEnv) -> None:
 def _build_venv(env: PeerEnv) -> None:
     """A fresh virtual environment installed from the wheelhouse only (no index): offline."""
     shutil.rmtree(env.venv, ignore_errors=True)
+    uv = find_uv_bin()
     base = getattr(sys, "_base_executable", sys.executable)
-    # No pip of its own (ensurepip costs seconds): this process's pip installs into it.
-    venv = [base, "-m", "venv", "--without-pip", str(env.venv)]
-    _pip(venv, f"creating {env.label}'s virtual environment", env)
-    argv = [sys.executable, "-m", "pip", "--python", str(env.python), "install", "-q"]
-    argv += ["--no-index", "--no-cache-dir", "--find-links", str(env.wheels), *env.requirements]
-    _pip(argv, f"installing {env.label} from the wheelhouse", env)
+    venv = [uv, "venv", "--quiet", "--python", base, str(env.venv)]
+    _installer(venv, f"creating {env.label}'s virtual environment", env)
+    # The cache beside the environment: on the same file system, so the files are hard links
+    # into it rather than copies, and a rebuild after an interrupted one unpacks nothing again.
+    argv = [uv, "pip", "install", "--quiet", "--python", str(env.python), "--no-index"]
+    argv += ["--cache-dir", str(env.root / "uv-cache"), "--find-links", str(env.wheels)]
+    _installer([*argv, *env.requirements], f"installing {env.label} from the wheelhouse", env)
     _stamp(env.venv, env.requirements)
