@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from models.demo import FLOAT_DEMO_MODELS, ensure_demo_repository
+from tests.workers import group_for_workers, run_folder
 
 # Gateways started by the tests (in-process, and `iotgw serve` children, which inherit this)
 # keep the knobs they are given: a test of batching or reconfiguration must not have the online
@@ -19,19 +20,27 @@ os.environ.setdefault("IOTGW_GRPC__PORT", "0")
 
 @pytest.fixture(scope="session")
 def demo_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The fp32 part of the bundled demo model repository, built once per test session into a
+    """The fp32 part of the bundled demo model repository, built once per test run into a
     temporary folder (never the user's cache): six models, ONNX Runtime and TensorFlow, version
     1 each. (The full default repository adds their int8/int4 checkpoints; the models tests
     build it with ``full_demo_repo``.)"""
     return ensure_demo_repository(
-        tmp_path_factory.mktemp("demo") / "demo-repo-v1", FLOAT_DEMO_MODELS
+        run_folder(tmp_path_factory, "demo") / "demo-repo-v1", FLOAT_DEMO_MODELS
     )
 
 
 GPU_TESTS = Path(__file__).parent / "gpu"
 
 
+# First: pytest-xdist's own hook reads the groups given here.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _leave_out_gpu_tests(config, items)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        group_for_workers(items)
+
+
+def _leave_out_gpu_tests(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The GPU tests (marker ``gpu``, tests/gpu) run only when asked for: with a ``-m``
     expression that names them (``./scripts/test.sh --gpu`` runs ``-m gpu``) or a path inside
     tests/gpu. The CPU suite, ``--fast`` included (whose ``-m "not slow"`` would select them),

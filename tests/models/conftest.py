@@ -10,13 +10,14 @@ import pytest
 
 from models.demo import DEMO_MODELS, DemoModel, ensure_demo_repository
 from models.repository import ModelVersion, scan_repository
+from tests.workers import run_folder
 
 
 @pytest.fixture(scope="session")
 def full_demo_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The complete default demo repository (fp32 models and their int8/int4 checkpoints),
     in a cache folder laid out as ``iotgw serve --cache-dir`` expects."""
-    return ensure_demo_repository(tmp_path_factory.mktemp("cache") / "demo-repo-v1")
+    return ensure_demo_repository(run_folder(tmp_path_factory, "cache") / "demo-repo-v1")
 
 
 @pytest.fixture(scope="session")
