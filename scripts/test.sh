@@ -96,8 +96,8 @@ fi
 "$venv/bin/mypy" gateway rrl models device_sim benchmarks tests
 # The images' Dockerfiles (no container engine here): hadolint from the test extra's wheel.
 "$venv/bin/hadolint" --config .hadolint.yaml Dockerfile Dockerfile.gpu
-# Two workers: the tests that load the cores (the benchmarks' quick runs, the agent's live tests)
-# take turns in one while the other runs the rest (tests/workers.py). IOTGW_TEST_WORKERS=0 runs
-# everything in this process.
+# Two workers (pytest-xdist): the tests that load the cores (the benchmarks' quick runs, the
+# agent's live tests) take turns in one while the other runs the rest, a module at a time
+# (tests/workers.py). IOTGW_TEST_WORKERS=0 runs everything in this process.
 workers="${IOTGW_TEST_WORKERS:-2}"
-exec "$venv/bin/python" -m pytest -q -ra -n "$workers" --dist loadgroup "${selection[@]}" "$@"
+exec "$venv/bin/python" -m pytest -q -ra -n "$workers" --dist loadscope "${selection[@]}" "$@"

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from models.demo import FLOAT_DEMO_MODELS, ensure_demo_repository
-from tests.workers import group_for_workers, run_folder
+from tests.workers import make_scheduler, run_folder
 
 # Gateways started by the tests (in-process, and `iotgw serve` children, which inherit this)
 # keep the knobs they are given: a test of batching or reconfiguration must not have the online
@@ -32,15 +33,17 @@ def demo_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 GPU_TESTS = Path(__file__).parent / "gpu"
 
 
-# First: pytest-xdist's own hook reads the groups given here.
-@pytest.hookimpl(tryfirst=True)
+# Before pytest-xdist's own (firstresult: the first answer is the scheduler). Optional: the GPU
+# lane runs without pytest-xdist.
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadscope`` (what ./scripts/test.sh asks for) by ``tests.workers.scope_of``."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    return make_scheduler(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    _leave_out_gpu_tests(config, items)
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        group_for_workers(items)
-
-
-def _leave_out_gpu_tests(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The GPU tests (marker ``gpu``, tests/gpu) run only when asked for: with a ``-m``
     expression that names them (``./scripts/test.sh --gpu`` runs ``-m gpu``) or a path inside
     tests/gpu. The CPU suite, ``--fast`` included (whose ``-m "not slow"`` would select them),

@@ -28,14 +28,21 @@ def test_quick_find_writes_every_figure_with_its_floor(tmp_path: Path) -> None:
             assert summary[key] > 0 and summary[floor] >= 1.0, summary
             continue
         # No figure only when no static served both its runs without a refusal (a busy
-        # machine's seconds-long points): said so, never read as a target met.
+        # machine's seconds-long points), or, for the open load, when no probe of the open
+        # loop's capacity held (the simulator fell behind at every rate on a busy machine), so
+        # that the load had no rate to run at and measured nothing: said so, never read as a
+        # target met.
         assert static["best"][load]["value"] is None, static["best"]
-        refused: dict[str, bool] = {}
-        for r in static["loads"][load]:
-            knobs = json.dumps(r["knobs"], sort_keys=True)
-            bad = bool(r.get("failed") or r.get("errors") or r.get("lost"))
-            refused[knobs] = refused.get(knobs, False) or bad
-        assert refused and all(refused.values()), static["loads"][load]
+        rows = static["loads"][load]
+        if load.startswith("open") and static["open_capacity_rps"] == 0:
+            assert rows == [], rows
+        else:
+            refused: dict[str, bool] = {}
+            for r in rows:
+                knobs = json.dumps(r["knobs"], sort_keys=True)
+                bad = bool(r.get("failed") or r.get("errors") or r.get("lost"))
+                refused[knobs] = refused.get(knobs, False) or bad
+            assert refused and all(refused.values()), rows
         assert summary[target] == "missed: no figure", summary
     assert {"throughput_target", "p99_target", "settle_target"} <= set(summary)
     assert {"throughput_adjacent_target", "p99_adjacent_target"} <= set(summary)
@@ -52,8 +59,10 @@ def test_quick_find_writes_every_figure_with_its_floor(tmp_path: Path) -> None:
         assert last["held"] and last["kept_up"] and not last["errors"] and not last["lost"]
         assert static["open_capacity_rps"] == last["achieved_rps"]
     agents = [r for r in doc["runs"] if r["kind"] == "agent"]
+    # An open load with no rate to run at has no agent runs either.
+    loads = ("c8", "open0.5") if static["open_capacity_rps"] > 0 else ("c8",)
     assert {(r["load"], r["start"]) for r in agents} == {
-        (load, start) for load in ("c8", "open0.5") for start in ("default", "batch1")
+        (load, start) for load in loads for start in ("default", "batch1")
     }
     for r in agents:
         assert r["final_knobs"] and r["decisions"], r

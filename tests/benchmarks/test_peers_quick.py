@@ -40,7 +40,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(name="cache_dir", scope="module")
 def _cache_dir(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A cache that outlives the test run (pytest's own cache folder), so that the peers'
-    environments are built once (~20 s each, with the wheels' download ~25 s more) rather
+    environments are built once (about 3 s each, after 25-30 s downloading their wheels) rather
     than on every run; a temporary one when pytest runs without its cache."""
     cache = getattr(pytestconfig, "cache", None)
     return Path(cache.mkdir("iotgw-peers")) if cache is not None else tmp_path_factory.mktemp("c")
