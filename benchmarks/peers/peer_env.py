@@ -13,8 +13,8 @@ built from. Three cases:
    with), then case 2. When that fails, ``PeerUnavailable`` says what is missing and why.
 
 uv makes and fills the environments (the [bench] extra installs it): the same wheels pip would
-install, unpacked in parallel into the environment from a cache beside it, in about 3 s where pip
-took 15-25 s an environment on two cores. pip still downloads, since uv has no command that only
+install, unpacked in parallel into the environment from a cache beside it, in 2.5 s where pip
+took 17-27 s an environment on two cores. pip still downloads, since uv has no command that only
 fetches wheels into a folder.
 
 Two benchmark runs (or a run and a test) building at once take turns on a lock file.
