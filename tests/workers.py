@@ -1,5 +1,6 @@
-"""What the tests do differently under pytest-xdist's workers (``./scripts/test.sh`` runs two,
-``--dist loadscope``): which tests share a worker, and where what a run builds once is built."""
+"""What the tests do differently under pytest-xdist's workers (``IOTGW_TEST_WORKERS=2
+./scripts/test.sh`` runs two, ``--dist loadscope``): which tests share a worker, and where
+what a run builds once is built."""
 
 from __future__ import annotations
 
