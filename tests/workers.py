@@ -29,7 +29,7 @@ def scope_of(nodeid: str) -> str:
     what the one before wrote) run in order in one worker."""
     module = nodeid.split("::", 1)[0]
     path = ROOT / module
-    if any(path == where or path.is_relative_to(where) for where in LOADS_THE_CORES):
+    if any(path.is_relative_to(where) for where in LOADS_THE_CORES):
         return LOADS_THE_CORES_SCOPE
     return module
 
