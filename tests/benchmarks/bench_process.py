@@ -1,8 +1,11 @@
 """Running a benchmark command from a test: its own limit sits under pytest's, so a hang fails
-with the benchmark's last output instead of pytest's bare timeout."""
+with the benchmark's last output, and the stack of each of its threads at that moment, instead
+of pytest's bare timeout."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +17,8 @@ REPO_ROOT: Final = Path(__file__).resolve().parents[2]
 # pytest's timeout (pyproject) is 300 s; this leaves time to collect and report the output.
 BENCH_LIMIT_S: Final = 280.0
 _TAIL: Final = 4000
+# How long a hung command has to write its threads' stacks before it is killed.
+_DUMP_S: Final = 10.0
 
 
 def _tail(stream: str | bytes | None) -> str:
@@ -27,20 +32,35 @@ def run_bench(
     *args: str, limit_s: float = BENCH_LIMIT_S, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run ``python -m <args>`` from the repository root; fail the test on a hang or an error
-    exit, either way with the tails of stdout and stderr."""
+    exit, either way with the tails of stdout and stderr. A hang ends with SIGABRT, on which
+    Python's faulthandler (``PYTHONFAULTHANDLER``) writes every thread's stack to stderr: the
+    failure then says where the command was waiting."""
     argv = [sys.executable, "-m", *args]
-    try:
-        proc = subprocess.run(
-            argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=limit_s
-        )
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(
-            f"{' '.join(args)} ran past {limit_s:.0f} s\n"
-            f"stdout: {_tail(exc.stdout)}\nstderr: {_tail(exc.stderr)}"
-        )
+    child_env = {**(os.environ if env is None else env), "PYTHONFAULTHANDLER": "1"}
+    with subprocess.Popen(
+        argv,
+        cwd=REPO_ROOT,
+        env=child_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            try:
+                stdout, stderr = proc.communicate(timeout=_DUMP_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                stdout, stderr = proc.communicate()
+            pytest.fail(
+                f"{' '.join(args)} ran past {limit_s:.0f} s\n"
+                f"stdout: {_tail(stdout)}\nstderr: {_tail(stderr)}"
+            )
     if proc.returncode != 0:
         pytest.fail(
             f"{' '.join(args)} exited {proc.returncode}\n"
-            f"stdout: {_tail(proc.stdout)}\nstderr: {_tail(proc.stderr)}"
+            f"stdout: {_tail(stdout)}\nstderr: {_tail(stderr)}"
         )
-    return proc
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)

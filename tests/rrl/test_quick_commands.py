@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +17,9 @@ from rrl.offline.profiling import WINDOW_FIELDS
 from rrl.offline.testbed import ProfileTable, Testbed
 from rrl.tuners.objective import LatencyObjective
 from rrl.tuners.registry import TUNERS
+from tests.benchmarks.bench_process import run_bench
 
 pytestmark = pytest.mark.slow
-REPO_ROOT = Path(__file__).resolve().parents[2]
 SUMMARY_KEYS = (  # benchmarks.md, tuner_eval.json
     "rrl_measurements_to_5pct",
     "qlearning_measurements_to_5pct",
@@ -30,16 +29,8 @@ SUMMARY_KEYS = (  # benchmarks.md, tuner_eval.json
 )
 
 
-def _iotgw(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", *args],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
+def _iotgw(*args: str) -> subprocess.CompletedProcess[str]:
+    return run_bench("gateway.cli", *args)
 
 
 def test_profile_quick(tmp_path: Path, mlp_repo: Path) -> None:
