@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from models.demo import FLOAT_DEMO_MODELS, ensure_demo_repository
-from tests.workers import make_scheduler, run_folder
+from tests.workers import make_scheduler, run_folder, turn
 
 # Gateways started by the tests (in-process, and `iotgw serve` children, which inherit this)
 # keep the knobs they are given: a test of batching or reconfiguration must not have the online
@@ -41,6 +42,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     if config.getvalue("dist") != "loadscope":
         return None
     return make_scheduler(config, log)
+
+
+# Outermost (tryfirst wrapper), so a wait for the turn is not counted by pytest-timeout's limit.
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Each test in its turn (``tests.workers.turn``): under two workers the agent's live tests
+    run while the other worker waits."""
+    with turn(item.config, item.nodeid):
+        return (yield)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,10 +1,13 @@
 """What the tests do differently under pytest-xdist's workers (``IOTGW_TEST_WORKERS=2
-./scripts/test.sh`` runs two, ``--dist loadscope``): which tests share a worker, and where
-what a run builds once is built."""
+./scripts/test.sh`` runs two, ``--dist loadscope``): which tests share a worker, which run
+alone, and where what a run builds once is built."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,17 +24,60 @@ LOADS_THE_CORES = (
     TESTS / "rrl" / "test_budget.py",
 )
 LOADS_THE_CORES_SCOPE = "tests that load the cores"
+# What needs cores to spare: the agent's live tests assert what its gate decided, and the gate's
+# queueing model runs in a process at SCHED_IDLE (rrl.agent.model_agent.lowest_priority), which
+# gets a core only when one would otherwise idle. Beside a worker that keeps both cores busy it
+# may not run for minutes (in one two-worker run neither agent of test_budget.py measured a
+# window in its 10 s of load; beside two processes that burn a core each, a screening of the
+# grid that takes 0.6 s on a free machine had not ended after 50 s). So each of these runs
+# alone: the other worker waits between its tests (``turn``).
+NEEDS_SPARE_CORES = (
+    TESTS / "rrl" / "test_online.py",
+    TESTS / "rrl" / "test_budget.py",
+)
+
+
+def _under(nodeid: str, places: tuple[Path, ...]) -> bool:
+    path = ROOT / nodeid.split("::", 1)[0]
+    return any(path.is_relative_to(where) for where in places)
 
 
 def scope_of(nodeid: str) -> str:
     """The unit a worker runs whole: the tests that load the cores together, else the test's
     module, so that a module's fixtures are set up once and a document's blocks (each may read
     what the one before wrote) run in order in one worker."""
-    module = nodeid.split("::", 1)[0]
-    path = ROOT / module
-    if any(path.is_relative_to(where) for where in LOADS_THE_CORES):
+    if _under(nodeid, LOADS_THE_CORES):
         return LOADS_THE_CORES_SCOPE
-    return module
+    return nodeid.split("::", 1)[0]
+
+
+@contextlib.contextmanager
+def turn(config: pytest.Config, nodeid: str) -> Iterator[None]:
+    """Hold a test's turn, setup and teardown included: under pytest-xdist a test in
+    ``NEEDS_SPARE_CORES`` runs while no other worker runs one, the rest side by side. Outside
+    xdist there is one process and nothing to wait for.
+
+    A readers-writer lock on two files of the run's folder, both workers' ``flock``: every test
+    passes the turnstile and shares the room; one that runs alone keeps the turnstile while it
+    waits for the room to empty and while it runs, so the other worker's next test waits at the
+    turnstile instead of slipping in (a process that dies releases its locks)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    # A worker's base folder is popen-gwN inside the run's (``run_folder``).
+    folder = Path(config.getoption("basetemp")).parent
+    alone = _under(nodeid, NEEDS_SPARE_CORES)
+    with (
+        (folder / ".turnstile.lock").open("a") as turnstile,
+        (folder / ".room.lock").open("a") as room,
+    ):
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        if alone:
+            fcntl.flock(room, fcntl.LOCK_EX)
+        else:
+            fcntl.flock(room, fcntl.LOCK_SH)
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        yield  # both files close afterwards, which releases what is held
 
 
 def make_scheduler(config: pytest.Config, log: Any) -> Any:
