@@ -96,11 +96,9 @@ fi
 "$venv/bin/mypy" gateway rrl models device_sim benchmarks tests
 # The images' Dockerfiles (no container engine here): hadolint from the test extra's wheel.
 "$venv/bin/hadolint" --config .hadolint.yaml Dockerfile Dockerfile.gpu
-# One process unless IOTGW_TEST_WORKERS says more. With 2 (pytest-xdist) the tests that load the
-# cores (the benchmarks' quick runs, the agent's live tests) take turns in one worker while the
-# other runs the rest a module at a time (tests/workers.py): 15:36 instead of 32 min in one
-# clean-clone run, but in the next two tests that time ONNX Runtime on both cores
-# (tests/models/test_serving_plan.py under a 1 s budget, iotgw profile --quick) failed beside a
-# benchmark in the other worker, so two workers are not yet the default.
-workers="${IOTGW_TEST_WORKERS:-0}"
+# Two pytest-xdist workers unless IOTGW_TEST_WORKERS says otherwise (0: one process). The tests
+# that load the cores (the benchmarks' quick runs, the agent's live tests) take turns in one
+# worker while the other runs the rest a module at a time, and the agent's live tests run alone
+# (tests/workers.py): about 16 minutes instead of 32 in one process on 2 cores.
+workers="${IOTGW_TEST_WORKERS:-2}"
 exec "$venv/bin/python" -m pytest -q -ra -n "$workers" --dist loadscope "${selection[@]}" "$@"

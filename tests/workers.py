@@ -1,6 +1,6 @@
-"""What the tests do differently under pytest-xdist's workers (``IOTGW_TEST_WORKERS=2
-./scripts/test.sh`` runs two, ``--dist loadscope``): which tests share a worker, which run
-alone, and where what a run builds once is built."""
+"""What the tests do differently under pytest-xdist's workers (``./scripts/test.sh`` runs
+two, ``--dist loadscope``; ``IOTGW_TEST_WORKERS=0`` one process): which tests share a worker,
+which run alone, and where what a run builds once is built."""
 
 from __future__ import annotations
 
