@@ -99,6 +99,6 @@ fi
 # Two pytest-xdist workers unless IOTGW_TEST_WORKERS says otherwise (0: one process). The tests
 # that load the cores (the benchmarks' quick runs, the agent's live tests) take turns in one
 # worker while the other runs the rest a module at a time, and the agent's live tests run alone
-# (tests/workers.py): about 16 minutes instead of 32 in one process on 2 cores.
+# (tests/workers.py): about 14 minutes instead of 32 in one process on 2 cores.
 workers="${IOTGW_TEST_WORKERS:-2}"
 exec "$venv/bin/python" -m pytest -q -ra -n "$workers" --dist loadscope "${selection[@]}" "$@"
