@@ -389,8 +389,6 @@ def _measured_keys(folder: Path) -> set[str]:
     return set(json.loads((folder / "plan-costs.json").read_text()))
 
 
-# ONNX Runtime warns that the CPU build has no CUDA provider: the request is the point here.
-@pytest.mark.filterwarnings("ignore:Specified provider 'CUDAExecutionProvider'")
 def _time_every_way(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every way timed at every planned batch size. The planner skips a way that was far slower
     at the size before, and which ways that skips depends on the timings, so two passes could
@@ -399,6 +397,8 @@ def _time_every_way(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(plan_zoo, "UNTIMED_BEYOND", float("inf"))
 
 
+# ONNX Runtime warns that the CPU build has no CUDA provider: the request is the point here.
+@pytest.mark.filterwarnings("ignore:Specified provider 'CUDAExecutionProvider'")
 def test_onnx_plan_is_measured_on_the_providers_the_model_serves_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

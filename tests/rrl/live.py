@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +78,26 @@ async def until(
             log = [] if explain is None else [log_line(d) for d in explain.policy.history]
             raise AssertionError(f"{what}: not within {timeout_s:g}s\n" + "\n".join(log))
         await asyncio.sleep(0.05)
+
+
+async def load_until(
+    loads: Sequence[Coroutine[Any, Any, object]],
+    condition: Callable[[], bool],
+    what: str,
+    explain: ModelAgent | None = None,
+) -> None:
+    """Run ``loads`` (``poisson_load`` calls counting into their ``statuses``) until
+    ``condition`` holds or every load has ended, then cancel what is still running. A load that
+    failed before that fails the caller; the condition itself is the caller's to assert."""
+    tasks = [asyncio.create_task(load) for load in loads]
+    try:
+        await until(lambda: condition() or all(t.done() for t in tasks), what, explain=explain)
+    finally:
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
 
 
 async def poisson_load(

@@ -22,7 +22,13 @@ from rrl.agent.budget import CoreBudget, threads_of
 from rrl.agent.decisions import Decision, Step
 from rrl.agent.model_agent import AgentSettings, ModelAgent
 from rrl.tuners.space import ConfigSpace
-from tests.rrl.live import DEADLINE_US, hand_built_agent, measurement, poisson_load, until
+from tests.rrl.live import (
+    DEADLINE_US,
+    hand_built_agent,
+    load_until,
+    measurement,
+    poisson_load,
+)
 
 GRID = ConfigSpace.for_machine(2, max_batch_size=16, max_timeout_ms=2.0)
 MODELS = ("sensor_mlp", "sensor_fusion")
@@ -128,18 +134,14 @@ async def test_two_agents_never_grow_into_cores_the_other_keeps_busy(
             # The loads run until both agents have measured a window and decided on it (10 s
             # or so when the machine is free; beside other work its windows come slower), and
             # at most a minute.
-            loads = [
-                asyncio.create_task(load(url, MODELS[0], 150, 60, results[0])),
-                asyncio.create_task(load(url, MODELS[1], 60, 60, results[1])),
-            ]
-            await until(
-                lambda: all(measured(a) for a in agents) or all(job.done() for job in loads),
+            await load_until(
+                [
+                    load(url, MODELS[0], 150, 60, results[0]),
+                    load(url, MODELS[1], 60, 60, results[1]),
+                ],
+                lambda: all(measured(a) for a in agents),
                 "a measured decision of each agent",
             )
-            for job in loads:
-                job.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await job  # a load that failed before it was cancelled fails the test
         finally:
             for t in tasks:
                 t.cancel()

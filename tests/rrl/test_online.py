@@ -7,7 +7,6 @@ virtual time (``tests/rrl/test_scripted_agent.py``)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import time
@@ -29,6 +28,7 @@ from tests.rrl.live import (
     TINY,
     gateway,
     hand_built_agent,
+    load_until,
     measurement,
     poisson_load,
     running_agent,
@@ -76,18 +76,12 @@ async def test_the_gate_tries_only_what_it_predicts_a_clear_gain_for(
         # or so here when the machine is free; beside other work the windows come slower), and
         # at most a minute.
         statuses: dict[int, int] = {}
-        load = asyncio.create_task(poisson_load(url, rate_per_s=120, seconds=60, statuses=statuses))
-        await until(
-            lambda: (
-                any(d.gate is not None and d.gate.considered for d in agent.policy.history)
-                or load.done()
-            ),
+        await load_until(
+            [poisson_load(url, rate_per_s=120, seconds=60, statuses=statuses)],
+            lambda: any(d.gate is not None and d.gate.considered for d in agent.policy.history),
             "a gate verdict that considered candidates",
             explain=agent,
         )
-        load.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await load
         state = await tuner_state(url)
         async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as r:
             metrics = await r.text()
@@ -134,14 +128,12 @@ async def test_a_clear_predicted_gain_is_tried_compared_fairly_and_kept(
         url = f"http://127.0.0.1:{gw.http_port}"
         async with running(gw, WAITING) as agent:
             statuses: dict[int, int] = {}
-            load = asyncio.create_task(
-                poisson_load(url, rate_per_s=BUSY_RPS, seconds=40, statuses=statuses)
+            await load_until(
+                [poisson_load(url, rate_per_s=BUSY_RPS, seconds=40, statuses=statuses)],
+                lambda: "accept" in kinds(agent),
+                "a trial accepted",
             )
-            await until(lambda: "accept" in kinds(agent) or load.done(), "a trial accepted")
             assert "accept" in kinds(agent), "\n".join(log_line(d) for d in agent.policy.history)
-            load.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await load
             knobs = gw.service.knobs("sensor_mlp")
     history = list(agent.policy.history)
     accepted = next(i for i, d in enumerate(history) if d.kind == "accept")
