@@ -375,7 +375,7 @@ async def admin_knobs(request: web.Request) -> web.Response:
     tuning = request.app.get(TUNING_KEY)
     if tuning is not None and view.name in tuning.agents:
         # An operator's explicit setting is not overridden behind their back.
-        tuning.set_paused(view.name, True, why="knobs set by hand")
+        tuning.set_by_hand(view.name)
         body_out["tuner"] = "paused"
     return _json(body_out)
 

@@ -2,7 +2,8 @@
 
 When it starts, the agent applies ``AgentSettings.start`` (the gateway passes the expert
 default, ``rrl.tuners.space.expert_default``): that is the first incumbent, what a practitioner
-would configure. The agent's first duty is to do no harm, so it leaves the incumbent only on a bet
+would configure; knobs an operator set before then are kept instead (``set_by_hand``). The
+agent's first duty is to do no harm, so it leaves the incumbent only on a bet
 it can check. Each decision interval it
 
 1. feeds the queueing model (``rrl.agent.queueing``) the batch service times the gateway measured
@@ -112,6 +113,7 @@ class ModelAgent:
         self._model_pool = model_pool
         self.paused = False
         """Knobs set by hand: the agent watches the load and changes nothing."""
+        self._set_by_hand = False
         self.prior_states = 0
         self._listener = listener
         self._cpu_clock = cpu_clock
@@ -126,6 +128,9 @@ class ModelAgent:
         """Decide, apply, measure, learn; forever (until cancelled). One failing interval is
         logged and the loop goes on: the agent must never take the gateway down with it."""
         policy = self.policy
+        # First, before the seconds the priors and the model's process take: knobs an
+        # operator sets after this are theirs (``set_by_hand``), not overridden by the start.
+        await self._apply_start()
         if self._priors is not None:
             try:
                 priors = await asyncio.to_thread(
@@ -148,7 +153,6 @@ class ModelAgent:
     async def _run(self, pool: Executor) -> None:
         # Start the model's process now, not in the first burst.
         await asyncio.get_running_loop().run_in_executor(pool, int)
-        await self._apply_start()
         self.policy.begin(self._in_effect())
         self._last_tick = self._clock()
         self._snapshot = self._build_snapshot()
@@ -165,9 +169,20 @@ class ModelAgent:
     def _in_effect(self) -> Knobs:
         return current_config(self.control, self.model, self.space)
 
+    def set_by_hand(self) -> None:
+        """An operator set the model's knobs: the agent pauses, and a start configuration it
+        has not applied yet never is. An agent applied its start only after loading its priors
+        and starting the model's process, seconds in which knobs set by hand and the agent
+        resumed were replaced by the start (every poor start of ``iotgw bench find``)."""
+        self.paused = True
+        self._set_by_hand = True
+
     async def _apply_start(self) -> None:
         start = self.settings.start
         if start is None:
+            return
+        if self._set_by_hand:
+            log.info("tuner %s: knobs set by hand before it started: kept", self.model)
             return
         try:
             await self.control.set_knobs(self.model, None, self.space.snap(start))
@@ -263,9 +278,9 @@ class ModelAgent:
         end = self._clock() + seconds
         while self._clock() < end:
             await self._sleep(self.settings.tick_s)
-            current = self.policy.current
-            if await self._tick() == "state" and current is not None:
-                self.policy.workload_changed(current, False)
+            # What is in effect: knobs may have been set by hand since the rule last applied.
+            if await self._tick() == "state" and self.policy.current is not None:
+                self.policy.workload_changed(self._in_effect(), False)
 
     async def _tick(self) -> str | None:
         """Feed the rule the arrivals since the last tick; "state" if the workload state

@@ -230,3 +230,64 @@ def test_a_worse_candidate_is_reverted_within_one_window() -> None:
     assert (history[tried[0] + 1].kind, history[tried[0] + 1].config) == ("revert", start)
     assert gateway.knobs("m") == start and agent.policy.incumbent == start
     assert agent.policy.memory.was_rejected(agent.policy._key(), worse)
+
+
+def test_knobs_set_by_hand_before_the_agent_applied_its_start_are_kept() -> None:
+    """An operator sets the knobs and resumes the agent before it has applied its start (the
+    start waits for nothing the operator can see): the operator's knobs are the incumbent the
+    load meets, not the start configuration, and the first state's decision names them."""
+    clock = VirtualClock()
+    configured, expert = Knobs(16, 1.0, 1, 1, 1), Knobs(32, 0.0, 1, 1, 1)
+    by_hand = Knobs(64, 8.0, 2, 2, 1)
+    gateway = ScriptedGateway(
+        clock, configured, two_cores, OpenLoop(lambda t: 0.0 if t < 5.0 else 600.0, seed=3)
+    )
+    agent = agent_for(gateway, clock, start=expert)
+
+    async def scenario() -> None:
+        await gateway.set_knobs("m", None, by_hand)
+        agent.set_by_hand()
+        agent.paused = False  # resumed at once: the agent decides from here on
+        await run_agent(agent, clock, 8.0)
+
+    asyncio.run(scenario())
+    assert expert not in [k for _, k in gateway.knob_changes], gateway.knob_changes
+    first = next(d for d in agent.policy.history if d.kind == "workload")
+    assert first.config == by_hand, agent.policy.history
+    assert agent.policy.incumbent == by_hand
+
+
+def test_the_start_replaces_the_configured_knobs_when_nobody_set_any() -> None:
+    """Without an operator, the load meets the start configuration."""
+    clock = VirtualClock()
+    configured, expert = Knobs(16, 1.0, 1, 1, 1), Knobs(32, 0.0, 1, 1, 1)
+    gateway = ScriptedGateway(clock, configured, two_cores, OpenLoop(lambda t: 600.0, seed=3))
+    agent = agent_for(gateway, clock, start=expert)
+    asyncio.run(run_agent(agent, clock, 3.0))
+    assert gateway.knob_changes[0][1] == configured and gateway.knob_changes[1][1] == expert
+    first = next(d for d in agent.policy.history if d.kind == "workload")
+    assert first.config == expert
+
+
+def test_a_state_that_changes_while_paused_is_logged_with_the_knobs_set_by_hand() -> None:
+    """The operator sets knobs (pausing the agent) under 200/s; the load rises to 600/s
+    while the agent is paused: the decision that records the new state names what serves it,
+    the operator's knobs, not the configuration the agent last applied."""
+    clock = VirtualClock()
+    start, by_hand = Knobs(32, 0.0, 1, 1, 1), Knobs(8, 2.0, 2, 1, 1)
+    gateway = ScriptedGateway(
+        clock, start, two_cores, OpenLoop(lambda t: 200.0 if t < 20.0 else 600.0, seed=5)
+    )
+    agent = agent_for(gateway, clock, start=start)
+    decided_before: list[int] = []
+
+    async def operator() -> None:
+        await gateway.set_knobs("m", None, by_hand)
+        agent.set_by_hand()
+        decided_before.append(len(agent.policy.history))
+
+    asyncio.run(run_agent(agent, clock, 30.0, at=[(10.0, operator)]))
+    (paused_at,) = decided_before
+    later = [d for d in list(agent.policy.history)[paused_at:] if d.kind == "workload"]
+    assert [d.config for d in later] == [by_hand], agent.policy.history
+    assert gateway.knobs("m") == by_hand
