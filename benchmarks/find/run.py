@@ -21,6 +21,7 @@ from benchmarks.find.plan import (
     Start,
     static_grid,
 )
+from benchmarks.servers import admin_request
 from benchmarks.tuner.run import build_repo
 from models.knobs import Knobs
 from models.repository import ModelVersion, scan_repository
@@ -242,6 +243,10 @@ def agent_run(
             measure.start_agent_at(base, model, start.knobs)
         if start.path:
             walk_path(plan, base, model, body, load)
+        # What the load meets: the start's knobs, or after the path what the agent chose. In
+        # runs 6-41 the agent replaced every poor start with its own before the load came
+        # (``ModelAgent.set_by_hand`` has why); this line in the file shows it cannot again.
+        _, at_load = admin_request("GET", f"{base}/admin/models/{model}/knobs", timeout_s=10)
         before = plan.run_s - plan.measured_s
         if load.kind == "closed":
             c = int(load.level)
@@ -270,7 +275,14 @@ def agent_run(
                 "send_lag_ms": summary.get("send_lag_ms"),
             }
         state = measure.agent_state(base, model)
-    return {"load": load.name, "start": start.name, "repeat": repeat, **figures, **state}
+    return {
+        "load": load.name,
+        "start": start.name,
+        "repeat": repeat,
+        "knobs_at_load": at_load["knobs"],
+        **figures,
+        **state,
+    }
 
 
 def adjacent_static(

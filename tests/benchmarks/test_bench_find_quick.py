@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.find.measure import LOGGED_KINDS
+from benchmarks.find.plan import QUICK
 from tests.benchmarks.bench_process import run_bench
 
 pytestmark = pytest.mark.slow
@@ -64,8 +65,15 @@ def test_quick_find_writes_every_figure_with_its_floor(tmp_path: Path) -> None:
     assert {(r["load"], r["start"]) for r in agents} == {
         (load, start) for load in loads for start in ("default", "batch1")
     }
+    starts = {s.name: s for s in QUICK.starts}
     for r in agents:
         assert r["final_knobs"] and r["decisions"], r
+        # The load met the start's knobs, not the agent's own start configuration: the
+        # decision that records the load's first state names what served it.
+        start = starts[r["start"]].knobs
+        if start is not None:
+            assert r["knobs_at_load"] == start.as_dict(), r["knobs_at_load"]
+            assert (r["log"][0]["kind"], r["log"][0]["knobs"]) == ("workload", start.as_dict())
         # The load's best static, measured twice right after the run on a static gateway.
         if static["best"][r["load"]]["knobs"] is not None:
             pair = r["adjacent_static"]
