@@ -243,9 +243,8 @@ def agent_run(
             measure.start_agent_at(base, model, start.knobs)
         if start.path:
             walk_path(plan, base, model, body, load)
-        # What the load meets: the start's knobs, or after the path what the agent chose. In
-        # runs 6-41 the agent replaced every poor start with its own before the load came
-        # (``ModelAgent.set_by_hand`` has why); this line in the file shows it cannot again.
+        # What the load meets: in runs 6-41 the agent had replaced every poor start with its
+        # own (``ModelAgent.set_by_hand`` has why); the file now shows it.
         _, at_load = admin_request("GET", f"{base}/admin/models/{model}/knobs", timeout_s=10)
         before = plan.run_s - plan.measured_s
         if load.kind == "closed":
