@@ -3,8 +3,8 @@
 When it starts, the agent applies ``AgentSettings.start`` (the gateway passes the expert
 default, ``rrl.tuners.space.expert_default``): that is the first incumbent, what a practitioner
 would configure; knobs an operator set before then are kept instead (``set_by_hand``). The
-agent's first duty is to do no harm, so it leaves the incumbent only on a bet
-it can check. Each decision interval it
+agent's first duty is to do no harm, so it leaves the incumbent only on a bet it can check.
+Each decision interval it
 
 1. feeds the queueing model (``rrl.agent.queueing``) the batch service times the gateway measured
    under the running threads, and describes the arrivals (rate, burstiness, rows);
