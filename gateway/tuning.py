@@ -280,10 +280,8 @@ class TuningService:
     def set_by_hand(self, model: str) -> None:
         """An operator set ``model``'s knobs: its agent pauses and keeps them, its start
         configuration included (``ModelAgent.set_by_hand``)."""
-        agent = self.agent(model)
-        if not agent.paused:
-            log.info("tuner %s paused (knobs set by hand)", model)
-        agent.set_by_hand()
+        self.set_paused(model, True, why="knobs set by hand")
+        self.agent(model).set_by_hand()
 
     def set_paused(self, model: str, paused: bool, *, why: str) -> None:
         agent = self.agent(model)

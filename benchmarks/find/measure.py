@@ -195,6 +195,12 @@ def open_capacity(
     return 0.0, probes
 
 
+def knobs_in_effect(base: str, model: str) -> dict[str, Any]:
+    """The knobs ``model`` is served with now."""
+    _, doc = admin_request("GET", f"{base}/admin/models/{model}/knobs", timeout_s=10)
+    return dict(doc["knobs"])
+
+
 def wait_for_agent(base: str, model: str, timeout_s: float = 120.0) -> None:
     """Until the gateway's agent for ``model`` has started (its state answers)."""
     deadline = time.monotonic() + timeout_s
@@ -242,9 +248,8 @@ def agent_state(base: str, model: str) -> dict[str, Any]:
         for d in decisions
         if d["kind"] in LOGGED_KINDS
     ]
-    _, knobs = admin_request("GET", f"{base}/admin/models/{model}/knobs", timeout_s=10)
     return {
-        "final_knobs": knobs["knobs"],
+        "final_knobs": knobs_in_effect(base, model),
         "decisions": kinds,
         "evidence": snap.get("evidence"),
         "explored": [d["config"] for d in decisions if d["kind"] == "explore"],

@@ -21,7 +21,6 @@ from benchmarks.find.plan import (
     Start,
     static_grid,
 )
-from benchmarks.servers import admin_request
 from benchmarks.tuner.run import build_repo
 from models.knobs import Knobs
 from models.repository import ModelVersion, scan_repository
@@ -245,7 +244,7 @@ def agent_run(
             walk_path(plan, base, model, body, load)
         # What the load meets: in runs 6-41 the agent had replaced every poor start with its
         # own (``ModelAgent.set_by_hand`` has why); the file now shows it.
-        _, at_load = admin_request("GET", f"{base}/admin/models/{model}/knobs", timeout_s=10)
+        at_load = measure.knobs_in_effect(base, model)
         before = plan.run_s - plan.measured_s
         if load.kind == "closed":
             c = int(load.level)
@@ -278,7 +277,7 @@ def agent_run(
         "load": load.name,
         "start": start.name,
         "repeat": repeat,
-        "knobs_at_load": at_load["knobs"],
+        "knobs_at_load": at_load,
         **figures,
         **state,
     }
