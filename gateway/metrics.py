@@ -69,6 +69,13 @@ class GatewayMetrics:
             ["transport", "reason"],
             registry=r,
         )
+        self.refusals_paced = Counter(
+            "iotgw_refusals_paced",
+            "Refusals for load held before they were sent, because the same connection was "
+            "refused less than http.refusal_pace_s before (a client ignoring Retry-After).",
+            ["transport"],
+            registry=r,
+        )
         self.queue_seconds = Histogram(
             "iotgw_queue_seconds",
             "Time a request waited in its model's queue.",

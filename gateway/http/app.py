@@ -27,6 +27,7 @@ from gateway.core import ServingCore
 from gateway.edge import Edge
 from gateway.errors import BadRequest, ModelUnavailable, NotFound, PayloadTooLarge, Unauthorized
 from gateway.http import dashboard, repository_api, security
+from gateway.http.refusal_pace import REFUSAL_PACE_KEY, refusal_pace
 from gateway.inference_stats import report
 from gateway.lifecycle import Readiness, models_check
 from gateway.service import InferenceService
@@ -62,8 +63,8 @@ def _error_response(status: int, message: str, retry_after: float | None = None)
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every failure ends as an error reply (the edge maps and counts it); none reaches aiohttp,
-    whose own 500 page would carry a traceback."""
+    """Every failure ends as an error reply (the edge maps and counts it; a refusal for load
+    is paced per connection); none reaches aiohttp, whose 500 page would carry a traceback."""
     try:
         return await handler(request)
     except web.HTTPRequestEntityTooLarge:
@@ -85,6 +86,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     err = request.app[EDGE_KEY].reject(
         exc, phase="infer", model=request.match_info.get("model", "")
     )
+    await request.app[REFUSAL_PACE_KEY].hold(request.transport, err.retry_after)
     return _error_response(err.status, err.message, err.retry_after)
 
 
@@ -463,6 +465,7 @@ def build_app(
         readiness.require(models_check(service.registry))
     app[READINESS_KEY] = readiness
     app[EDGE_KEY] = Edge(service=service, executor=executor, limits=limits, transport=TRANSPORT)
+    app[REFUSAL_PACE_KEY] = refusal_pace(settings, service.metrics)
     security.install(app, settings, service.metrics)  # tokens, connection cap, body deadline
     if tuning is not None:
         app[TUNING_KEY] = tuning

@@ -29,6 +29,7 @@ from gateway.http.app import (
     add_inference_routes,
     error_middleware,
 )
+from gateway.http.refusal_pace import REFUSAL_PACE_KEY, refusal_pace
 from gateway.ingest import proxy
 from gateway.ingest.remote import RemoteService
 from gateway.lifecycle import InFlight
@@ -66,6 +67,7 @@ class IngestProcess:
         app = web.Application(client_max_size=http.max_body_bytes, middlewares=[error_middleware])
         app[SETTINGS_KEY] = http
         app[EDGE_KEY] = self.edge("http")
+        app[REFUSAL_PACE_KEY] = refusal_pace(http, self.remote.metrics)
         app[CORE_KEY] = self.remote
         app.middlewares.append(self.in_flight.middleware)
         http_security.install(app, http, self.remote.metrics)

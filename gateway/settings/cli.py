@@ -42,6 +42,7 @@ FLAG_NAMES: dict[tuple[str, str], str] = {
     ("http", "port"): "--http-port",
     ("http", "read_timeout_s"): "--read-timeout",
     ("http", "keepalive_timeout_s"): "--keepalive-timeout",
+    ("http", "refusal_pace_s"): "--refusal-pace",
     ("grpc", "enabled"): "--grpc",  # and --no-grpc
     ("serving", "shutdown_grace_s"): "--shutdown-grace",
     ("mqtt", "enabled"): "--mqtt",  # and --no-mqtt, the form scripts use

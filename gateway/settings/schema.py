@@ -85,6 +85,14 @@ class HttpSettings(BaseModel):
         description="An idle connection is closed after this long; also the time a new "
         "connection has to send its first request head.",
     )
+    refusal_pace_s: float = Field(
+        0.25,
+        ge=0,
+        description="A connection refused for load (a full queue, an unmeetable deadline, the "
+        "byte budget: 503 or 429 with Retry-After) and refused again less than this after is "
+        "sent that refusal only this long after the first: clients that send again at once "
+        "cannot take the cores from the batches with refusals (0: every refusal at once).",
+    )
 
     @model_validator(mode="after")
     def _check_security(self) -> HttpSettings:

@@ -204,3 +204,49 @@ async def test_a_request_admission_would_refuse_is_refused_before_its_body_is_de
         assert counted[("iotgw_rejections_total", None, "deadline")] == 2
         assert counted[("iotgw_requests_total", "deadline", None)] == 2
         assert host.stats().rejected == 2
+
+
+def _paced(metrics: str) -> float:
+    return sum(
+        value
+        for name, labels, value in metric_samples(metrics)
+        if name == "iotgw_refusals_paced_total" and labels == {"transport": "http"}
+    )
+
+
+async def test_a_connection_refused_again_at_once_gets_its_refusal_paced(
+    http: aiohttp.ClientSession, url: str, gateway: Gateway, reference: Reference
+) -> None:
+    """A client that ignores Retry-After and sends again at once on the same connection is
+    refused again only after ``http.refusal_pace_s``: its first refusal goes at once, its
+    second is held (the metric counts it), and another connection's first is not; a request
+    that can be served on the paced connection still is."""
+    rng = np.random.default_rng(11)
+    image16 = random_inputs(reference.metadata("vision_cnn"), 16, rng)
+    status, _, _ = await infer_binary(http, url, "vision_cnn", image16)  # the pace known
+    assert status == 200
+    per_batch_s = gateway.service.registry.host("vision_cnn")._batcher.service_time.predict(16)
+    assert per_batch_s is not None
+    short_us = max(1, int(per_batch_s * 1e6 / 4))  # refused on admission, with a retry hint
+
+    async def paced() -> float:
+        return _paced(await (await http.get(f"{url}/metrics")).text())
+
+    one = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))  # one connection
+    other = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
+    async with one, other:
+        before = await paced()
+        status, reply, headers = await _post_binary(one, url, "vision_cnn", image16, short_us)
+        assert status == 503 and "Retry-After" in headers, reply
+        assert await paced() == before  # the first refusal on the connection: at once
+        status, reply, headers = await _post_binary(one, url, "vision_cnn", image16, short_us)
+        assert status == 503 and "Retry-After" in headers, reply
+        assert await paced() == before + 1  # again at once: held
+        status, reply, _ = await _post_binary(other, url, "vision_cnn", image16, short_us)
+        assert status == 503, reply
+        assert await paced() == before + 1  # another connection's first: at once
+        status, outputs, _ = await _post_binary(one, url, "vision_cnn", image16, 60_000_000)
+        assert status == 200, outputs
+        np.testing.assert_array_equal(
+            outputs["probabilities"], reference.infer("vision_cnn", image16)["probabilities"]
+        )
