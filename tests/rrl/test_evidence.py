@@ -1441,3 +1441,37 @@ def test_a_closed_loop_trials_last_look_asks_less_than_its_earlier_ones() -> Non
     diffs, _ = trial.differences(as_measured)
     gain, error = -sum(diffs) / len(diffs), trial.spread(diffs) / math.sqrt(len(diffs))
     assert LAST_LOOK_Z * error < gain < EARLY_LOOK_Z * error
+
+
+def yield_trial(baseline: list[float]) -> Trial:
+    """A core budget's yield from INCUMBENT to one thread, kept below J 30 (the SLO)."""
+    return Trial(
+        INCUMBENT,
+        Knobs(4, 0.0, 1, 1, 1),
+        tuple(Window(INCUMBENT, v, 300.0) for v in baseline),
+        interleave=False,
+        margin=0.1,
+        accept_below=30.0,
+    )
+
+
+def test_a_yield_beyond_the_slo_goes_back_only_from_an_incumbent_within_it_or_better() -> None:
+    """The core budget's yield is kept unless it violates the SLO; from an incumbent that
+    violates it too (more threads than the cores, a storm), unless it measured worse than the
+    incumbent's baseline by the margin."""
+    candidate = Knobs(4, 0.0, 1, 1, 1)
+
+    def verdicts(baseline: list[float], values: list[float]) -> list[str | None]:
+        trial, out = yield_trial(baseline), []
+        for v in values:
+            outcome = trial.record(candidate, v, 300.0, lambda c, j, seen, common: j)
+            out.append(None if outcome is None else outcome.verdict)
+            if outcome is not None:
+                break
+        return out
+
+    assert verdicts([20.0, 21.0], [40.0]) == ["revert"]  # the incumbent met the SLO
+    assert verdicts([20.0, 21.0], [25.0, 28.0]) == [None, "accept"]
+    assert verdicts([80.0, 78.0], [60.0, 85.0]) == [None, "accept"]  # both beyond, no worse
+    assert verdicts([80.0, 78.0], [95.0]) == ["revert"]  # worse than 79 by more than 10%
+    assert verdicts([], [40.0]) == ["revert"]
