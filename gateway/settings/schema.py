@@ -89,7 +89,7 @@ class HttpSettings(BaseModel):
         0.25,
         ge=0,
         description="A connection refused for load (a full queue, an unmeetable deadline, the "
-        "byte budget: 503 or 429 with Retry-After) and refused again less than this after is "
+        "byte budget: 503 with Retry-After) and refused again less than this after is "
         "sent that refusal only this long after the first: clients that send again at once "
         "cannot take the cores from the batches with refusals (0: every refusal at once).",
     )
