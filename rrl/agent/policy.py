@@ -515,10 +515,20 @@ class Policy:
         )
 
     def _keeps_on_tie(self, candidate: Knobs) -> bool:
-        """Whether ``candidate`` only shortens the incumbent's nonzero batch timeout and the
-        closed-loop simulation predicts it no slower (``_shorter_wait``)."""
+        """Whether ``candidate`` is kept unless it measures slower (``Trial.keep_on_tie``):
+        one within the cores against an incumbent that runs more threads than there are
+        cores, or one that only shortens the incumbent's nonzero batch timeout and the
+        closed-loop simulation predicts no slower (``_shorter_wait``). More threads than
+        cores take time from everything else on the box (the event loop, the other models),
+        so a trial that cannot tell the two apart should not keep them: run 46's wide start
+        kept four instances of two threads on two cores for 60 s over one instance of two
+        threads that led it by 7%, short of a margin of 8.5%."""
         inc = self.incumbent
-        if inc is None or not self.load_kind.closed:
+        if inc is None:
+            return False
+        if threads_of(inc) > self.cores >= threads_of(candidate):
+            return True
+        if not self.load_kind.closed:
             return False
         if not 0 < candidate.batch_timeout_ms < inc.batch_timeout_ms:
             return False
@@ -1132,7 +1142,7 @@ class Policy:
         further = beyond(self.space, trial.incumbent, trial.candidate, self.cores)
         if led and further is not None:  # well ahead, not by the margin: one notch on
             self._further.setdefault(key, []).append(further)
-        elif searched and trial.keep_on_tie:
+        elif searched and trial.keep_on_tie and _only_shortens(trial.candidate, trial.incumbent):
             # A shorter timeout was tried for a tie the simulation predicted, not for a gain:
             # its loss says the simulation's tie does not hold here, so no shorter timeout is
             # tried again in this state, and the search's patience is kept for gains (run 43:
@@ -1286,6 +1296,14 @@ class Policy:
         if self._on_record is not None:
             self._on_record(decision)
         return decision
+
+
+def _only_shortens(candidate: Knobs, incumbent: Knobs) -> bool:
+    """Whether ``candidate`` is ``incumbent`` with a shorter batch timeout."""
+    return (
+        candidate.batch_timeout_ms < incumbent.batch_timeout_ms
+        and candidate.with_changes({"batch_timeout_ms": incumbent.batch_timeout_ms}) == incumbent
+    )
 
 
 def _or_inf(value: float | None) -> float:

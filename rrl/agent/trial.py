@@ -137,7 +137,8 @@ class Trial:
     above this objective (violating the SLO) and, where the incumbent's baseline violates it
     too, worse than that baseline by the margin (``_for_budget``)."""
     keep_on_tie: bool = False
-    """A shorter batch timeout predicted no slower: kept unless it measures slower."""
+    """Kept unless it measures slower: a shorter batch timeout predicted no slower, or a
+    configuration within the cores against an incumbent beyond them (``Policy._keeps_on_tie``)."""
     max_windows: int = 8
     """Windows a trial extended round by round may run at most."""
     by_pairs: bool = False
@@ -305,12 +306,12 @@ class Trial:
         margin: float,
     ) -> Outcome:
         """The trial's end: kept or not, and why. ``cleared``: the gain cleared what it had to
-        (a candidate kept without that is a shorter timeout kept on a tie); ``measured``: the
+        (a candidate kept without that is kept on a tie); ``measured``: the
         candidate's and the incumbent's objectives and the common rate they were read at."""
         cand, inc, common = measured
         what = f"not better {short_of}: incumbent kept"
         if accepted:
-            what = "better: kept" if cleared else "no slower, with a shorter timeout: kept"
+            what = "better: kept" if cleared else "no slower, kept on a tie"
         return Outcome(
             "accept" if accepted else "reject",
             cand,

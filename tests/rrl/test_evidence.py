@@ -1475,3 +1475,30 @@ def test_a_yield_beyond_the_slo_goes_back_only_from_an_incumbent_within_it_or_be
     assert verdicts([80.0, 78.0], [60.0, 85.0]) == [None, "accept"]  # both beyond, no worse
     assert verdicts([80.0, 78.0], [95.0]) == ["revert"]  # worse than 79 by more than 10%
     assert verdicts([], [40.0]) == ["revert"]
+
+
+def test_within_the_cores_is_kept_on_a_tie_against_an_incumbent_beyond_them() -> None:
+    """Four instances of two threads on two cores: a candidate within the cores is kept unless
+    it measures slower (a lead short of the margin keeps it), and losing such a trial is a loss
+    for the search's patience, not a shorter timeout's."""
+    policy = calibrated_policy()
+    crowded, within = Knobs(32, 0.0, 4, 2, 1), Knobs(32, 0.0, 1, 2, 1)
+    policy.incumbent = policy.current = crowded
+    assert policy._keeps_on_tie(within)
+    assert not policy._keeps_on_tie(Knobs(32, 0.0, 2, 2, 1))  # four threads: beyond them too
+    policy.incumbent = policy.current = within
+    assert not policy._keeps_on_tie(Knobs(32, 0.0, 2, 1, 1))  # from within the cores: no tie
+    policy.incumbent = policy.current = crowded
+    policy._baseline.extend([Window(crowded, 10.0, 300.0)] * 3)
+    for lead, kept in ((0.97, True), (1.2, False)):
+        policy.incumbent = policy.current = crowded
+        key = policy._key()
+        policy.memory.rejected.get(key, set()).discard(within)
+        policy._search_trial_in = key
+        policy.trial = Trial(crowded, within, (), interleave=True, margin=0.2, keep_on_tie=True)
+        for config in (within, crowded, within):
+            policy._trial_window(config, 10.0 * lead if config == within else 10.0, window(10.0))
+        assert policy.trial is None
+        assert (policy.incumbent == within) is kept
+        if not kept:
+            assert policy._losing.get(key) == 1 and key not in policy._tie_lost
