@@ -21,11 +21,20 @@ _TAIL: Final = 4000
 _DUMP_S: Final = 10.0
 
 
-def _tail(stream: str | bytes | None) -> str:
+def _tail(stream: str | bytes | None, chars: int = _TAIL) -> str:
     if stream is None:
         return ""
     text = stream.decode(errors="replace") if isinstance(stream, bytes) else stream
-    return text[-_TAIL:]
+    return text[-chars:]
+
+
+def _stacks(stderr: str | bytes | None) -> str:
+    """The thread stacks faulthandler wrote on SIGABRT, whole: without the one line listing
+    the extension modules loaded, which alone filled the tail and hid every stack (a hang of
+    ``iotgw profile --quick`` in a clean clone's CI left only its main thread's last frames)."""
+    text = _tail(stderr, chars=10**9)
+    kept = [line for line in text.splitlines() if not line.startswith("Extension modules:")]
+    return _tail("\n".join(kept), chars=4 * _TAIL)
 
 
 def run_bench(
@@ -56,7 +65,7 @@ def run_bench(
                 stdout, stderr = proc.communicate()
             pytest.fail(
                 f"{' '.join(args)} ran past {limit_s:.0f} s\n"
-                f"stdout: {_tail(stdout)}\nstderr: {_tail(stderr)}"
+                f"stdout: {_tail(stdout)}\nstderr: {_stacks(stderr)}"
             )
     if proc.returncode != 0:
         pytest.fail(
