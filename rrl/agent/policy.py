@@ -530,9 +530,7 @@ class Policy:
             return True
         if not self.load_kind.closed:
             return False
-        if not 0 < candidate.batch_timeout_ms < inc.batch_timeout_ms:
-            return False
-        if candidate.with_changes({"batch_timeout_ms": inc.batch_timeout_ms}) != inc:
+        if candidate.batch_timeout_ms <= 0 or not _only_shortens(candidate, inc):
             return False
         return bool(self._no_slower([candidate]))
 

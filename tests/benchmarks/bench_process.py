@@ -21,20 +21,23 @@ _TAIL: Final = 4000
 _DUMP_S: Final = 10.0
 
 
-def _tail(stream: str | bytes | None, chars: int = _TAIL) -> str:
+def _text(stream: str | bytes | None) -> str:
     if stream is None:
         return ""
-    text = stream.decode(errors="replace") if isinstance(stream, bytes) else stream
-    return text[-chars:]
+    return stream.decode(errors="replace") if isinstance(stream, bytes) else stream
+
+
+def _tail(stream: str | bytes | None) -> str:
+    return _text(stream)[-_TAIL:]
 
 
 def _stacks(stderr: str | bytes | None) -> str:
     """The thread stacks faulthandler wrote on SIGABRT, whole: without the one line listing
     the extension modules loaded, which alone filled the tail and hid every stack (a hang of
     ``iotgw profile --quick`` in a clean clone's CI left only its main thread's last frames)."""
-    text = _tail(stderr, chars=10**9)
-    kept = [line for line in text.splitlines() if not line.startswith("Extension modules:")]
-    return _tail("\n".join(kept), chars=4 * _TAIL)
+    lines = _text(stderr).splitlines()
+    kept = [line for line in lines if not line.startswith("Extension modules:")]
+    return "\n".join(kept)[-4 * _TAIL :]
 
 
 def run_bench(
