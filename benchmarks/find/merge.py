@@ -7,8 +7,9 @@ with that run's noise floor: a load is taken whole from one part, statics and ag
 together, and a load two parts measured is refused rather than chosen. The parts must have run
 the same serving code: the same commit, or commits between which nothing the benchmark runs
 changed (the gateway, the agent, the models, the simulator and the benchmark itself; docs,
-any ``.md`` file, and results files may differ). A part that took its statics from another
-file, a quick run, or one run from a checkout with uncommitted changes is refused.
+any ``.md`` file, results files and this module may differ). A part that took its statics
+from another file, a quick run, or one run from a checkout with uncommitted changes is
+refused.
 
     python -m benchmarks.find.merge --out benchmarks/results/tuner_find.json PART.json ...
 """
@@ -35,6 +36,7 @@ SERVING_CODE = (
     "benchmarks",
     ":(exclude)benchmarks/results",
     ":(exclude)*.md",
+    ":(exclude)benchmarks/find/merge.py",  # runs after the measurements, on their files
     "pyproject.toml",
 )
 """What a part's figures depend on: a commit that changed none of these measures the same."""
