@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import pytest
 
 from benchmarks.find import report
 from benchmarks.find.merge import MergeRefused, cli, merge, same_serving_code
+from tests.benchmarks.git_repo import git
 
 # vision_cnn at 8 and 128 connections, statics and agent runs in one run.
 TWO_LOADS = Path(__file__).resolve().parents[2] / "benchmarks/results/tuner_find_run43.json"
@@ -86,16 +86,6 @@ def test_a_part_that_is_not_one_committed_full_run_is_refused(
             doc[key] = value
     with pytest.raises(MergeRefused, match=reason):
         merge([("x.json", doc)])
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
-        cwd=repo,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
 
 
 def commit(repo: Path, path: str, text: str) -> str:

@@ -4,7 +4,6 @@ and a target the noise floor cannot resolve reported as such."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from benchmarks.common import source_commit
 from benchmarks.find.report import best_static, finalists, settle_s, summarize
 from benchmarks.wrk import parse_wrk
 from models.knobs import Knobs
+from tests.benchmarks.git_repo import git
 
 A, B, C = Knobs(32, 2.0, 1, 2, 1), Knobs(2, 0.0, 2, 1, 1), Knobs(1, 0.0, 1, 1, 1)
 
@@ -186,21 +186,12 @@ def test_iotgw_bench_find_takes_its_own_selection(capsys: pytest.CaptureFixture[
 def test_the_results_name_the_commit_they_ran_and_say_when_the_checkout_differed(
     tmp_path: Path,
 ) -> None:
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-
     assert source_commit(tmp_path) is None  # not a checkout
-    git("init", "-q")
+    git(tmp_path, "init", "-q")
     (tmp_path / "a.py").write_text("A = 1\n")
-    git("add", "a.py")
-    git("commit", "-qm", "one")
-    head = git("rev-parse", "--short", "HEAD")
+    git(tmp_path, "add", "a.py")
+    git(tmp_path, "commit", "-qm", "one")
+    head = git(tmp_path, "rev-parse", "--short", "HEAD")
     assert source_commit(tmp_path) == head
     (tmp_path / "notes.txt").write_text("untracked: not what runs\n")
     assert source_commit(tmp_path) == head
