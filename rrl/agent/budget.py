@@ -16,11 +16,12 @@ considers a candidate:
   at one thread each);
 - **yield**: a model whose candidates were held back by the budget says so (``want``), and the
   models together may come to keep more cores busy than there are (threads that were idle when
-  another model grew get busy again); then a model holding more than its allowance is asked to
-  come down to it (``should_yield``): its gate considers only candidates within its allowance
-  and tries the best one predicted to meet the SLO, which is kept unless it is measured
-  violating the SLO (the budget's joint objective: the cores go where the arrivals are, as
-  long as the model that gives them up stays within the SLO).
+  another model grew get busy again; the others keeping at least half a core busy, since a
+  model alone beyond the cores only time-slices its own threads); then a model holding more
+  than its allowance is asked to come down to it (``should_yield``): its gate considers only
+  candidates within its allowance and tries the best one predicted to meet the SLO, which is
+  kept unless it is measured violating the SLO (the budget's joint objective: the cores go
+  where the arrivals are, as long as the model that gives them up stays within the SLO).
 
 Threads beyond the cores only time-slice, so the cores the models keep busy, each at most its
 instances x intra-op threads, are what the budget bounds.
@@ -100,7 +101,11 @@ class CoreBudget:
         with self._lock:
             allowance = self._allowance(model)
             others_want = any(m != model for m in self._wants)
-            crowded = round(sum(self._busy.values())) > self.cores
+            # Crowded by other models: one alone beyond the cores only time-slices its own
+            # threads, which its gate weighs, and an idle model's reserved thread is no reason
+            # to give up a core it does not use.
+            others_busy = sum(b for m, b in self._busy.items() if m != model)
+            crowded = others_busy >= 0.5 and round(sum(self._busy.values())) > self.cores
             if (others_want or crowded) and self._claims.get(model, 0) > allowance:
                 return allowance
             return None

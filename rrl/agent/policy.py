@@ -771,7 +771,10 @@ class Policy:
         """The configuration in effect when the agent starts: the first incumbent."""
         self.current = self.incumbent = self._applied = config
         if self.budget is not None:
-            self.budget.report(self.model, config, 0.0)
+            # No arrivals yet, so no core kept busy: a model that never sees traffic must not
+            # count as crowding the cores (every other model's first move was a yield to one
+            # thread beside an idle model); its first measured window reports what it keeps busy.
+            self.budget.report(self.model, config, 0.0, busy_cores=0.0)
 
     def in_effect(self, config: Knobs) -> None:
         """The knobs in effect as an interval begins. Knobs set by hand meanwhile (not what

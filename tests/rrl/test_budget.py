@@ -21,6 +21,7 @@ from models.knobs import Knobs
 from rrl.agent.budget import CoreBudget, threads_of
 from rrl.agent.decisions import Decision, Step
 from rrl.agent.model_agent import AgentSettings, ModelAgent
+from rrl.agent.policy import Policy
 from rrl.tuners.space import ConfigSpace
 from tests.rrl.live import (
     DEADLINE_US,
@@ -249,6 +250,26 @@ def test_models_keeping_more_cores_busy_than_there_are_come_down_to_their_allowa
     # Threads unmeasured are counted busy, all of them.
     budget.report("c", THREE, 0.0)
     assert busy_cores(budget)["c"] == 3
+
+
+def test_a_model_that_never_saw_a_request_crowds_no_one() -> None:
+    """A model that has begun and seen no request keeps no core busy: beside it, a model on
+    both cores is not asked to give one up (before this, every wide and narrow start of the
+    tuner benchmark yielded to one thread half a second in, beside the model not under load).
+    Nor is a model alone beyond the cores: that only time-slices its own threads."""
+    budget = CoreBudget(2)
+    quiet = Policy("quiet", space=GRID, slo_ms=100.0, cores=2, budget=budget)
+    quiet.begin(Knobs(8, 0.0, 2, 1, 1))
+    assert busy_cores(budget) == {"quiet": 0.0}
+    budget.report("busy", Knobs(16, 0.0, 1, 2, 1), 300.0, busy_cores=1.8)
+    assert budget.should_yield("busy") is None
+    budget.report("busy", Knobs(16, 0.0, 4, 2, 1), 300.0, busy_cores=2.9)
+    assert budget.should_yield("busy") is None
+    # Once the quiet model keeps a core busy, the cores are crowded: down to the allowance.
+    budget.report("quiet", Knobs(8, 0.0, 2, 1, 1), 50.0, busy_cores=1.0)
+    assert budget.should_yield("busy") == budget.allowance("busy") == 1
+    budget.report("quiet", Knobs(8, 0.0, 2, 1, 1), 50.0, busy_cores=0.3)
+    assert budget.should_yield("busy") is None  # a trickle beside it: not crowded by it
 
 
 async def test_several_tuned_models_start_from_their_share_of_the_cores(
