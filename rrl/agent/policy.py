@@ -57,7 +57,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple
 
@@ -567,7 +567,8 @@ class Policy:
         )
         ranked = _new_forms(
             sorted(zip(theirs[: len(pool)], pool, strict=True), key=lambda h: _or_inf(h[0])),
-            [(mine, self.incumbent), *zip(theirs[len(pool) :], lost, strict=True)],
+            [(mine, self.incumbent)],
+            list(zip(theirs[len(pool) :], lost, strict=True)),
         )
         if not ranked:
             return None, (
@@ -1312,23 +1313,37 @@ def _or_inf(value: float | None) -> float:
 
 
 def _new_forms(
-    ranked: list[tuple[float | None, Knobs]], measured: list[tuple[float | None, Knobs]]
+    ranked: list[tuple[float | None, Knobs]],
+    measured: list[tuple[float | None, Knobs]],
+    lost: Sequence[tuple[float | None, Knobs]] = (),
 ) -> list[tuple[float | None, Knobs]]:
     """``ranked`` less each configuration that differs from one measured (or from one ranked
     before it) only in its batch timeout, with the same closed-loop prediction: a loop that
     always has a batch's worth waiting never waits out a timeout, so such a trial measures the
     machine's noise only (a run tried batch 4 at 2, 4 and 8 ms one after another, after batch 4
-    at 1 ms had run: three trials of what the simulation predicted alike, 52.7 ms a request)."""
+    at 1 ms had run: three trials of what the simulation predicted alike, 52.7 ms a request).
+    Against one that ``lost`` a trial, the batch size does not count either: the same split of
+    the cores predicted alike is the prediction that measurement refuted (a run lost batch 4,
+    8 and 2 on two single-thread instances one after another, each predicted at 13.9 ms, and
+    rested before it measured a larger batch on its own split)."""
 
     def form(config: Knobs) -> Knobs:
         return config.with_changes({"batch_timeout_ms": 0.0})
 
-    seen = [(m, form(c)) for m, c in measured if m is not None]
+    def split(config: Knobs) -> Knobs:
+        return config.with_changes({"batch_timeout_ms": 0.0, "max_batch_size": 1})
+
+    def alike(ms: float, m: float) -> bool:
+        return abs(ms - m) <= SAME_PREDICTION * m
+
+    seen = [(m, form(c)) for m, c in [*measured, *lost] if m is not None]
+    refuted = [(m, split(c)) for m, c in lost if m is not None]
     out = []
     for ms, config in ranked:
         mine = form(config)
-        if ms is not None and any(
-            f == mine and abs(ms - m) <= SAME_PREDICTION * m for m, f in seen
+        if ms is not None and (
+            any(f == mine and alike(ms, m) for m, f in seen)
+            or any(f == split(config) and alike(ms, m) for m, f in refuted)
         ):
             continue
         if ms is not None:

@@ -1303,6 +1303,46 @@ def test_a_timeout_the_closed_loop_never_waits_out_is_not_measured_again() -> No
     assert [c for _, c in kept] == [knobs(16, 0.0), knobs(8, 2.0), knobs(8, 8.0), knobs(2, 1.0)]
 
 
+def test_a_split_predicted_alike_is_not_measured_again_after_it_lost() -> None:
+    """Once a configuration lost its trial, the others on the same split of the cores that the
+    closed-loop simulation predicts alike differ from it only in the batch they wait for: the
+    prediction they share is the one that measurement refuted."""
+
+    def knobs(batch: int, instances: int, threads: int, timeout_ms: float = 0.0) -> Knobs:
+        return Knobs(batch, timeout_ms, instances, threads, 1)
+
+    ranked: list[tuple[float | None, Knobs]] = [
+        (13.9, knobs(8, 2, 1)),  # batch 4 on this split lost, predicted alike
+        (13.9, knobs(2, 2, 1, 1.0)),
+        (14.6, knobs(16, 2, 1)),  # predicted otherwise: kept
+        (15.0, knobs(2, 1, 2)),  # the incumbent's split: it lost nothing
+        (None, knobs(4, 2, 1, 2.0)),  # not predicted: kept
+    ]
+    kept = _new_forms(ranked, [(16.1, knobs(1, 1, 2))], [(13.9, knobs(4, 2, 1))])
+    assert [c for _, c in kept] == [knobs(16, 2, 1), knobs(2, 1, 2), knobs(4, 2, 1, 2.0)]
+    # Only a lost trial refutes a split: against the incumbent, batch sizes still count.
+    assert _new_forms(ranked[3:4], [(15.0, knobs(1, 1, 2))]) == ranked[3:4]
+
+
+def test_a_closed_loop_search_measures_its_own_split_after_another_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Run 48 (vision_cnn, 8 clients, from one instance of two threads at batch 1): two
+    single-thread instances at batch 2, 4 and 8 were each predicted at 13.9 ms a request, lost
+    one after another, and the search rested before measuring a larger batch on its own split.
+    After the first of them loses, the next measured is the incumbent's split at batch 2."""
+    incumbent = Knobs(1, 0.0, 1, 2, 1)
+    siblings = [Knobs(b, 0.0, 2, 1, 1) for b in (2, 4, 8)]
+    own = Knobs(2, 0.0, 1, 2, 1)
+    policy = closed_loop_policy(
+        monkeypatch, {incumbent: 16.1, own: 15.0, **{c: 13.9 for c in siblings}}
+    )
+    policy.current = policy.incumbent = incumbent
+    picks = _search_until_none_is_left(policy, Arrivals(400.0, 1.0, 1.0))
+    assert picks[0] in siblings and picks[1] == own, picks
+    assert len(set(picks) & set(siblings)) == 1, picks
+
+
 def test_a_resting_closed_loop_does_not_wake_on_its_own_rate_but_an_open_loop_does() -> None:
     looped, opened = calibrated_policy(), calibrated_policy()
     for _ in range(16):
